@@ -1,0 +1,192 @@
+"""Assembly: build the proxy and admin applications from settings, a store and a metrics registry.
+
+Nothing here is global: ``build_app`` receives what it needs, and everything it creates lives in the app
+(typed ``web.AppKey`` state, ``cleanup_ctx`` for resources), so tests and the demo can run several proxies in
+one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from mcpresume.config import Settings
+from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
+from mcpresume.proxy import Proxy, ProxyContext, log_id
+from mcpresume.store import SessionStore
+from mcpresume.store.memory import MemoryStore
+from mcpresume.upstream import Upstream
+from mcpresume.window import WindowLimits
+
+log = logging.getLogger("mcpresume")
+
+CONTEXT = web.AppKey("context", ProxyContext)
+
+# How often idle sessions and expired events are reaped, at most. A tenth of the TTL keeps the overshoot
+# small; the cap keeps gauges fresh for scrapes.
+REAP_INTERVAL_MAX = 5.0
+
+
+def build_store(settings: Settings) -> SessionStore:
+    if settings.store != "memory":
+        raise NotImplementedError("the Redis store is not in this release yet; use store = 'memory'")
+    limits = WindowLimits(settings.window_events, settings.window_bytes, settings.window_ttl)
+    return MemoryStore(
+        limits,
+        session_ttl=settings.session_ttl,
+        max_sessions=settings.max_sessions,
+        retry_ms=settings.retry_ms,
+    )
+
+
+def build_app(
+    settings: Settings,
+    store: SessionStore,
+    metrics: Metrics,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    if settings.upstream is None:
+        raise ValueError("upstream: required to serve")
+    upstream = Upstream(
+        settings.upstream,
+        connect_timeout=settings.connect_timeout,
+        first_byte_timeout=settings.first_byte_timeout,
+    )
+    ctx = ProxyContext(settings, store, metrics, upstream, clock)
+    # client_max_size is enforced by the MCP handler itself (413 with a JSON-RPC body); aiohttp's own check
+    # would answer in plain text, so it is set just above ours.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app[CONTEXT] = ctx
+    app.router.add_route("*", "/{tail:.*}", Proxy(ctx).handle)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    ctx = app[CONTEXT]
+    await ctx.store.start()
+    await ctx.upstream.start()
+    reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx))
+    yield
+    ctx.draining = True
+    reaper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reaper
+    await ctx.pumps.drain(ctx.settings.drain_timeout)
+    await ctx.upstream.close()
+    await ctx.store.close()
+
+
+async def _reap_forever(ctx: ProxyContext) -> None:
+    interval = min(REAP_INTERVAL_MAX, ctx.settings.session_ttl / 10, ctx.settings.window_ttl / 10)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await reap_once(ctx)
+        except Exception:  # the reaper must outlive a store hiccup
+            log.exception("reaping failed")
+
+
+async def reap_once(ctx: ProxyContext) -> None:
+    dropped, evicted = await ctx.store.reap(ctx.clock())
+    for session_id in dropped:
+        ctx.pumps.cancel_session(session_id)
+        log.info("session %s expired after %.0f s idle", log_id(session_id), ctx.settings.session_ttl)
+    ctx.metrics.expired_sessions.inc(len(dropped))
+    ctx.metrics.evicted(evicted)
+    ctx.metrics.store_stats(await ctx.store.stats())
+
+
+def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        ctx.metrics.store_stats(await ctx.store.stats())
+        return web.Response(body=ctx.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok = ready() and not ctx.draining and await ctx.store.ready()
+        return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
+
+    admin = web.Application()
+    admin.router.add_get("/metrics", metrics)
+    admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/readyz", readyz)
+    return admin
+
+
+@dataclass
+class RunningProxy:
+    """A proxy serving on real sockets (the daemon, the demo and the tests all start it this way)."""
+
+    url: str  # the proxy's MCP endpoint, as a client should use it
+    port: int
+    admin_url: str | None
+    app: web.Application
+    runners: list[web.AppRunner]
+
+    @property
+    def ctx(self) -> ProxyContext:
+        return self.app[CONTEXT]
+
+    async def stop(self) -> None:
+        for runner in reversed(self.runners):
+            await runner.cleanup()
+
+
+async def start_proxy(
+    settings: Settings,
+    *,
+    store: SessionStore | None = None,
+    metrics: Metrics | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunningProxy:
+    metrics = metrics or Metrics()
+    app = build_app(settings, store or build_store(settings), metrics, clock=clock)
+    # handler_cancellation: a client that goes away cancels its handler, so its attachment ends at once
+    # (pumps are separate tasks and are not affected).
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.drain_timeout
+    )
+    await runner.setup()
+    sock = _listen(settings.host, settings.port)
+    site = web.SockSite(runner, sock)
+    await site.start()
+    port = sock.getsockname()[1]
+    runners = [runner]
+    admin_url = None
+    if settings.metrics_port:
+        admin = web.AppRunner(build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1), access_log=None)
+        await admin.setup()
+        admin_sock = _listen(settings.metrics_host or settings.host, settings.metrics_port)
+        await web.SockSite(admin, admin_sock).start()
+        runners.append(admin)
+        admin_url = (
+            f"http://{_url_host(settings.metrics_host or settings.host)}:{admin_sock.getsockname()[1]}"
+        )
+    assert settings.upstream is not None
+    path = app[CONTEXT].upstream.mcp_path
+    return RunningProxy(f"http://{_url_host(settings.host)}:{port}{path}", port, admin_url, app, runners)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

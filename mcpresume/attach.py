@@ -1,0 +1,95 @@
+"""Attachments: one client connection reading a stream of a session from a position.
+
+An attachment is a view, and disposable. It loops: read what follows its position from the store, write
+it in one piece, move the position to the last seq written, and wait for news when there is none. Because
+it only ever sends events with a seq above its position and moves the position forward, it never sends an
+event twice or out of order (DESIGN.md #1, #2); because it reads by position rather than by subscription,
+the hand-off from history to live events has no gap to fall into (#6).
+
+It stops when the stream is complete (every event sent and the stream ended: a POST stream ends with its
+JSON-RPC response), when the client goes away or stalls past ``stall_timeout`` (the events stay in the
+window for a re-attach), or when its position falls out of the window (it closes; the client's re-attach
+then gets an honest 409, never a silent gap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from mcpresume.store import SessionStore
+
+# How long an attachment waits for news before writing an SSE comment. The comment keeps idle streams
+# alive through load balancers (the design note's 60 s idle timeout) and shows a vanished client early.
+HEARTBEAT_SECONDS = 15.0
+HEARTBEAT = b": keepalive\n\n"
+
+
+class Stalled(Exception):
+    """The client did not take a write within ``stall_timeout``."""
+
+
+@dataclass(slots=True)
+class AttachOutcome:
+    sent: int = 0  # events written
+    replayed: int = 0  # of which were already in the window when the attachment started
+    complete: bool = False
+    reason: str = "complete"
+
+
+async def write_bounded(response: web.StreamResponse, data: bytes, stall_timeout: float) -> None:
+    try:
+        async with asyncio.timeout(stall_timeout):
+            await response.write(data)
+    except TimeoutError:
+        raise Stalled from None
+
+
+async def follow(
+    response: web.StreamResponse,
+    store: SessionStore,
+    session_id: str,
+    streams: Sequence[int],
+    after: int,
+    *,
+    replay_through: int,
+    stall_timeout: float,
+    clock: Callable[[], float],
+) -> AttachOutcome:
+    """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves."""
+    outcome = AttachOutcome()
+    position = after
+    await store.attach(session_id, clock())
+    try:
+        while True:
+            result = await store.read(session_id, streams, position)
+            if result is None:
+                outcome.reason = "session_gone"
+                return outcome
+            if result.gap:
+                outcome.reason = "fell_behind_window"
+                return outcome
+            if result.events:
+                await write_bounded(response, b"".join(e.body for e in result.events), stall_timeout)
+                position = result.events[-1].seq
+                outcome.sent += len(result.events)
+                outcome.replayed += sum(1 for e in result.events if e.seq <= replay_through)
+                continue
+            if result.complete:
+                outcome.complete = True
+                return outcome
+            if not await store.wait(session_id, result.version, HEARTBEAT_SECONDS):
+                await write_bounded(response, HEARTBEAT, stall_timeout)
+    except Stalled:
+        outcome.reason = "stalled"
+        return outcome
+    except (ConnectionError, asyncio.CancelledError) as exc:
+        outcome.reason = "client_gone"
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return outcome
+    finally:
+        await store.detach(session_id, clock())

@@ -1,0 +1,130 @@
+"""Settings: the only module that imports pydantic-settings.
+
+Sources, highest precedence first: command-line flags, ``MCPRESUME_<NAME>`` environment variables, a TOML
+file (``--config FILE`` or ``MCPRESUME_CONFIG``), then the defaults below. ``config/mcpresume.toml``
+documents every setting; keep it in step with this class.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MiB = 1 << 20
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MCPRESUME_", extra="forbid", validate_default=True)
+
+    # -- where ------------------------------------------------------------------------------------------
+    upstream: str | None = Field(None, description="URL of the upstream MCP endpoint (required for serve)")
+    host: str = Field("127.0.0.1", description="address the proxy listens on")
+    port: int = Field(8080, ge=0, le=65535, description="port the proxy listens on (0: any free port)")
+    metrics_host: str | None = Field(None, description="address of the admin listener (default: host)")
+    metrics_port: int = Field(9464, ge=0, le=65535, description="admin listener port; 0 disables it")
+
+    # -- the window (per session) ------------------------------------------------------------------------
+    window_events: int = Field(256, ge=1, description="most events retained per session")
+    window_bytes: int = Field(4 * MiB, ge=1024, description="most SSE bytes retained per session")
+    window_ttl: float = Field(300.0, gt=0, description="seconds an event stays resumable")
+
+    # -- sessions ----------------------------------------------------------------------------------------
+    session_ttl: float = Field(300.0, gt=0, description="seconds an idle session is kept")
+    max_sessions: int = Field(
+        10_000, ge=1, description="most sessions tracked; beyond it initialize gets 503"
+    )
+    store: str = Field("memory", description="'memory', or a redis:// URL (scale-out, later)")
+
+    # -- clients -----------------------------------------------------------------------------------------
+    stall_timeout: float = Field(30.0, gt=0, description="seconds a client may not drain before detach")
+    retry_ms: int = Field(1000, ge=0, description="SSE retry: hint sent to clients (milliseconds)")
+    resume_notification: bool = Field(
+        False, description="also send notifications/mcpresume/resumed on a re-attach"
+    )
+    max_body_bytes: int = Field(4 * MiB, ge=1024, description="largest client POST body to the MCP endpoint")
+
+    # -- upstream ----------------------------------------------------------------------------------------
+    connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the upstream")
+    first_byte_timeout: float = Field(120.0, gt=0, description="seconds to wait for upstream headers")
+    max_event_bytes: int = Field(4 * MiB, ge=1024, description="largest upstream SSE event accepted")
+
+    # -- operations --------------------------------------------------------------------------------------
+    drain_timeout: float = Field(10.0, ge=0, description="seconds to let streams finish on shutdown")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    log_format: Literal["text", "json"] = Field("text", description="log line format")
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("upstream")
+    @classmethod
+    def _check_upstream(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be 'memory' or a redis:// URL")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file comes from ``model_config["toml_file"]``, set by ``load_settings`` on a subclass.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+class SettingsError(Exception):
+    """A setting is invalid: the message is one line naming the setting and the problem."""
+
+
+def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settings:
+    """Build the settings from flags (``cli``, only those given), env, the TOML file and defaults."""
+    path = config_file or os.environ.get("MCPRESUME_CONFIG")
+    if path and not Path(path).is_file():
+        raise SettingsError(f"config: file not found: {path}")
+
+    class FileSettings(Settings):
+        model_config = SettingsConfigDict(toml_file=Path(path) if path else None)
+
+    try:
+        return FileSettings(**cli)
+    except ValidationError as exc:
+        raise SettingsError(_one_line(exc)) from None
+    except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file
+        raise SettingsError(f"config: {exc}") from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting"
+        problems.append(f"{name}: {message} (got {error.get('input')!r})")
+    return "; ".join(problems)

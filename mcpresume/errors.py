@@ -1,0 +1,163 @@
+"""The one exception tree of mcpresume (pure: no I/O, no framework imports).
+
+Every error the proxy answers with carries the HTTP status it suggests and a stable, machine-readable
+``reason``. The reason is the contract with clients and operators: it appears in the JSON-RPC error body
+(``error.data.reason``), in the one log line, and as a metric label. Messages may change; reasons do not.
+
+Library errors (aiohttp, redis) are wrapped into this tree at the shell's boundary, so the core and the
+handlers only ever deal with ``ProxyError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# JSON-RPC 2.0 reserves -32000..-32099 for implementation-defined server errors; the MCP SDKs use -32000
+# for transport-level failures, so clients already treat it as "the transport said no".
+SERVER_ERROR = -32000
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy turns into an HTTP answer."""
+
+    status: int = 500
+    reason: str = "internal_error"
+    code: int = SERVER_ERROR
+
+    def __init__(self, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.facts: dict[str, Any] = facts
+
+    def data(self) -> dict[str, Any]:
+        """The JSON-RPC ``error.data`` object: the reason first, then the facts."""
+        return {"reason": self.reason, **self.facts}
+
+
+# -- session and cursor (the resume decision's rejections) -------------------------------------------------
+
+
+class UnknownSession(ProxyError):
+    """404: the session is unknown, deleted or expired. The client MUST start a new session (spec)."""
+
+    status = 404
+    reason = "unknown_session"
+
+
+class MissingSession(ProxyError):
+    """400: a request that needs a session carried no ``Mcp-Session-Id``."""
+
+    status = 400
+    reason = "missing_session"
+
+
+class MalformedCursor(ProxyError):
+    """400: a ``Last-Event-ID`` the proxy did not issue."""
+
+    status = 400
+    reason = "malformed_cursor"
+
+
+class ForeignCursor(ProxyError):
+    """409: a well-formed cursor of another session, or of an earlier epoch of this session id."""
+
+    status = 409
+    reason = "foreign_cursor"
+
+
+class CursorOutOfWindow(ProxyError):
+    """409: an event after the cursor was evicted; re-attaching would leave a silent gap."""
+
+    status = 409
+    reason = "cursor_out_of_window"
+
+
+class CursorAhead(ProxyError):
+    """409: the cursor names a position the session has not reached."""
+
+    status = 409
+    reason = "cursor_ahead"
+
+
+class DuplicateRequest(ProxyError):
+    """409: a request id already seen in this session, which cannot be attached to its original stream."""
+
+    status = 409
+    reason = "duplicate_request"
+
+
+# -- limits ----------------------------------------------------------------------------------------------
+
+
+class TooManySessions(ProxyError):
+    """503: ``max_sessions`` is reached; no active session is ever evicted to make room."""
+
+    status = 503
+    reason = "too_many_sessions"
+
+
+class BodyTooLarge(ProxyError):
+    """413: a client request body over ``max_body_bytes``."""
+
+    status = 413
+    reason = "body_too_large"
+
+
+class BadRequest(ProxyError):
+    """400: a request the proxy cannot interpret (not JSON, not JSON-RPC, a bad header value)."""
+
+    status = 400
+    code = INVALID_REQUEST
+    reason = "bad_request"
+
+
+class InvalidJson(BadRequest):
+    code = PARSE_ERROR
+    reason = "invalid_json"
+
+
+class EventTooLarge(ProxyError):
+    """An upstream SSE line or event over ``max_event_bytes``: the stream is failed, never buffered on."""
+
+    status = 502
+    reason = "event_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"upstream SSE event exceeds {limit} bytes", limit=limit)
+        self.limit = limit
+
+
+# -- upstream ---------------------------------------------------------------------------------------------
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    reason = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    reason = "upstream_timeout"
+
+
+class UpstreamStreamLost(ProxyError):
+    """The upstream stream ended before the JSON-RPC response of its request and could not be resumed."""
+
+    status = 502
+    reason = "upstream_stream_lost"
+
+
+class ShuttingDown(ProxyError):
+    status = 503
+    reason = "shutting_down"
+
+
+def jsonrpc_error_body(error: ProxyError, request_id: Any = None) -> dict[str, Any]:
+    """The JSON-RPC 2.0 error object every proxy 4xx/5xx carries."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {"code": error.code, "message": error.message, "data": error.data()},
+    }

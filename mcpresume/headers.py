@@ -1,0 +1,91 @@
+"""Which headers cross the proxy (pure).
+
+RFC 9110 section 7.6.1: a proxy removes the hop-by-hop fields, and every field named in ``Connection``,
+before forwarding a message. Everything else is end-to-end and passes untouched, notably ``Mcp-Session-Id``,
+``MCP-Protocol-Version``, ``Authorization`` (sessions MUST NOT be used for authentication, so credentials
+go to the upstream as they came), ``Accept``, ``Content-Type``, ``Origin``, ``Last-Event-ID`` and
+``WWW-Authenticate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",  # not standard, but sent by old clients; never end-to-end
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Framing is the proxy's own on each side: the body is re-framed (chunked or sized) by the HTTP stack.
+_FRAMING: Final = frozenset({"content-length"})
+# The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
+# (the same default as nginx's proxy_pass), which also keeps upstream DNS-rebinding checks meaningful.
+_REQUEST_ONLY_DROPS: Final = frozenset({"host"})
+
+SESSION_HEADER: Final = "Mcp-Session-Id"
+PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
+LAST_EVENT_ID_HEADER: Final = "Last-Event-ID"
+
+SSE_RESPONSE_HEADERS: Final = (
+    ("Content-Type", "text/event-stream"),
+    ("Cache-Control", "no-cache"),
+    # Tell nginx-style intermediaries not to buffer the stream (it would defeat streaming and resumption).
+    ("X-Accel-Buffering", "no"),
+)
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tuple[str, str]]:
+    """The end-to-end subset of ``headers`` (names keep their case; repeated fields keep their order)."""
+    items = list(headers)
+    drop = HOP_BY_HOP | _FRAMING | _connection_tokens(items)
+    if request:
+        drop = drop | _REQUEST_ONLY_DROPS
+    return [(name, value) for name, value in items if name.lower() not in drop]
+
+
+def forwarded(
+    headers: list[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None
+) -> list[tuple[str, str]]:
+    """Add ``X-Forwarded-For/-Proto/-Host``.
+
+    ``X-Forwarded-For`` appends this hop's client to the chain a load balancer in front may have started;
+    ``-Proto`` and ``-Host`` set by that load balancer describe the original request better than we can,
+    so they are kept when present.
+    """
+    names = {name.lower() for name, _ in headers}
+    prior = [value for name, value in headers if name.lower() == "x-forwarded-for"]
+    result = [(n, v) for n, v in headers if n.lower() != "x-forwarded-for"]
+    chain = ", ".join([*prior, client_ip] if client_ip else prior)
+    if chain:
+        result.append(("X-Forwarded-For", chain))
+    if "x-forwarded-proto" not in names:
+        result.append(("X-Forwarded-Proto", proto))
+    if host and "x-forwarded-host" not in names:
+        result.append(("X-Forwarded-Host", host))
+    return result
+
+
+def header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of ``name`` (case-insensitive), or None."""
+    lowered = name.lower()
+    for key, value in headers:
+        if key.lower() == lowered:
+            return value
+    return None

@@ -1,0 +1,106 @@
+"""Just enough JSON-RPC to route a message (pure).
+
+The proxy parses client POST bodies (small, and it must know the request ids and whether this is an
+``initialize``) but never parses upstream events it does not need to. It must only
+recognise the JSON-RPC response that completes a POST stream. A response must hold a ``"result"`` or an
+``"error"`` key, so only events whose data contains one of those byte strings are parsed (STYLE.md: no
+per-event JSON parse unless a decision needs it); progress notifications, the bulk of a stream, are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from mcpresume.errors import BadRequest, InvalidJson
+
+INITIALIZE: Final = "initialize"
+DISCOVER: Final = "server/discover"  # the 2026-07-28 era's probe
+# Protocol revisions without sessions, resumption or a GET stream (see ../shared/PROTOCOL.md, "Eras").
+MODERN_VERSIONS: Final = frozenset({"2026-07-28"})
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    """What the proxy needs to know of one client POST body."""
+
+    methods: tuple[str, ...]
+    request_ids: tuple[str | int, ...]  # ids of the requests in it (not of notifications or responses)
+    is_batch: bool
+
+    @property
+    def request_keys(self) -> tuple[str, ...]:
+        return tuple(request_key(i) for i in self.request_ids)
+
+    @property
+    def first_id(self) -> str | int | None:
+        return self.request_ids[0] if self.request_ids else None
+
+    @property
+    def is_initialize(self) -> bool:
+        return INITIALIZE in self.methods
+
+    @property
+    def is_discover(self) -> bool:
+        return DISCOVER in self.methods
+
+
+def request_key(request_id: str | int) -> str:
+    """A map key for a JSON-RPC id: 1 and "1" are different ids."""
+    return f"n:{request_id}" if isinstance(request_id, int) else f"s:{request_id}"
+
+
+def parse_client_body(body: bytes) -> ClientMessage:
+    """Classify a client POST body. Raises ``InvalidJson`` or ``BadRequest``."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJson(f"request body is not JSON: {exc}") from None
+    is_batch = isinstance(doc, list)
+    items = doc if is_batch else [doc]
+    if not items:
+        raise BadRequest("empty JSON-RPC batch")
+    methods: list[str] = []
+    ids: list[str | int] = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
+            raise BadRequest("not a JSON-RPC 2.0 message")
+        method = item.get("method")
+        if method is None:
+            continue  # a response to a server request
+        if not isinstance(method, str):
+            raise BadRequest("JSON-RPC method must be a string")
+        methods.append(method)
+        if "id" in item:
+            request_id = item["id"]
+            if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+                raise BadRequest("JSON-RPC request id must be a string or an integer")
+            ids.append(request_id)
+    if len(set(map(request_key, ids))) != len(ids):
+        raise BadRequest("duplicate request id within one batch")
+    return ClientMessage(tuple(methods), tuple(ids), is_batch)
+
+
+def response_key(data: bytes) -> str | None:
+    """If an SSE event's data is a JSON-RPC response, the key of the id it answers; else None."""
+    if b'"result"' not in data and b'"error"' not in data:
+        return None
+    try:
+        doc: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or "method" in doc or ("result" not in doc and "error" not in doc):
+        return None
+    request_id = doc.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return None
+    return request_key(request_id)
+
+
+def error_response(request_id: str | int | None, code: int, message: str, data: dict[str, Any]) -> bytes:
+    """A serialized JSON-RPC error response."""
+    return orjson.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message, "data": data}}
+    )

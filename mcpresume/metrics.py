@@ -1,0 +1,77 @@
+"""Prometheus metrics: the only module that imports prometheus_client.
+
+Everything is registered on a ``CollectorRegistry`` built at start-up and passed down (never the global
+registry), so several proxies can live in one process (tests) and nothing leaks between them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mcpresume.store import StoreStats
+from mcpresume.window import Evicted
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "mcpresume_requests",
+            "Client requests answered, by method and status.",
+            ["method", "status"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "mcpresume_upstream_errors", "Upstream failures, by reason.", ["reason"], registry=r
+        )
+        self.open_streams = Gauge("mcpresume_open_streams", "Client SSE responses open now.", registry=r)
+        self.resumptions = Counter(
+            "mcpresume_resumptions",
+            "Resume requests (Last-Event-ID), by outcome: reattach or the rejection reason.",
+            ["outcome"],
+            registry=r,
+        )
+        self.replayed_events = Counter(
+            "mcpresume_replayed_events", "Events sent from the window on re-attach.", registry=r
+        )
+        self.sessions = Gauge("mcpresume_sessions", "Sessions tracked.", registry=r)
+        self.window_events = Gauge("mcpresume_window_events", "Events retained, all sessions.", registry=r)
+        self.window_bytes = Gauge("mcpresume_window_bytes", "SSE bytes retained, all sessions.", registry=r)
+        self.evicted_events = Counter(
+            "mcpresume_evicted_events", "Events evicted from windows, by reason.", ["reason"], registry=r
+        )
+        self.evicted_bytes = Counter(
+            "mcpresume_evicted_bytes", "Bytes evicted from windows, by reason.", ["reason"], registry=r
+        )
+        self.duplicate_requests = Counter(
+            "mcpresume_duplicate_requests",
+            "Requests whose JSON-RPC id was already seen in the session (not forwarded again).",
+            registry=r,
+        )
+        self.upstream_events = Counter(
+            "mcpresume_upstream_events", "Events read from upstream streams.", registry=r
+        )
+        self.synthesized_errors = Counter(
+            "mcpresume_synthesized_errors",
+            "JSON-RPC error responses the proxy made for a request whose upstream stream was lost.",
+            ["reason"],
+            registry=r,
+        )
+        self.expired_sessions = Counter("mcpresume_expired_sessions", "Idle sessions reaped.", registry=r)
+
+    def evicted(self, evicted: Evicted) -> None:
+        for reason, (count, size) in evicted.counts.items():
+            self.evicted_events.labels(reason.value).inc(count)
+            self.evicted_bytes.labels(reason.value).inc(size)
+
+    def store_stats(self, stats: StoreStats) -> None:
+        self.sessions.set(stats.sessions)
+        self.window_events.set(stats.window_events)
+        self.window_bytes.set(stats.window_bytes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,543 @@
+"""The aiohttp handlers: what the proxy does with each client request.
+
+Routing
+-------
+* Any path other than the upstream's MCP endpoint (OAuth discovery under ``/.well-known/``, authorization
+  endpoints, ...) passes through untouched, streamed both ways.
+* On the MCP endpoint:
+
+  - 2026-07-28 requests (``MCP-Protocol-Version: 2026-07-28`` or a ``server/discover`` probe) pass straight
+    through; a client disconnect cancels the upstream request (in that revision closing the stream IS
+    cancellation). Requests of sessions the upstream never issued pass through too.
+  - ``initialize``: forwarded; if the upstream answers with ``Mcp-Session-Id``, the session begins here.
+  - POST in a session: the request ids are claimed (exactly once per id); an SSE answer becomes a stream of
+    the session, read by a pump into the window, and the client is attached to it from its priming event.
+  - GET + ``Last-Event-ID`` (and POST + ``Last-Event-ID``): ``resume.decide`` re-attaches or rejects.
+  - GET without it: the standalone stream, with no history.
+  - DELETE: forwarded, then the session's state dropped.
+
+Every answer the proxy makes itself (4xx/5xx) carries a JSON-RPC error body whose ``error.data.reason`` is
+stable, and is logged in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from mcpresume.attach import Stalled, follow, write_bounded
+from mcpresume.config import Settings
+from mcpresume.cursor import Cursor, parse_cursor
+from mcpresume.errors import (
+    BodyTooLarge,
+    CursorOutOfWindow,
+    DuplicateRequest,
+    ProxyError,
+    ShuttingDown,
+    TooManySessions,
+    jsonrpc_error_body,
+)
+from mcpresume.headers import (
+    LAST_EVENT_ID_HEADER,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+    SSE_RESPONSE_HEADERS,
+    end_to_end,
+    forwarded,
+)
+from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, parse_client_body
+from mcpresume.metrics import Metrics
+from mcpresume.pump import PumpJob, Pumps, pump
+from mcpresume.resume import ReAttach, decide
+from mcpresume.session import ClaimOutcome, StreamOrigin
+from mcpresume.sse import encode_comment, encode_retry, frame_body
+from mcpresume.store import SessionStore
+from mcpresume.upstream import Upstream
+
+log = logging.getLogger("mcpresume.proxy")
+
+_SSE = "text/event-stream"
+
+
+def log_id(session_id: str) -> str:
+    """A short, stable hash of a session id: full session ids stay out of logs (they are bearer-like)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:10]
+
+
+@dataclass
+class ProxyContext:
+    """Everything the handlers share, built once in ``app.build_app`` (no module-level state)."""
+
+    settings: Settings
+    store: SessionStore
+    metrics: Metrics
+    upstream: Upstream
+    clock: Callable[[], float]
+    pumps: Pumps = field(default_factory=Pumps)
+    draining: bool = False
+
+
+class Proxy:
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.store = ctx.store
+        self.metrics = ctx.metrics
+        self.upstream = ctx.upstream
+
+    # -- entry -------------------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self.ctx.draining:
+                raise ShuttingDown("the proxy is shutting down; retry on another replica")
+            if request.path != self.upstream.mcp_path:
+                response = await self._passthrough(request, await self._body_stream(request))
+            elif request.method == "POST":
+                response = await self._mcp_post(request)
+            elif request.method == "GET":
+                response = await self._mcp_get(request)
+            elif request.method == "DELETE":
+                response = await self._mcp_delete(request)
+            else:
+                response = await self._passthrough(request, await self._body_stream(request))
+        except ProxyError as error:
+            response = self._reject(request, error, None)
+        self.metrics.requests.labels(request.method, str(response.status)).inc()
+        return response
+
+    def _reject(self, request: web.Request, error: ProxyError, request_id: Any) -> web.Response:
+        session = request.headers.get(SESSION_HEADER)
+        log.warning(
+            "%s %s -> %d %s: %s%s",
+            request.method,
+            request.path,
+            error.status,
+            error.reason,
+            error.message,
+            f" (session {log_id(session)})" if session else "",
+        )
+        if error.reason.startswith("upstream_"):
+            self.metrics.upstream_errors.labels(error.reason).inc()
+        return web.Response(
+            status=error.status,
+            body=orjson.dumps(jsonrpc_error_body(error, request_id)),
+            content_type="application/json",
+        )
+
+    # -- plain forwarding --------------------------------------------------------------------------------
+
+    def _upstream_headers(self, request: web.Request) -> list[tuple[str, str]]:
+        headers = end_to_end(request.headers.items(), request=True)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        client_ip = peer[0] if isinstance(peer, tuple) else None
+        return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
+
+    async def _body_stream(self, request: web.Request) -> AsyncIterator[bytes] | None:
+        if not request.body_exists:
+            return None
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for chunk in request.content.iter_any():
+                yield chunk
+
+        return chunks()
+
+    async def _passthrough(
+        self, request: web.Request, body: bytes | AsyncIterator[bytes] | None
+    ) -> web.StreamResponse:
+        """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
+        headers = self._upstream_headers(request)
+        if isinstance(body, AsyncIterator) and request.content_length is not None:
+            headers.append(("Content-Length", str(request.content_length)))
+        upstream = await self.upstream.request(request.method, request.path_qs, headers, body)
+        return await self._relay(request, upstream)
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for name, value in end_to_end(upstream.headers.items(), request=False):
+                response.headers.add(name, value)
+            is_sse = upstream.content_type == _SSE
+            if is_sse:
+                for name, value in SSE_RESPONSE_HEADERS[1:]:
+                    response.headers[name] = value
+            elif upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            if is_sse:
+                self.metrics.open_streams.inc()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await write_bounded(response, chunk, self.settings.stall_timeout)
+                await response.write_eof()
+            except (aiohttp.ClientError, OSError) as exc:
+                log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)
+            finally:
+                if is_sse:
+                    self.metrics.open_streams.dec()
+            return response
+        finally:
+            upstream.release()
+
+    # -- the MCP endpoint --------------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+        return bytes(body)
+
+    def _is_modern(self, request: web.Request, message: ClientMessage | None) -> bool:
+        version = request.headers.get(PROTOCOL_VERSION_HEADER)
+        return version in MODERN_VERSIONS or (message is not None and message.is_discover)
+
+    async def _mcp_post(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(request)
+        message = parse_client_body(body)
+        session_id = request.headers.get(SESSION_HEADER)
+        if self._is_modern(request, message):
+            return await self._passthrough(request, body)
+        if session_id is None:
+            if message.is_initialize:
+                return await self._initialize(request, body, message)
+            return await self._passthrough(request, body)
+        if not await self.store.has_session(session_id):
+            # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
+            # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
+            return await self._forward_in_session(request, body, message, session_id, adopt=True)
+        cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        if cursor_header is not None:
+            return await self._post_with_cursor(request, body, message, session_id, cursor_header)
+        return await self._forward_in_session(request, body, message, session_id, adopt=False)
+
+    async def _initialize(
+        self, request: web.Request, body: bytes, message: ClientMessage
+    ) -> web.StreamResponse:
+        return await self._forward_in_session(request, body, message, None, adopt=True)
+
+    async def _forward_in_session(
+        self,
+        request: web.Request,
+        body: bytes,
+        message: ClientMessage,
+        session_id: str | None,
+        *,
+        adopt: bool,
+    ) -> web.StreamResponse:
+        keys = message.request_keys
+        if session_id is not None and not adopt and keys:
+            claim = await self.store.claim(session_id, keys)
+            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
+                return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
+        elif session_id is None and message.is_initialize and not await self._has_room():
+            # Refuse before forwarding, so the upstream does not start a session the proxy cannot track.
+            raise TooManySessions(
+                f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
+                max_sessions=self.settings.max_sessions,
+            )
+        # The forward runs in its own task: a client that disconnects now must not cancel the upstream
+        # request (handshake era: disconnection is not cancellation); its answer still reaches the window.
+        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
+        opened = await asyncio.shield(forward)
+        if isinstance(opened, ProxyError):
+            if session_id is not None and keys:
+                await self.store.release(session_id, keys)
+            return self._reject(request, opened, message.first_id)
+        if isinstance(opened, _Opened):
+            return await self._attach(
+                request, opened.session_id, [opened.stream], opened.priming_seq - 1, opened.headers, b""
+            )
+        return await self._relay(request, opened)
+
+    async def _has_room(self) -> bool:
+        stats = await self.store.stats()
+        if stats.sessions < self.settings.max_sessions:
+            return True
+        await self.store.reap(self.ctx.clock())
+        return (await self.store.stats()).sessions < self.settings.max_sessions
+
+    async def _forward_and_open(
+        self,
+        request: web.Request,
+        body: bytes,
+        message: ClientMessage,
+        session_id: str | None,
+        adopt: bool,
+    ) -> _Opened | aiohttp.ClientResponse | ProxyError:
+        try:
+            upstream = await self.upstream.request(
+                "POST", request.path_qs, self._upstream_headers(request), body
+            )
+        except ProxyError as error:
+            return error
+        sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
+        if upstream.status == 404 and session_id is not None:
+            # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
+            await self._drop_session(session_id)
+            return upstream
+        if not (200 <= upstream.status < 300) or sid is None:
+            return upstream
+        if adopt:
+            if not await self._begin_session(sid):
+                return upstream
+            if session_id is not None and message.request_keys:
+                await self.store.claim(sid, message.request_keys)
+        if upstream.content_type != _SSE:
+            return upstream
+        now = self.ctx.clock()
+        stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
+        if stream is None:
+            return upstream
+        job = PumpJob(sid, stream.number, message.request_ids, log_id(sid))
+        self._spawn_pump(job, upstream)
+        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream))
+
+    async def _begin_session(self, session_id: str) -> bool:
+        try:
+            await self.store.create_session(session_id, self.ctx.clock())
+        except ProxyError as error:
+            log.warning("session %s passes through untracked: %s", log_id(session_id), error.message)
+            return False
+        log.info("session %s begins", log_id(session_id))
+        return True
+
+    def _spawn_pump(self, job: PumpJob, upstream: aiohttp.ClientResponse) -> None:
+        self.ctx.pumps.spawn(
+            job.session_id,
+            pump(job, upstream, self.store, self.metrics, self.ctx.clock, self.settings.max_event_bytes),
+        )
+
+    async def _duplicate(
+        self,
+        request: web.Request,
+        session_id: str,
+        message: ClientMessage,
+        outcome: ClaimOutcome,
+        stream: int | None,
+    ) -> web.StreamResponse:
+        """A request id seen before in this session: never forwarded twice (DESIGN.md #8)."""
+        self.metrics.duplicate_requests.inc()
+        if outcome is ClaimOutcome.ATTACH and stream is not None:
+            view = await self.store.view(session_id, stream)
+            if view is not None and view.stream is not None:
+                return await self._attach(
+                    request, session_id, [stream], view.stream.first_seq - 1, _SSE_HEADERS, b""
+                )
+        if outcome in (ClaimOutcome.ATTACH, ClaimOutcome.GONE):
+            error: ProxyError = CursorOutOfWindow(
+                "this request id was already answered and its stream is no longer retained"
+            )
+        elif outcome is ClaimOutcome.IN_FLIGHT:
+            error = DuplicateRequest("this request id is already being forwarded, or was answered with JSON")
+        else:
+            error = DuplicateRequest("request ids of this batch were seen before, on different requests")
+        return self._reject(request, error, message.first_id)
+
+    # -- resumption --------------------------------------------------------------------------------------
+
+    async def _decide(self, session_id: str, cursor_header: str) -> tuple[ReAttach | ProxyError, int]:
+        cursor = parse_cursor(cursor_header)
+        view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
+        decision = decide(view, cursor, self.ctx.clock())
+        outcome = "reattach" if isinstance(decision, ReAttach) else decision.reason
+        self.metrics.resumptions.labels(outcome).inc()
+        return decision, view.newest_seq if view is not None else 0
+
+    def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:
+        preface = encode_retry(self.settings.retry_ms) + encode_comment(f"resumed {epoch_cursor}".encode())
+        if self.settings.resume_notification:
+            note = orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/mcpresume/resumed",
+                    "params": {"cursor": epoch_cursor, "stream": stream},
+                }
+            )
+            preface += frame_body(note)
+        return preface
+
+    async def _mcp_get(self, request: web.Request) -> web.StreamResponse:
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None or self._is_modern(request, None):
+            return await self._passthrough(request, None)
+        cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        if cursor_header is not None:
+            decision, newest = await self._decide(session_id, cursor_header)
+            if not isinstance(decision, ReAttach):
+                return self._reject(request, decision, None)
+            log.info(
+                "session %s re-attaches to stream %d after %d",
+                log_id(session_id),
+                decision.stream,
+                decision.after,
+            )
+            preface = self._resume_preface(session_id, cursor_header, decision.stream)
+            return await self._attach(
+                request,
+                session_id,
+                [decision.stream],
+                decision.after,
+                _SSE_HEADERS,
+                preface,
+                replay_through=newest,
+            )
+        if not await self.store.has_session(session_id):
+            return await self._passthrough(request, None)
+        return await self._standalone(request, session_id)
+
+    async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
+        """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
+        stream = await self.store.standalone_stream(session_id)
+        if stream is not None:
+            view = await self.store.view(session_id, stream)
+            if view is not None and view.stream is not None:
+                # One upstream GET per session: a second client view joins the live stream at its head.
+                preface = encode_retry(self.settings.retry_ms)
+                return await self._attach(
+                    request, session_id, [stream], view.stream.last_seq, _SSE_HEADERS, preface
+                )
+        upstream = await self.upstream.request("GET", request.path_qs, self._upstream_headers(request), None)
+        if upstream.status != 200 or upstream.content_type != _SSE:
+            return await self._relay(request, upstream)
+        opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+        if opened is None:
+            return await self._relay(request, upstream)
+        self._spawn_pump(PumpJob(session_id, opened.number, (), log_id(session_id)), upstream)
+        return await self._attach(
+            request, session_id, [opened.number], opened.priming_seq - 1, _client_headers(upstream), b""
+        )
+
+    async def _post_with_cursor(
+        self, request: web.Request, body: bytes, message: ClientMessage, session_id: str, cursor_header: str
+    ) -> web.StreamResponse:
+        """The design note's client: POST + ``Last-Event-ID``. The cursor is checked before anything is
+        forwarded; then this response carries the old stream's tail and the new request's events."""
+        decision, newest = await self._decide(session_id, cursor_header)
+        if not isinstance(decision, ReAttach):
+            return self._reject(request, decision, message.first_id)
+        keys = message.request_keys
+        if keys:
+            claim = await self.store.claim(session_id, keys)
+            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
+                return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
+        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, False))
+        opened = await asyncio.shield(forward)
+        if isinstance(opened, ProxyError):
+            if keys:
+                await self.store.release(session_id, keys)
+            return self._reject(request, opened, message.first_id)
+        streams = [decision.stream]
+        if isinstance(opened, _Opened):
+            streams.append(opened.stream)
+        else:
+            opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
+        preface = self._resume_preface(session_id, cursor_header, decision.stream)
+        return await self._attach(
+            request, session_id, streams, decision.after, _SSE_HEADERS, preface, replay_through=newest
+        )
+
+    # -- attaching ---------------------------------------------------------------------------------------
+
+    async def _attach(
+        self,
+        request: web.Request,
+        session_id: str,
+        streams: Sequence[int],
+        after: int,
+        headers: Sequence[tuple[str, str]],
+        preface: bytes,
+        *,
+        replay_through: int = 0,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        for name, value in headers:
+            response.headers.add(name, value)
+        response.headers[SESSION_HEADER] = session_id
+        try:
+            await response.prepare(request)
+            if preface:
+                await write_bounded(response, preface, self.settings.stall_timeout)
+        except (ConnectionError, Stalled) as exc:
+            log.info(
+                "session %s: client left before the stream started (%s)",
+                log_id(session_id),
+                type(exc).__name__,
+            )
+            return response
+        self.metrics.open_streams.inc()
+        try:
+            outcome = await follow(
+                response,
+                self.store,
+                session_id,
+                streams,
+                after,
+                replay_through=replay_through,
+                stall_timeout=self.settings.stall_timeout,
+                clock=self.ctx.clock,
+            )
+        finally:
+            self.metrics.open_streams.dec()
+        self.metrics.replayed_events.inc(outcome.replayed)
+        if outcome.reason != "complete":
+            log.info(
+                "session %s: client view closed: %s after %d events",
+                log_id(session_id),
+                outcome.reason,
+                outcome.sent,
+            )
+        if outcome.complete:
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+        return response
+
+    # -- session end -------------------------------------------------------------------------------------
+
+    async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
+        session_id = request.headers.get(SESSION_HEADER)
+        upstream = await self.upstream.request(
+            "DELETE", request.path_qs, self._upstream_headers(request), None
+        )
+        if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
+            await self._drop_session(session_id)
+            log.info("session %s ends (DELETE)", log_id(session_id))
+        return await self._relay(request, upstream)
+
+    async def _drop_session(self, session_id: str) -> None:
+        self.ctx.pumps.cancel_session(session_id)
+        await self.store.delete_session(session_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """A POST whose SSE answer became stream ``stream`` of ``session_id``."""
+
+    session_id: str
+    stream: int
+    priming_seq: int
+    headers: list[tuple[str, str]]
+
+
+_SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
+
+
+def _client_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    """The upstream's end-to-end response headers, with the SSE no-buffering headers set."""
+    ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
+    kept = [(n, v) for n, v in end_to_end(upstream.headers.items(), request=False) if n.lower() not in ours]
+    return kept + list(SSE_RESPONSE_HEADERS)

@@ -1,0 +1,101 @@
+"""Deciding a resume: re-attach, or reject with an honest reason (pure).
+
+Theory of operation
+-------------------
+A client reconnects with ``Mcp-Session-Id`` and ``Last-Event-ID``. The store answers with a
+``SessionView`` (what it knows of the session and of the cursor's stream); ``decide`` turns that, the parsed
+cursor and ``now`` into exactly one outcome. The rows are checked in this order; the first that matches wins:
+
+=====  ============================================  ======  ========================
+row    condition                                     status  reason
+=====  ============================================  ======  ========================
+1      session unknown, deleted or expired           404     unknown_session
+2      cursor not one the proxy issued               400     malformed_cursor
+3      cursor of another session or epoch            409     foreign_cursor
+4      cursor beyond the session's newest event      409     cursor_ahead
+5      cursor's stream no longer retained            409     cursor_out_of_window
+6      seq outside its stream's issued range         400     malformed_cursor
+7      an event of the stream after it was evicted   409     cursor_out_of_window
+8      otherwise                                     200     re-attach after seq
+=====  ============================================  ======  ========================
+
+404 means "the session is gone" and nothing else: conformant clients drop the session on 404
+(spec: "the client MUST start a new session"), so every cursor problem is a 400 or a 409 (DESIGN.md #10).
+There is no row that falls back to "from the start" (DESIGN.md #5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mcpresume.cursor import Cursor, CursorParseError, encode_cursor
+from mcpresume.errors import (
+    CursorAhead,
+    CursorOutOfWindow,
+    ForeignCursor,
+    MalformedCursor,
+    ProxyError,
+    UnknownSession,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    number: int
+    live: bool
+    first_seq: int
+    last_seq: int
+    evicted_through: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """What the store says of a session, as of one instant."""
+
+    epoch: str
+    expires_at: float | None  # None while the session is active (a client attached or a POST pumping)
+    next_stream: int
+    newest_seq: int  # 0 when nothing was ever appended
+    oldest: tuple[int, int] | None  # (stream, seq) of the oldest retained event
+    newest: tuple[int, int] | None  # (stream, seq) of the newest retained event
+    stream: StreamView | None  # the cursor's stream, if still retained
+
+
+@dataclass(frozen=True, slots=True)
+class ReAttach:
+    stream: int
+    after: int
+
+
+Decision = ReAttach | ProxyError
+
+
+def decide(view: SessionView | None, cursor: Cursor | CursorParseError, now: float) -> Decision:
+    """The resume decision table (see the module docstring). Never raises: rejections are returned."""
+    if view is None or (view.expires_at is not None and view.expires_at <= now):
+        return UnknownSession("session is unknown, deleted or expired; re-initialize")
+    if isinstance(cursor, CursorParseError):
+        return MalformedCursor(f"Last-Event-ID is not a cursor this proxy issued: {cursor.detail}")
+    facts = _facts(view, cursor)
+    if cursor.epoch != view.epoch:
+        return ForeignCursor("cursor belongs to another session or an earlier incarnation of it", **facts)
+    if cursor.seq > view.newest_seq or cursor.stream >= view.next_stream:
+        return CursorAhead("cursor is beyond the newest event of the session", **facts)
+    stream = view.stream
+    if stream is None:
+        return CursorOutOfWindow("the cursor's stream is no longer retained", **facts)
+    if not stream.first_seq <= cursor.seq <= stream.last_seq:
+        return MalformedCursor("cursor's position is not an event of its stream", **facts)
+    if stream.evicted_through > cursor.seq:
+        return CursorOutOfWindow("events after the cursor were evicted from the window", **facts)
+    return ReAttach(stream.number, cursor.seq)
+
+
+def _facts(view: SessionView, cursor: Cursor) -> dict[str, Any]:
+    """The facts every cursor rejection carries: the cursor and the retained range, as cursors."""
+    return {
+        "cursor": cursor.encode(),
+        "oldest": encode_cursor(view.epoch, *view.oldest).decode() if view.oldest else None,
+        "newest": encode_cursor(view.epoch, *view.newest).decode() if view.newest else None,
+    }

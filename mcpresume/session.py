@@ -1,0 +1,300 @@
+"""A session's durable state: epoch, one sequence, its streams, its window, its request ids (pure).
+
+Theory of operation
+-------------------
+The session is the durable object; an SSE connection is an ephemeral view of one of its streams
+(``../shared/seed/resumption-design-note.md``). This module is the durable part, with no I/O:
+
+* ``open_stream`` starts a stream (an upstream POST's SSE response, or the standalone GET stream) and
+  appends its priming event, so a client holds a cursor in that stream before any message arrives.
+* ``append`` gives each upstream event the next seq and puts it in the window.
+* ``end_stream`` marks a stream ended; its events stay in the window (a POST stream's response must stay
+  resumable for as long as the window keeps it: a client that drops at the instant of the response still
+  needs it).
+* ``read`` returns what a reader positioned at ``after`` on a set of streams should send next, or says the
+  position can no longer be served (``gap``) or that everything has been sent (``complete``).
+* ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once.
+
+Stream states: ``live`` -> ``ended`` -> gone (ended and no event left in the window: its bookkeeping is
+dropped, so nothing grows with the number of streams ever opened).
+
+``version`` increases on every change a reader could be waiting for (append, end, drop), which lets a
+store implement "wait for news after what I last read" without a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from heapq import merge
+from typing import Final
+
+from mcpresume.cursor import encode_cursor
+from mcpresume.resume import SessionView, StreamView
+from mcpresume.sse import encode_frame, priming_frame
+from mcpresume.window import Event, EventKind, Evicted, Window, WindowLimits
+
+# A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
+# older than the last 4096 it used is far outside any reconnect scenario; the bound keeps a long-lived
+# session's memory flat.
+MAX_REQUEST_IDS: Final = 4096
+
+# One read returns at most this much, so one write to a client stays bounded and a re-attach to a full
+# window is sent in a few large writes rather than one huge one.
+READ_MAX_EVENTS: Final = 512
+READ_MAX_BYTES: Final = 1 << 20
+
+
+class StreamOrigin(enum.Enum):
+    POST = "post"  # the SSE response to a client POST: ends with the JSON-RPC response(s)
+    GET = "get"  # the standalone stream a client opens with GET: server-initiated messages
+
+
+@dataclass(slots=True)
+class StreamState:
+    number: int
+    origin: StreamOrigin
+    request_keys: tuple[str, ...]
+    first_seq: int
+    last_seq: int
+    live: bool = True
+    # The upstream's own view of this stream, kept for upstream-side resumption; never shown to clients.
+    last_upstream_id: bytes | None = None
+    upstream_retry_ms: int | None = None
+    pending_responses: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An upstream event about to be appended: its serialized body, its kind and its upstream id."""
+
+    body: bytes  # the SSE frame without its id line (sse.frame_body); the id is the cursor, added here
+    kind: EventKind
+    upstream_id: bytes | None = None
+    response_key: str | None = None  # for a RESPONSE: the request id it answers
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    events: Sequence[Event]
+    complete: bool  # every stream read has ended and everything has been returned
+    gap: bool  # an event after the position was evicted: the reader must stop (the client re-attaches)
+    version: int
+
+
+class ClaimOutcome(enum.Enum):
+    NEW = "new"  # no id seen before: forward the request
+    ATTACH = "attach"  # every id belongs to one retained stream: attach to it, do not forward
+    GONE = "gone"  # the ids were seen, but their stream is no longer retained
+    IN_FLIGHT = "in_flight"  # seen, and the original is still being forwarded (no stream yet)
+    CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: ClaimOutcome
+    stream: int | None = None
+
+
+# The request-id map's marker for "claimed, the upstream has not answered yet".
+_PENDING: Final = 0
+
+
+class SessionState:
+    """All the proxy holds for one session."""
+
+    __slots__ = (
+        "_requests",
+        "attached",
+        "epoch",
+        "last_active",
+        "next_seq",
+        "next_stream",
+        "retry_ms",
+        "session_id",
+        "standalone",
+        "streams",
+        "version",
+        "window",
+    )
+
+    def __init__(
+        self, session_id: str, epoch: str, limits: WindowLimits, retry_ms: int | None, now: float
+    ) -> None:
+        self.session_id = session_id
+        self.retry_ms = retry_ms
+        self.epoch = epoch
+        self.window = Window(limits)
+        self.streams: dict[int, StreamState] = {}
+        self.next_seq = 1
+        self.next_stream = 1
+        self.version = 0
+        self.attached = 0
+        self.last_active = now
+        self.standalone: int | None = None  # the live standalone GET stream, if any
+        self._requests: OrderedDict[str, int] = OrderedDict()
+
+    # -- streams -----------------------------------------------------------------------------------------
+
+    def open_stream(self, origin: StreamOrigin, request_keys: Sequence[str], now: float) -> Event:
+        """Start a stream and append its priming event; returns the priming event."""
+        number = self.next_stream
+        self.next_stream += 1
+        seq = self.next_seq
+        self.streams[number] = StreamState(
+            number, origin, tuple(request_keys), seq, seq, pending_responses=set(request_keys)
+        )
+        for key in request_keys:
+            self._remember_request(key, number)
+        if origin is StreamOrigin.GET:
+            self.standalone = number
+        frame = priming_frame(encode_cursor(self.epoch, number, seq), self.retry_ms)
+        priming = Event(seq, number, frame, EventKind.PRIMING, None, now)
+        self.next_seq += 1
+        self._after_append(priming, now)
+        return priming
+
+    def append(self, stream: int, items: Iterable[NewEvent], now: float) -> tuple[list[Event], Evicted]:
+        """Append upstream events to a live stream (events for an ended stream are dropped)."""
+        state = self.streams.get(stream)
+        appended: list[Event] = []
+        evicted = Evicted()
+        if state is None or not state.live:
+            return appended, evicted
+        for item in items:
+            seq = self.next_seq
+            self.next_seq += 1
+            frame = encode_frame(encode_cursor(self.epoch, stream, seq), item.body)
+            event = Event(seq, stream, frame, item.kind, item.upstream_id, now)
+            state.last_seq = event.seq
+            if item.upstream_id:
+                state.last_upstream_id = item.upstream_id
+            if item.response_key is not None:
+                state.pending_responses.discard(item.response_key)
+            appended.append(event)
+            evicted.merge(self._after_append(event, now))
+        return appended, evicted
+
+    def _after_append(self, event: Event, now: float) -> Evicted:
+        self.version += 1
+        self.last_active = now
+        evicted = self.window.append(event, now)
+        if evicted:
+            self._forget_gone_streams()
+        return evicted
+
+    def end_stream(self, stream: int, now: float) -> None:
+        state = self.streams.get(stream)
+        if state is None or not state.live:
+            return
+        state.live = False
+        if self.standalone == stream:
+            self.standalone = None
+        self.version += 1
+        self.last_active = now
+        self._forget_gone_streams()
+
+    def expire(self, now: float) -> Evicted:
+        evicted = self.window.expire(now)
+        if evicted:
+            self.version += 1
+            self._forget_gone_streams()
+        return evicted
+
+    def _forget_gone_streams(self) -> None:
+        window = self.window
+        for number in [n for n, s in self.streams.items() if not s.live and not window.has_events(n)]:
+            del self.streams[number]
+            window.forget_stream(number)
+
+    def live_post_streams(self) -> int:
+        return sum(1 for s in self.streams.values() if s.live and s.origin is StreamOrigin.POST)
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def read(
+        self,
+        streams: Sequence[int],
+        after: int,
+        max_events: int = READ_MAX_EVENTS,
+        max_bytes: int = READ_MAX_BYTES,
+    ) -> ReadResult:
+        """What a reader at ``after`` on ``streams`` sends next (merged in seq order), at most the limits."""
+        window = self.window
+        for number in streams:
+            if window.evicted_through(number) > after or (
+                number not in self.streams and number < self.next_stream
+            ):
+                return ReadResult((), complete=False, gap=True, version=self.version)
+        if len(streams) == 1:
+            candidates: Iterable[Event] = window.after(streams[0], after)
+        else:
+            candidates = merge(*(window.after(n, after) for n in streams), key=lambda e: e.seq)
+        events: list[Event] = []
+        size = 0
+        truncated = False
+        for event in candidates:
+            if events and (len(events) >= max_events or size + len(event.body) > max_bytes):
+                truncated = True
+                break
+            events.append(event)
+            size += len(event.body)
+        complete = not truncated and all(not self.streams[n].live for n in streams)
+        return ReadResult(events, complete=complete, gap=False, version=self.version)
+
+    # -- request ids (exactly once per request id) -------------------------------------------------------
+
+    def claim(self, request_keys: Sequence[str]) -> Claim:
+        """Record the request ids of a POST about to be forwarded, or say what to do instead."""
+        seen = [self._requests.get(key) for key in request_keys]
+        if all(s is None for s in seen):
+            for key in request_keys:
+                self._remember_request(key, _PENDING)
+            return Claim(ClaimOutcome.NEW)
+        if any(s is None for s in seen) or len(set(seen)) != 1:
+            return Claim(ClaimOutcome.CONFLICT)
+        number = seen[0]
+        if number == _PENDING:
+            return Claim(ClaimOutcome.IN_FLIGHT)
+        if number in self.streams and self.window.evicted_through(number) == 0:
+            return Claim(ClaimOutcome.ATTACH, number)
+        return Claim(ClaimOutcome.GONE, number)
+
+    def release(self, request_keys: Sequence[str]) -> None:
+        """Forget a claim whose request never reached the upstream (so a retry may be forwarded)."""
+        for key in request_keys:
+            if self._requests.get(key) == _PENDING:
+                del self._requests[key]
+
+    def _remember_request(self, key: str, stream: int) -> None:
+        self._requests[key] = stream
+        self._requests.move_to_end(key)
+        while len(self._requests) > MAX_REQUEST_IDS:
+            self._requests.popitem(last=False)
+
+    def view(self, stream: int, session_ttl: float) -> SessionView:
+        """The facts the resume decision needs, for a cursor naming ``stream``."""
+        state = self.streams.get(stream)
+        window = self.window
+        oldest, newest = window.oldest, window.newest
+        return SessionView(
+            epoch=self.epoch,
+            expires_at=self.last_active + session_ttl if self.idle() else None,
+            next_stream=self.next_stream,
+            newest_seq=self.next_seq - 1,
+            oldest=(oldest.stream, oldest.seq) if oldest else None,
+            newest=(newest.stream, newest.seq) if newest else None,
+            stream=None
+            if state is None
+            else StreamView(
+                state.number, state.live, state.first_seq, state.last_seq, window.evicted_through(stream)
+            ),
+        )
+
+    # -- liveness ----------------------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """No client attached and no POST stream being pumped: the session may expire."""
+        return self.attached == 0 and self.live_post_streams() == 0

@@ -1,0 +1,94 @@
+"""Where sessions live: the ``SessionStore`` protocol, and its implementations.
+
+The interface is async and returns data (no callbacks), so a shared store (Redis, for several replicas)
+fits behind it without changing its callers: ``memory.MemoryStore`` is the embedded default. Every
+implementation must pass ``tests/test_store_contract.py``.
+
+Waiting for news is part of the contract: ``read`` returns the session's ``version``; ``wait(version)``
+returns as soon as the session has changed since that version (or at once if it already has). A reader
+that loops read -> send -> wait therefore never misses an append that happened while it was sending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from mcpresume.resume import SessionView
+from mcpresume.session import Claim, NewEvent, ReadResult, StreamOrigin
+from mcpresume.window import Evicted
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedStream:
+    number: int
+    epoch: str
+    priming_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    sessions: int
+    window_events: int
+    window_bytes: int
+    attached: int
+
+
+class SessionStore(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> bool: ...
+
+    async def create_session(self, session_id: str, now: float) -> str:
+        """Start tracking a session (a fresh epoch even if the id was seen before); returns the epoch.
+        Raises ``TooManySessions`` at ``max_sessions``."""
+        ...
+
+    async def has_session(self, session_id: str) -> bool: ...
+
+    async def delete_session(self, session_id: str) -> bool: ...
+
+    async def claim(self, session_id: str, request_keys: Sequence[str]) -> Claim | None:
+        """Record request ids before forwarding them (None: session unknown)."""
+        ...
+
+    async def release(self, session_id: str, request_keys: Sequence[str]) -> None: ...
+
+    async def open_stream(
+        self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float
+    ) -> OpenedStream | None: ...
+
+    async def standalone_stream(self, session_id: str) -> int | None:
+        """The live standalone (GET) stream of the session, if one is being pumped."""
+        ...
+
+    async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
+        """Append to a live stream; returns what the window evicted to make room."""
+        ...
+
+    async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...
+
+    async def view(self, session_id: str, stream: int) -> SessionView | None:
+        """What the resume decision needs, for a cursor naming ``stream`` (None: session unknown)."""
+        ...
+
+    async def read(self, session_id: str, streams: Sequence[int], after: int) -> ReadResult | None:
+        """The next events after ``after`` on ``streams``, in seq order (None: session gone)."""
+        ...
+
+    async def wait(self, session_id: str, version: int, timeout: float) -> bool:
+        """Return True when the session changed since ``version`` or was dropped, False after ``timeout``."""
+        ...
+
+    async def attach(self, session_id: str, now: float) -> None: ...
+
+    async def detach(self, session_id: str, now: float) -> None: ...
+
+    async def reap(self, now: float) -> tuple[list[str], Evicted]:
+        """Drop expired sessions and expired events; returns the dropped session ids and the evictions."""
+        ...
+
+    async def stats(self) -> StoreStats: ...

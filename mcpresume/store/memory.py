@@ -1,0 +1,163 @@
+"""The in-memory session store: the embedded default, one process, no dependencies.
+
+Every method runs without an ``await`` between reading and changing state, so within one event loop each
+call is atomic; ``wait`` parks a reader on a per-session future that every change resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from mcpresume.cursor import new_epoch
+from mcpresume.errors import TooManySessions
+from mcpresume.resume import SessionView
+from mcpresume.session import Claim, NewEvent, ReadResult, SessionState, StreamOrigin
+from mcpresume.store import OpenedStream, StoreStats
+from mcpresume.window import Evicted, WindowLimits
+
+
+class MemoryStore:
+    def __init__(
+        self, limits: WindowLimits, *, session_ttl: float, max_sessions: int, retry_ms: int | None
+    ) -> None:
+        self.limits = limits
+        self.session_ttl = session_ttl
+        self.max_sessions = max_sessions
+        self.retry_ms = retry_ms
+        self._sessions: dict[str, SessionState] = {}
+        self._changed: dict[str, asyncio.Future[None]] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        for session_id in list(self._sessions):
+            self._drop(session_id)
+
+    async def ready(self) -> bool:
+        return True
+
+    def _notify(self, session_id: str) -> None:
+        future = self._changed.pop(session_id, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _drop(self, session_id: str) -> bool:
+        found = self._sessions.pop(session_id, None) is not None
+        self._notify(session_id)
+        return found
+
+    async def create_session(self, session_id: str, now: float) -> str:
+        if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
+            await self.reap(now)
+            if len(self._sessions) >= self.max_sessions:
+                raise TooManySessions(
+                    f"the proxy holds its maximum of {self.max_sessions} sessions",
+                    max_sessions=self.max_sessions,
+                )
+        self._drop(session_id)  # a re-used id is a new incarnation: new epoch, old cursors become foreign
+        epoch = new_epoch()
+        self._sessions[session_id] = SessionState(session_id, epoch, self.limits, self.retry_ms, now)
+        return epoch
+
+    async def has_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    async def delete_session(self, session_id: str) -> bool:
+        return self._drop(session_id)
+
+    async def claim(self, session_id: str, request_keys: Sequence[str]) -> Claim | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.claim(request_keys)
+
+    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.release(request_keys)
+
+    async def open_stream(
+        self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float
+    ) -> OpenedStream | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        priming = session.open_stream(origin, request_keys, now)
+        self._notify(session_id)
+        return OpenedStream(priming.stream, session.epoch, priming.seq)
+
+    async def standalone_stream(self, session_id: str) -> int | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.standalone
+
+    async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return Evicted()
+        _, evicted = session.append(stream, events, now)
+        self._notify(session_id)
+        return evicted
+
+    async def end_stream(self, session_id: str, stream: int, now: float) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.end_stream(stream, now)
+            self._notify(session_id)
+
+    async def view(self, session_id: str, stream: int) -> SessionView | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.view(stream, self.session_ttl)
+
+    async def read(self, session_id: str, streams: Sequence[int], after: int) -> ReadResult | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.read(streams, after)
+
+    async def wait(self, session_id: str, version: int, timeout: float) -> bool:
+        session = self._sessions.get(session_id)
+        if session is None or session.version != version:
+            return True
+        future = self._changed.get(session_id)
+        if future is None:
+            future = self._changed[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            # shield: one reader timing out must not cancel the future other readers of the session share
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(future)
+        except TimeoutError:
+            return False
+        return True
+
+    async def attach(self, session_id: str, now: float) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.attached += 1
+            session.last_active = now
+
+    async def detach(self, session_id: str, now: float) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.attached = max(0, session.attached - 1)
+            session.last_active = now
+
+    async def reap(self, now: float) -> tuple[list[str], Evicted]:
+        evicted = Evicted()
+        dropped: list[str] = []
+        for session_id, session in list(self._sessions.items()):
+            if session.idle() and session.last_active + self.session_ttl <= now:
+                self._drop(session_id)
+                dropped.append(session_id)
+                continue
+            expired = session.expire(now)
+            if expired:
+                evicted.merge(expired)
+                self._notify(session_id)
+        return dropped, evicted
+
+    async def stats(self) -> StoreStats:
+        sessions = self._sessions.values()
+        return StoreStats(
+            sessions=len(self._sessions),
+            window_events=sum(len(s.window) for s in sessions),
+            window_bytes=sum(s.window.bytes for s in sessions),
+            attached=sum(s.attached for s in sessions),
+        )

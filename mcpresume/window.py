@@ -1,0 +1,180 @@
+"""The window: a session's bounded ring of recent events (pure).
+
+Theory of operation
+-------------------
+Every event the proxy relays on a session gets the next number of the session's one sequence and is
+appended to the session's window. The window keeps events in sequence order and evicts the oldest first,
+whichever limit is crossed:
+
+* ``max_events``: count. The design note's ring of 256 events per session.
+* ``max_bytes``: payload bytes (the serialized SSE frame bodies). Bounds memory regardless of event size.
+* ``ttl``: age. An event older than ``ttl`` seconds is dropped on the next append or ``expire(now)``.
+
+The newest event is never evicted by the count and bytes limits, so a single event larger than
+``max_bytes`` is still delivered (``max_event_bytes`` bounds it); the bound on a session's memory is
+therefore ``max(max_bytes, one event) + len(window) * fixed overhead``, and never grows with the number of
+events ever emitted.
+
+Because eviction is oldest-first across the whole session, the evicted events of any one stream are always
+a prefix of that stream. So one number per stream, ``evicted_through`` (the highest evicted seq of that
+stream), says whether a position is still servable: a reader positioned at ``after`` on a stream lost
+nothing iff ``evicted_through <= after``.
+
+The window never reads the clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+
+class EventKind(enum.IntEnum):
+    PRIMING = 0  # an id with empty data (SEP-1699): gives the client a cursor before any message
+    MESSAGE = 1  # a JSON-RPC request or notification from the server
+    RESPONSE = 2  # the JSON-RPC response (or error) that completes a POST stream
+
+
+class EvictReason(enum.Enum):
+    COUNT = "count"
+    BYTES = "bytes"
+    TTL = "ttl"
+
+
+@dataclass(slots=True, eq=False)
+class Event:
+    seq: int
+    stream: int
+    body: bytes  # the complete SSE frame as sent, its id line (the cursor) included
+    kind: EventKind
+    upstream_id: bytes | None
+    at: float  # when it was appended, on the caller's clock
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLimits:
+    max_events: int
+    max_bytes: int
+    ttl: float
+
+
+@dataclass(slots=True)
+class Evicted:
+    """What one eviction pass removed, per reason: (events, bytes)."""
+
+    counts: dict[EvictReason, list[int]] = field(default_factory=dict)
+
+    def add(self, reason: EvictReason, size: int) -> None:
+        tally = self.counts.setdefault(reason, [0, 0])
+        tally[0] += 1
+        tally[1] += size
+
+    def merge(self, other: Evicted) -> None:
+        for reason, (count, size) in other.counts.items():
+            tally = self.counts.setdefault(reason, [0, 0])
+            tally[0] += count
+            tally[1] += size
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+_EMPTY: Final[tuple[Event, ...]] = ()
+
+
+class Window:
+    """Retained events of one session, in seq order, with a per-stream index."""
+
+    __slots__ = ("_by_stream", "_evicted_through", "_order", "bytes", "limits")
+
+    def __init__(self, limits: WindowLimits) -> None:
+        self.limits = limits
+        self._order: deque[Event] = deque()
+        self._by_stream: dict[int, deque[Event]] = {}
+        self._evicted_through: dict[int, int] = {}
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def oldest(self) -> Event | None:
+        return self._order[0] if self._order else None
+
+    @property
+    def newest(self) -> Event | None:
+        return self._order[-1] if self._order else None
+
+    def append(self, event: Event, now: float) -> Evicted:
+        """Append one event (its seq must exceed every retained seq) and enforce the limits."""
+        self._order.append(event)
+        per_stream = self._by_stream.get(event.stream)
+        if per_stream is None:
+            per_stream = self._by_stream[event.stream] = deque()
+        per_stream.append(event)
+        self.bytes += len(event.body)
+        return self._enforce(now)
+
+    def expire(self, now: float) -> Evicted:
+        return self._enforce(now)
+
+    def _enforce(self, now: float) -> Evicted:
+        evicted = Evicted()
+        limits, order = self.limits, self._order
+        deadline = now - limits.ttl
+        while order:
+            oldest = order[0]
+            if oldest.at <= deadline:
+                reason = EvictReason.TTL
+            elif len(order) <= 1:
+                break  # the newest event stays even when it alone is over max_bytes (see module doc)
+            elif len(order) > limits.max_events:
+                reason = EvictReason.COUNT
+            elif self.bytes > limits.max_bytes:
+                reason = EvictReason.BYTES
+            else:
+                break
+            self._pop_oldest()
+            evicted.add(reason, len(oldest.body))
+        return evicted
+
+    def _pop_oldest(self) -> Event:
+        event = self._order.popleft()
+        per_stream = self._by_stream[event.stream]
+        per_stream.popleft()  # oldest-first eviction: the session's oldest is its stream's oldest
+        if not per_stream:
+            del self._by_stream[event.stream]
+        self._evicted_through[event.stream] = event.seq
+        self.bytes -= len(event.body)
+        return event
+
+    def evicted_through(self, stream: int) -> int:
+        """The highest evicted seq of ``stream`` (0 if none was evicted)."""
+        return self._evicted_through.get(stream, 0)
+
+    def forget_stream(self, stream: int) -> None:
+        """Drop a finished stream's bookkeeping once it holds no events (keeps the window bounded)."""
+        if stream not in self._by_stream:
+            self._evicted_through.pop(stream, None)
+
+    def has_events(self, stream: int) -> bool:
+        return stream in self._by_stream
+
+    def after(self, stream: int, seq: int) -> Iterable[Event]:
+        """The retained events of ``stream`` with a seq above ``seq``, in order."""
+        per_stream = self._by_stream.get(stream)
+        if not per_stream or per_stream[-1].seq <= seq:
+            return _EMPTY
+        if per_stream[0].seq > seq:
+            return per_stream
+        # Readers usually follow the tail, so scan from the right: O(events returned).
+        index = len(per_stream) - 1
+        while index > 0 and per_stream[index - 1].seq > seq:
+            index -= 1
+        return [per_stream[i] for i in range(index, len(per_stream))]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._order)
