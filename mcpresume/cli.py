@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="run a bundled example upstream behind the proxy and show resumption"
     )
+    demo.add_argument(
+        "--once", action="store_true", help="exit after the demo instead of serving until Ctrl-C"
+    )
     for sub in (serve, demo):
         sub.add_argument("--config", metavar="FILE", help="TOML settings file (or MCPRESUME_CONFIG)")
         for name, field in Settings.model_fields.items():
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     config_file = args.pop("config", None)
+    once = args.pop("once", False)
     try:
         settings = load_settings(args, config_file)
         if command == "serve" and settings.upstream is None:
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(serve(settings))
     from mcpresume.demo import run_demo  # imports the optional MCP SDK: only for the demo
 
-    return asyncio.run(run_demo(settings))
+    return asyncio.run(run_demo(settings, once=once))
 
 
 def _use_uvloop() -> None:

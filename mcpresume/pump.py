@@ -108,7 +108,7 @@ async def pump(
                 metrics.upstream_events.inc(len(items))
                 metrics.evicted(await store.append(job.session_id, job.stream, items, clock()))
             if job.request_ids and not pending:
-                return  # every response is in: the POST stream is complete (the finally ends it)
+                break  # every response is in: the POST stream is complete
         if parser.close():
             failure = "the upstream closed the stream in the middle of an event"
     except EventTooLarge as exc:
