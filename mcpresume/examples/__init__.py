@@ -1,0 +1,1 @@
+"""Example MCP upstreams built with the official SDK (optional ``demo`` extra)."""

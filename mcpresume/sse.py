@@ -1,0 +1,359 @@
+"""Server-sent events: an incremental parser and the few serializers the proxy needs (pure).
+
+Theory of operation
+-------------------
+The proxy reads every upstream SSE byte, so the parser works on ``bytes`` and never decodes: field values
+are handed on byte-for-byte (invalid UTF-8 included), and JSON decoding is somebody else's business.
+
+Parsing follows the WHATWG HTML standard, section "Server-sent events", subsection "Interpreting an event
+stream" (cited below as *WHATWG*). Per chunk, ``SSEParser.feed`` does work proportional to the chunk only:
+
+1. Line endings are normalised to LF with two C-level ``replace`` calls, and only when the chunk contains
+   a CR at all. A CR that ends a chunk is remembered, so an LF starting the next chunk is dropped: CRLF split
+   across two reads is one line ending, not a line ending plus a blank line.
+2. ``split(b"\\n")`` cuts the chunk into complete lines plus an unterminated tail. The tail is kept as a
+   list of pieces, and an event's data lines are kept as a list, so an event that arrives in many small
+   chunks is joined exactly once, when it completes: nothing buffered is ever re-scanned.
+3. Each complete line is interpreted (comment / field / blank line = dispatch) with fast paths for the
+   canonical ``data: ``, ``id: `` and ``event: `` spellings; ``data:`` lines are nearly all the bytes of an
+   MCP stream.
+
+A block is returned when it has an effect on a WHATWG client: a data field (a message), or a valid id (moves
+the cursor; SEP-1699 "priming" blocks have no message) or a valid retry. Blocks with only comments, unknown
+fields, an ``event`` field or ignored values yield nothing.
+
+Size limit: an event's size is the sum, over its non-comment lines, of the line length plus one byte for its
+terminator (CRLF and LF count the same, so the verdict does not depend on the upstream's line endings), plus
+the bytes of the line still being read. A comment line is not kept, so it only counts while it is being
+read. The size never depends on how the stream is chunked: the bytes of an unterminated line never count
+more than the same line will once it is complete. Going over ``max_event_bytes`` raises ``EventTooLarge``
+and fails the parser for good: the proxy never buffers on past the limit.
+
+If events completed earlier in the same chunk as the overflow, ``feed`` returns them first and the error is
+raised by the next ``feed`` or ``close``, so no complete event is lost to a later, oversized one.
+
+The parser reports each event's own ``id`` (``None`` when the event carried none); the stream's cursor
+("last event ID buffer", which WHATWG keeps across events) is the caller's to track.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from mcpresume.errors import EventTooLarge
+
+__all__ = [
+    "EventTooLarge",
+    "SSEEvent",
+    "SSEParser",
+    "encode_comment",
+    "encode_frame",
+    "encode_retry",
+    "frame_body",
+    "priming_frame",
+]
+
+# WHATWG: "One leading U+FEFF BYTE ORDER MARK character must be ignored if any are present." The stream is
+# UTF-8 decoded, which strips exactly one BOM at the very start; we do the same on bytes.
+_BOM: Final = b"\xef\xbb\xbf"
+_COLON: Final = 0x3A  # ord(":")
+_LF: Final = 0x0A
+
+# Parser states.
+_OPEN: Final = 0
+_FAILED_UNREPORTED: Final = 1  # overflow seen, events returned first; the next call raises
+_FAILED: Final = 2  # EventTooLarge was raised; unusable
+_CLOSED: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event block, as raw bytes."""
+
+    data: bytes  # the data lines joined with LF, no trailing LF; b"" if there was no data field
+    event: bytes | None  # the last ``event`` field's value, None if none (b"" is kept as b"")
+    id: bytes | None  # the last valid ``id`` field of THIS event; b"" resets the client's cursor
+    retry: int | None  # the last all-digits ``retry`` value, None if none
+    has_data: bool  # at least one ``data`` field (``data:`` with an empty value counts)
+
+
+def _parse_retry(value: bytes) -> int | None:
+    # Caller checked value.isdigit() (bytes.isdigit is ASCII-only, False for b""). WHATWG: "If the field
+    # value consists of only ASCII digits, then interpret the field value as an integer in base ten".
+    # Leading zeros are stripped so that int()'s digit-count guard (sys.get_int_max_str_digits) only
+    # trips on an absurd magnitude, which we ignore like any other unusable value.
+    digits = value.lstrip(b"0")
+    if not digits:
+        return 0
+    try:
+        return int(digits)
+    except ValueError:
+        return None
+
+
+class SSEParser:
+    """Incremental WHATWG event-stream parser over bytes. See the module docstring."""
+
+    __slots__ = (
+        "_data",
+        "_event",
+        "_has_data",
+        "_head",
+        "_id",
+        "_max",
+        "_partial",
+        "_partial_len",
+        "_retry",
+        "_size",
+        "_skip_lf",
+        "_state",
+    )
+
+    def __init__(self, max_event_bytes: int) -> None:
+        if max_event_bytes < 1:
+            raise ValueError("max_event_bytes must be >= 1")
+        self._max = max_event_bytes
+        # Bytes of the stream start, held until we know whether they are a BOM; None once decided.
+        self._head: bytes | None = b""
+        self._skip_lf = False  # the previous chunk ended with CR
+        self._partial: list[bytes] = []  # the unterminated line, in pieces (never an empty piece)
+        self._partial_len = 0
+        self._size = 0  # the current event's non-comment lines, one byte per terminator
+        self._data: list[bytes] = []
+        self._has_data = False
+        self._event: bytes | None = None
+        self._id: bytes | None = None
+        self._retry: int | None = None
+        self._state = _OPEN
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete line or event (0 between events)."""
+        head = len(self._head) if self._head else 0
+        return head + self._size + self._partial_len
+
+    def _fail(self) -> EventTooLarge:
+        self._state = _FAILED
+        self._partial = []
+        self._data = []
+        return EventTooLarge(self._max)
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Parse ``chunk``; return every event completed by it, in stream order."""
+        if self._state != _OPEN:
+            if self._state == _CLOSED:
+                raise RuntimeError("SSEParser.feed() after close()")
+            raise self._fail()
+
+        if self._head is not None:
+            head = self._head + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._head = head  # could still be a BOM split across reads
+                return []
+            self._head = None
+            chunk = head[3:] if head.startswith(_BOM) else head
+
+        if self._skip_lf:
+            if not chunk:
+                return []
+            self._skip_lf = False
+            # WHATWG: lines end in "a U+000D CARRIAGE RETURN U+000A LINE FEED (CRLF) character pair, a single
+            # U+000A LINE FEED (LF) character, or a single U+000D CARRIAGE RETURN (CR) character". The
+            # previous chunk's trailing CR already ended the line, so this LF is the second half of a CRLF.
+            if chunk[0] == _LF:
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._skip_lf = chunk[-1:] == b"\r"
+            # CRLF first, so a pair becomes one LF rather than two.
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+        lines = chunk.split(b"\n")
+        tail = lines.pop()  # after the last LF: the unterminated start of the next line (maybe b"")
+        if lines and self._partial:
+            self._partial.append(lines[0])
+            lines[0] = b"".join(self._partial)
+            self._partial = []
+            self._partial_len = 0
+
+        events: list[SSEEvent] = []
+        limit = self._max
+        size = self._size
+        data = self._data
+        has_data = self._has_data
+        event = self._event
+        id_ = self._id
+        retry = self._retry
+        overflow = False
+
+        for line in lines:
+            if not line:
+                # WHATWG: "If the line is empty (a blank line): Dispatch the event". A browser fires nothing
+                # when the data buffer is empty, but the id still moves its cursor and a retry still sets
+                # its reconnection time, so a data-less block with either is returned (SEP-1699 priming).
+                # A block with no effect at all (comments only, or only event/unknown/ignored fields)
+                # yields nothing.
+                if has_data or id_ is not None or retry is not None:
+                    # WHATWG appends value + LF per data line, then removes the one trailing LF: a join.
+                    events.append(SSEEvent(b"\n".join(data), event, id_, retry, has_data))
+                    data = []
+                    has_data = False
+                event = id_ = retry = None
+                size = 0
+                continue
+            if line[0] == _COLON:
+                # WHATWG: "If the line starts with a U+003A COLON character (:) - Ignore the line."
+                # Not kept, so it only has to fit while being read.
+                if size + len(line) > limit:
+                    overflow = True
+                    break
+                continue
+            size += len(line) + 1
+            if size > limit:
+                overflow = True
+                break
+            # Fast paths for the canonical spellings: nearly every byte of an MCP stream is on a "data: "
+            # line, and most events also carry "id: " and "event: " lines.
+            if line.startswith(b"data: "):
+                data.append(line[6:])
+                has_data = True
+                continue
+            if line.startswith(b"id: "):
+                if b"\x00" not in line:  # WHATWG ignores an id containing NUL (see below)
+                    id_ = line[4:]
+                continue
+            if line.startswith(b"event: "):
+                event = line[7:]
+                continue
+            # WHATWG: "If the line contains a U+003A COLON character (:) - Collect the characters on the line
+            # before the first U+003A COLON character (:), and let field be that string. Collect the
+            # characters on the line after the first U+003A COLON character (:), and let value be that
+            # string. If value starts with a U+0020 SPACE character, remove it from value."
+            colon = line.find(b":")
+            if colon < 0:
+                # WHATWG: "Otherwise, the string is not empty but does not contain a U+003A COLON character
+                # (:) - Process the field using the whole line as the field name, and the empty string as
+                # the field value."
+                name = line
+                value = b""
+            else:
+                name = line[:colon]
+                value = line[colon + 2 :] if line.startswith(b" ", colon + 1) else line[colon + 1 :]
+            if name == b"data":
+                data.append(value)
+                has_data = True
+            elif name == b"event":
+                event = value
+            elif name == b"id":
+                # WHATWG: "If the field value does not contain U+0000 NULL, then set the last event ID
+                # buffer to the field value. Otherwise, ignore the field."
+                if b"\x00" not in value:
+                    id_ = value
+            elif name == b"retry" and value.isdigit():
+                # WHATWG: "If the field value consists of only ASCII digits, [...] set the event stream's
+                # reconnection time to that integer. Otherwise, ignore the field."
+                parsed = _parse_retry(value)
+                if parsed is not None:
+                    retry = parsed
+            # WHATWG: "Otherwise - The field is ignored."
+
+        if not overflow and tail:
+            self._partial.append(tail)
+            self._partial_len += len(tail)
+            # Holding an unterminated line is what costs memory; bound it like the complete event.
+            overflow = size + self._partial_len > limit
+
+        if overflow:
+            if events:
+                # Hand over what completed before the oversized event; raise on the next call.
+                self._state = _FAILED_UNREPORTED
+                self._partial = []
+                self._data = []
+                return events
+            raise self._fail()
+
+        self._size = size
+        self._data = data
+        self._has_data = has_data
+        self._event = event
+        self._id = id_
+        self._retry = retry
+        return events
+
+    def close(self) -> bool:
+        """End of stream. Discards an incomplete event (WHATWG: "Once the end of the file is reached, any
+        pending data must be discarded. (If the file ends in the middle of an event, before the final empty
+        line, the incomplete event is not dispatched.)"). Returns True iff bytes of an incomplete event were
+        discarded. Raises ``EventTooLarge`` if ``feed`` returned events but has not raised yet."""
+        state = self._state
+        if state == _FAILED_UNREPORTED:
+            raise self._fail()
+        if state == _FAILED:
+            return True
+        if state == _CLOSED:
+            return False
+        # An unterminated comment line is not part of an event; anything else held is.
+        partial_event = bool(self._partial) and self._partial[0][0] != _COLON
+        incomplete = bool(self._head) or self._size > 0 or partial_event
+        self._state = _CLOSED
+        self._head = None
+        self._partial = []
+        self._partial_len = 0
+        self._size = 0
+        self._data = []
+        self._has_data = False
+        self._event = self._id = self._retry = None
+        return incomplete
+
+
+def frame_body(data: bytes, event: bytes | None = b"message") -> bytes:
+    """Serialize an event without its id line: ``event: X`` (unless None), one ``data:`` line per LF-separated
+    line of ``data``, and the terminating blank line. The proxy prefixes ``id: <cursor>`` later."""
+    # A CR would end a line early at the client (WHATWG line endings); LF in data is a line separator.
+    if b"\r" in data:
+        raise ValueError("SSE data must not contain CR")
+    # One replace instead of split + join: every LF in data starts a new "data: " line.
+    body = b"data: " + data.replace(b"\n", b"\ndata: ") + b"\n\n"
+    if event is None:
+        return body
+    if b"\r" in event or b"\n" in event:
+        raise ValueError("SSE event name must not contain CR or LF")
+    return b"event: " + event + b"\n" + body
+
+
+def _check_id(id: bytes) -> None:
+    # CR/LF would end the id line early; WHATWG clients ignore an id containing NUL.
+    if b"\n" in id or b"\r" in id or b"\x00" in id:
+        raise ValueError("SSE id must not contain CR, LF or NUL")
+
+
+def encode_frame(id: bytes, body: bytes) -> bytes:
+    """``id: <id>`` followed by a body made by ``frame_body``."""
+    _check_id(id)
+    return b"id: " + id + b"\n" + body
+
+
+def priming_frame(id: bytes, retry_ms: int | None) -> bytes:
+    """An event with an id and empty data (MCP 2025-11-25, SEP-1699 "priming"): it gives the client a cursor
+    before any message. The official MCP python client ignores message events with empty data but records
+    their id."""
+    _check_id(id)
+    if retry_ms is None:
+        return b"id: " + id + b"\ndata: \n\n"
+    if retry_ms < 0:
+        raise ValueError("retry_ms must be >= 0")
+    return b"id: " + id + b"\nretry: " + str(retry_ms).encode("ascii") + b"\ndata: \n\n"
+
+
+def encode_comment(text: bytes) -> bytes:
+    """A comment block (``: text`` + blank line), e.g. a keep-alive. Clients ignore it."""
+    if b"\n" in text or b"\r" in text:
+        raise ValueError("SSE comment must not contain CR or LF")
+    return b": " + text + b"\n\n"
+
+
+def encode_retry(retry_ms: int) -> bytes:
+    """A block that only sets the client's reconnection time."""
+    if retry_ms < 0:
+        raise ValueError("retry_ms must be >= 0")
+    return b"retry: " + str(retry_ms).encode("ascii") + b"\n\n"

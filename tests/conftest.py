@@ -1,0 +1,124 @@
+"""Shared fixtures: real example upstreams (official SDK + uvicorn, in the test's event loop) and a real Redis."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from mcpresume.examples.event_store import InMemoryEventStore
+from mcpresume.examples.upstream import serve_example_upstream
+
+EVENT_STORE_RETRY_MS = 200
+"""``retry`` the event-store upstream puts in its priming events: how long SDK clients wait to reconnect."""
+
+
+@pytest.fixture
+async def example_upstream() -> AsyncIterator[str]:
+    """URL (``http://127.0.0.1:<port>/mcp``) of a running example upstream with default options."""
+    async with serve_example_upstream() as url:
+        yield url
+
+
+@pytest.fixture
+def event_store() -> InMemoryEventStore:
+    """The event store behind `example_upstream_with_event_store` (inspect it to see what was stored)."""
+    return InMemoryEventStore()
+
+
+@pytest.fixture
+async def example_upstream_with_event_store(event_store: InMemoryEventStore) -> AsyncIterator[str]:
+    """URL of an example upstream that supports resumption itself.
+
+    It has an event store and ``retry_interval=200`` ms, so every SSE response to a 2025-11-25 client starts
+    with a priming event (``id`` + empty ``data`` + ``retry: 200``), a client that loses a stream reconnects
+    with ``GET`` + ``Last-Event-ID`` after 200 ms, and the ``poll_me`` tool can close its stream on purpose
+    (``ctx.close_sse_stream()``) to make the client poll.
+    """
+    async with serve_example_upstream(event_store=event_store, retry_interval=EVENT_STORE_RETRY_MS) as url:
+        yield url
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Redis
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def redis_ping(port: int, timeout: float = 1.0) -> bool:
+    """Whether a Redis on ``127.0.0.1:port`` answers ``PING`` (raw RESP over a socket, no client library)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64) == b"+PONG\r\n"
+    except OSError:
+        return False
+
+
+def _start_redis(binary: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    log = workdir / f"redis-{port}.log"
+    return subprocess.Popen(
+        [
+            binary,
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(workdir),
+            "--logfile", str(log),
+            "--daemonize", "no",
+        ],  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``redis://127.0.0.1:<port>/0`` of a throwaway ``redis-server`` (no persistence) for the whole session.
+
+    Skipped when ``redis-server`` is not installed, except under CI (env ``CI`` set), where it fails.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server not found on PATH (Debian: apt-get install redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI must run the Redis tests", pytrace=False)
+        pytest.skip(message)
+    workdir = tmp_path_factory.mktemp("redis")
+    last_error = "not started"
+    for _attempt in range(3):  # the free port can be taken between probing and binding
+        port = _free_port()
+        proc = _start_redis(binary, workdir, port)
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline and proc.poll() is None and not redis_ping(port):
+            time.sleep(0.02)  # a subprocess's readiness can only be polled
+        if proc.poll() is None and redis_ping(port):
+            try:
+                yield f"redis://127.0.0.1:{port}/0"
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            return
+        log = workdir / f"redis-{port}.log"
+        last_error = log.read_text(errors="replace")[-2000:] if log.exists() else f"exit status {proc.poll()}"
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    pytest.fail(f"redis-server did not start:\n{last_error}", pytrace=False)

@@ -1,0 +1,1 @@
+"""Reusable test infrastructure: a cutting TCP relay and helpers to drive the official MCP SDK client."""

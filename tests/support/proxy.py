@@ -1,0 +1,63 @@
+"""Run the real proxy (real sockets, the same start-up path as the daemon) in front of an upstream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from mcpresume.app import RunningProxy, start_proxy
+from mcpresume.config import load_settings
+from mcpresume.demo import ScriptedClient, sse_events
+from mcpresume.sse import SSEEvent
+
+__all__ = ["ManualClock", "ScriptedClient", "collect", "error_of", "running_proxy", "sse_events"]
+
+
+class ManualClock:
+    """A clock the test moves: session and window expiry without sleeping."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(upstream: str, **settings: Any) -> AsyncIterator[RunningProxy]:
+    clock = settings.pop("clock", None)
+    values = {"upstream": upstream, "port": 0, "metrics_port": 0, **settings}
+    kwargs = {"clock": clock} if clock is not None else {}
+    proxy = await start_proxy(load_settings(values), **kwargs)
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def collect(response: aiohttp.ClientResponse, limit: int | None = None) -> list[SSEEvent]:
+    """The SSE events of a response (stopping after ``limit`` message events, if given)."""
+    events: list[SSEEvent] = []
+    messages = 0
+    async for event in sse_events(response):
+        events.append(event)
+        messages += 1 if event.data else 0
+        if limit is not None and messages >= limit:
+            break
+    return events
+
+
+async def error_of(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The JSON-RPC error object of a proxy rejection."""
+    assert response.content_type == "application/json"
+    body = orjson.loads(await response.read())
+    assert body["jsonrpc"] == "2.0"
+    error: dict[str, Any] = body["error"]
+    return error

@@ -1,0 +1,699 @@
+"""Tests for mcpresume.sse: the WHATWG event-stream rules one by one, then properties over chunkings."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpresume.errors import EventTooLarge
+from mcpresume.sse import (
+    SSEEvent,
+    SSEParser,
+    encode_comment,
+    encode_frame,
+    encode_retry,
+    frame_body,
+    priming_frame,
+)
+
+BIG = 1 << 20
+FAST = settings(max_examples=150, deadline=None)
+
+
+def parse(stream: bytes, limit: int = BIG) -> list[SSEEvent]:
+    parser = SSEParser(limit)
+    events = parser.feed(stream)
+    assert parser.close() is False
+    return events
+
+
+def parse_chunks(chunks: list[bytes], limit: int = BIG) -> tuple[list[SSEEvent], bool]:
+    parser = SSEParser(limit)
+    events: list[SSEEvent] = []
+    for chunk in chunks:
+        events.extend(parser.feed(chunk))
+    return events, parser.close()
+
+
+def split_at(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = [0, *sorted(set(cuts)), len(stream)]
+    return [stream[a:b] for a, b in itertools.pairwise(points)]
+
+
+def msg(
+    data: bytes, event: bytes | None = None, id: bytes | None = None, retry: int | None = None
+) -> SSEEvent:
+    return SSEEvent(data=data, event=event, id=id, retry=retry, has_data=True)
+
+
+# -- unit tests: one per rule --------------------------------------------------------------------------------
+
+
+def test_simple_event() -> None:
+    assert parse(b"event: message\nid: 7\ndata: hello\n\n") == [msg(b"hello", b"message", b"7")]
+
+
+def test_multiple_data_lines_joined_with_lf_no_trailing_lf() -> None:
+    assert parse(b"data: a\ndata: b\ndata:\n\n") == [msg(b"a\nb\n")]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"])
+def test_each_line_ending(ending: bytes) -> None:
+    stream = ending.join([b"id: 1", b"data: x", b"data: y", b"", b"data: z", b"", b""])
+    assert parse(stream) == [msg(b"x\ny", id=b"1"), msg(b"z")]
+
+
+def test_mixed_line_endings() -> None:
+    assert parse(b"data: a\r\ndata: b\rdata: c\n\r\n") == [msg(b"a\nb\nc")]
+
+
+def test_cr_lf_split_across_chunks_is_one_line_ending() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"data: a\r") == []
+    assert parser.feed(b"\n") == []  # the LF completes the CRLF: no blank line, no dispatch
+    assert parser.feed(b"data: b\r") == []
+    assert parser.feed(b"") == []  # an empty read in between must not forget the CR
+    assert parser.feed(b"\ndata: c\r") == []
+    assert parser.feed(b"\r") == [msg(b"a\nb\nc")]  # CR then CR: a genuine blank line
+    assert parser.close() is False
+
+
+def test_lf_after_cr_only_skipped_once() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"data: a\r") == []
+    assert parser.feed(b"\n\n") == [msg(b"a")]
+
+
+def test_cr_inside_chunk_followed_by_lf_in_same_chunk() -> None:
+    assert parse(b"data: a\r\n\r\ndata: b\r\r") == [msg(b"a"), msg(b"b")]
+
+
+def test_leading_bom_skipped() -> None:
+    assert parse(b"\xef\xbb\xbfdata: a\n\n") == [msg(b"a")]
+
+
+def test_leading_bom_split_across_chunks() -> None:
+    events, incomplete = parse_chunks([b"\xef", b"", b"\xbb", b"\xbfdata: a\n\n"])
+    assert events == [msg(b"a")]
+    assert incomplete is False
+
+
+def test_only_one_bom_skipped_and_only_at_stream_start() -> None:
+    # The second BOM becomes part of the field name "\xef\xbb\xbfdata", an unknown field.
+    assert parse(b"\xef\xbb\xbf\xef\xbb\xbfdata: a\n\nid: 1\n\n") == [SSEEvent(b"", None, b"1", None, False)]
+    assert parse(b"data: \xef\xbb\xbfx\n\n") == [msg(b"\xef\xbb\xbfx")]
+
+
+def test_partial_bom_prefix_that_is_not_a_bom_is_kept() -> None:
+    # The held bytes turn out not to be a BOM: they stay part of the first line, field "\xefdata" (unknown).
+    events, _ = parse_chunks([b"\xef", b"data: a\n\ndata: b\n\n"])
+    assert events == [msg(b"b")]
+    events, _ = parse_chunks([b"\xef\xbb", b"\xbedata: a\n\ndata: b\n\n"])
+    assert events == [msg(b"b")]
+    events, _ = parse_chunks([b"\xef\xbb", b"\ndata: a\n\n"])
+    assert events == [msg(b"a")]
+
+
+def test_comments_ignored() -> None:
+    assert parse(b": hello\ndata: a\n:\n: data: b\n\n") == [msg(b"a")]
+
+
+def test_comment_only_block_yields_nothing() -> None:
+    assert parse(b": ping\n\n:\n\n\n\n\n") == []
+
+
+def test_one_leading_space_removed_only() -> None:
+    assert parse(b"data:  two\ndata:none\ndata:\tTab\n\n") == [msg(b" two\nnone\n\tTab")]
+
+
+def test_field_without_colon_has_empty_value() -> None:
+    assert parse(b"data\ndata\n\n") == [msg(b"\n")]
+    assert parse(b"id\ndata: x\n\n") == [msg(b"x", id=b"")]
+
+
+def test_value_after_first_colon_keeps_later_colons() -> None:
+    assert parse(b'data: {"a": "b:c"}\nevent:x:y\n\n') == [msg(b'{"a": "b:c"}', event=b"x:y")]
+
+
+def test_data_with_empty_value_has_data() -> None:
+    assert parse(b"data:\n\n") == [SSEEvent(b"", None, None, None, True)]
+    assert parse(b"data: \n\n") == [SSEEvent(b"", None, None, None, True)]
+
+
+def test_unknown_fields_ignored() -> None:
+    assert parse(b"foo: bar\nData: no\ndata : no\ndata: yes\n\n") == [msg(b"yes")]
+
+
+def test_block_with_only_ignored_fields_yields_nothing() -> None:
+    assert parse(b"foo: bar\n\nevent: x\n\nretry: soon\n\nid: a\x00b\n\n") == []
+
+
+def test_last_event_field_wins_and_resets_between_events() -> None:
+    assert parse(b"event: a\nevent: b\ndata: 1\n\ndata: 2\n\n") == [msg(b"1", event=b"b"), msg(b"2")]
+
+
+def test_empty_event_field_kept_as_empty() -> None:
+    assert parse(b"event:\ndata: 1\n\n") == [msg(b"1", event=b"")]
+
+
+def test_id_is_per_event() -> None:
+    assert parse(b"id: 1\ndata: a\n\ndata: b\n\n") == [msg(b"a", id=b"1"), msg(b"b")]
+
+
+def test_last_id_wins() -> None:
+    assert parse(b"id: 1\nid: 2\ndata: a\n\n") == [msg(b"a", id=b"2")]
+
+
+def test_empty_id_is_kept_as_empty() -> None:
+    assert parse(b"id:\ndata: a\n\n") == [msg(b"a", id=b"")]
+    assert parse(b"id: \n\n") == [SSEEvent(b"", None, b"", None, False)]
+
+
+def test_id_with_nul_is_ignored() -> None:
+    assert parse(b"id: a\x00b\ndata: x\n\n") == [msg(b"x")]
+    # An earlier valid id in the same event survives an ignored one.
+    assert parse(b"id: 1\nid: \x00\ndata: x\n\n") == [msg(b"x", id=b"1")]
+    assert parse(b"id:2\nid:\x00\ndata: x\n\n") == [msg(b"x", id=b"2")]  # without the optional space
+
+
+def test_retry_digits_only() -> None:
+    stream = (
+        b"retry: 1500\ndata: a\n\n"
+        b"retry: 15s\ndata: b\n\n"
+        # int() would accept the last two; WHATWG does not.
+        b"retry: -1\nretry:+1\nretry: 1.5\nretry: 1_0\nretry: 5 \ndata: c\n\n"
+    )
+    assert parse(stream) == [msg(b"a", retry=1500), msg(b"b"), msg(b"c")]
+
+
+def test_retry_rejects_non_ascii_digits_and_empty() -> None:
+    # "\xd9\xa1" is ARABIC-INDIC DIGIT ONE in UTF-8: not an ASCII digit; "retry:" is empty.
+    assert parse(b"retry: \xd9\xa1\nretry:\nretry:  5\ndata: a\n\n") == [msg(b"a")]
+
+
+def test_retry_leading_zeros_and_huge() -> None:
+    assert parse(b"retry: 000\n\n") == [SSEEvent(b"", None, None, 0, False)]
+    assert parse(b"retry: " + b"0" * 6000 + b"42\n\n") == [SSEEvent(b"", None, None, 42, False)]
+    # Too many digits for int(): ignored, like any unusable value, and never raises.
+    assert parse(b"retry: 7\nretry: " + b"9" * 6000 + b"\n\n") == [SSEEvent(b"", None, None, 7, False)]
+
+
+def test_priming_block_without_data_is_returned() -> None:
+    assert parse(b"id: 42\n\n") == [SSEEvent(b"", None, b"42", None, False)]
+    assert parse(b"retry: 100\n\n") == [SSEEvent(b"", None, None, 100, False)]
+    assert parse(b"id: 1\nretry: 5\nevent: e\n\n") == [SSEEvent(b"", b"e", b"1", 5, False)]
+
+
+def test_several_blank_lines_dispatch_once() -> None:
+    assert parse(b"data: a\n\n\n\n\ndata: b\n\n") == [msg(b"a"), msg(b"b")]
+
+
+def test_invalid_utf8_survives() -> None:
+    junk = b"\xff\xfe\x80\xc3(\xed\xa0\x80\xf8\x88\x80\x80\x80"
+    stream = b"event: " + junk + b"\nid: " + junk + b"\ndata: " + junk + b"\n\n"
+    assert parse(stream) == [msg(junk, event=junk, id=junk)]
+    assert parse(encode_frame(junk, frame_body(junk, junk))) == [msg(junk, event=junk, id=junk)]
+
+
+def test_nul_in_data_and_event_is_kept() -> None:
+    assert parse(b"event: a\x00\ndata: \x00\n\n") == [msg(b"\x00", event=b"a\x00")]
+
+
+def test_feed_returns_only_completed_events_in_order() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"data: 1\n\ndata: 2\n\ndata: 3\n") == [msg(b"1"), msg(b"2")]
+    assert parser.buffered == len(b"data: 3\n")
+    assert parser.feed(b"\n") == [msg(b"3")]
+    assert parser.buffered == 0
+
+
+def test_buffered_counts_unterminated_line() -> None:
+    parser = SSEParser(BIG)
+    parser.feed(b"data: ab")
+    assert parser.buffered == 8
+    parser.feed(b"cd")
+    assert parser.buffered == 10
+    parser.feed(b"\ndata")
+    assert parser.buffered == 11 + 4
+    assert parser.feed(b"\n\n") == [msg(b"abcd\n")]
+    assert parser.buffered == 0
+
+
+def test_big_event_in_tiny_chunks() -> None:
+    payload = bytes(range(256)).replace(b"\n", b"").replace(b"\r", b"") * 200
+    stream = b"data: " + payload + b"\ndata: " + payload + b"\n\n"
+    parser = SSEParser(BIG)
+    events: list[SSEEvent] = []
+    for i in range(0, len(stream), 7):
+        events.extend(parser.feed(stream[i : i + 7]))
+    assert events == [msg(payload + b"\n" + payload)]
+    assert parser.close() is False
+
+
+# -- close() -------------------------------------------------------------------------------------------------
+
+
+def test_close_discards_incomplete_event_and_reports_it() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"data: a\n\ndata: b\n") == [msg(b"a")]
+    assert parser.close() is True
+
+
+def test_close_reports_unterminated_line() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"data: a\n\nda") == [msg(b"a")]
+    assert parser.close() is True
+
+
+def test_close_reports_pending_data_less_fields() -> None:
+    parser = SSEParser(BIG)
+    parser.feed(b"id: 5\n")
+    assert parser.close() is True
+
+
+def test_close_clean_stream() -> None:
+    for stream in (b"", b"data: a\n\n", b"data: a\n\n: keepalive\n", b"data: a\n\n: partial comm", b"\r"):
+        parser = SSEParser(BIG)
+        parser.feed(stream)
+        assert parser.close() is False, stream
+
+
+def test_close_with_pending_bom_prefix() -> None:
+    parser = SSEParser(BIG)
+    assert parser.feed(b"\xef\xbb") == []
+    assert parser.buffered == 2
+    assert parser.close() is True
+
+
+def test_close_twice_and_feed_after_close() -> None:
+    parser = SSEParser(BIG)
+    parser.feed(b"data: x")
+    assert parser.close() is True
+    assert parser.close() is False
+    assert parser.buffered == 0
+    with pytest.raises(RuntimeError):
+        parser.feed(b"data: y\n\n")
+
+
+# -- size limit ----------------------------------------------------------------------------------------------
+
+
+def test_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SSEParser(0)
+
+
+def test_oversized_single_line_raises_before_its_end() -> None:
+    parser = SSEParser(100)
+    assert parser.feed(b"data: " + b"x" * 50) == []
+    with pytest.raises(EventTooLarge) as info:
+        parser.feed(b"x" * 50)  # 106 bytes held, no LF seen yet
+    assert info.value.limit == 100
+    with pytest.raises(EventTooLarge):  # unusable afterwards
+        parser.feed(b"\n\n")
+    assert parser.close() is True
+
+
+def test_oversized_multi_line_event_raises() -> None:
+    parser = SSEParser(100)
+    with pytest.raises(EventTooLarge):
+        for _ in range(20):
+            parser.feed(b"data: 0123456789\n")  # 17 bytes a line: 6 lines = 102 > 100
+
+
+def test_event_exactly_at_limit_passes_one_over_raises() -> None:
+    body = b"data: " + b"x" * 93 + b"\n"  # 100 bytes counting the LF
+    assert parse(body + b"\n", limit=100) == [msg(b"x" * 93)]
+    with pytest.raises(EventTooLarge):
+        SSEParser(99).feed(body + b"\n")
+
+
+def test_crlf_counts_as_one_byte() -> None:
+    body = b"data: " + b"x" * 93 + b"\r\n"
+    assert parse(body + b"\r\n", limit=100) == [msg(b"x" * 93)]
+
+
+def test_limit_is_per_event_not_per_stream() -> None:
+    parser = SSEParser(20)
+    for _ in range(100):
+        assert parser.feed(b"data: 0123456789\n\n") == [msg(b"0123456789")]
+    assert parser.close() is False
+
+
+def test_comment_lines_count_only_while_read() -> None:
+    parser = SSEParser(20)
+    for _ in range(100):  # keep-alive comments without a blank line: no event grows
+        assert parser.feed(b": keepalive 0123\n") == []
+    assert parser.feed(b"data: x\n\n") == [msg(b"x")]
+    with pytest.raises(EventTooLarge):
+        parser.feed(b": " + b"c" * 30 + b"\n")  # but one comment line must still fit
+
+
+def test_overflow_after_complete_events_in_same_chunk_defers_the_error() -> None:
+    parser = SSEParser(30)
+    assert parser.feed(b"data: ok\n\ndata: " + b"x" * 40) == [msg(b"ok")]
+    with pytest.raises(EventTooLarge):
+        parser.feed(b"\n\n")
+
+
+def test_deferred_overflow_raised_by_close() -> None:
+    parser = SSEParser(30)
+    assert parser.feed(b"data: ok\n\ndata: " + b"x" * 40 + b"\n\n") == [msg(b"ok")]
+    with pytest.raises(EventTooLarge):
+        parser.close()
+    assert parser.close() is True  # reported once; afterwards close() just says "incomplete"
+
+
+# -- serializers ---------------------------------------------------------------------------------------------
+
+
+def test_frame_body_exact_bytes() -> None:
+    assert frame_body(b'{"a":1}') == b'event: message\ndata: {"a":1}\n\n'
+    assert frame_body(b"a\nb", None) == b"data: a\ndata: b\n\n"
+    assert frame_body(b"", None) == b"data: \n\n"
+    assert frame_body(b"a\n", b"x") == b"event: x\ndata: a\ndata: \n\n"
+
+
+def test_frame_body_rejects_cr_and_bad_event() -> None:
+    with pytest.raises(ValueError):
+        frame_body(b"a\rb")
+    with pytest.raises(ValueError):
+        frame_body(b"a", b"x\ny")
+
+
+def test_encode_frame_exact_bytes() -> None:
+    assert encode_frame(b"s1.5", frame_body(b"x")) == b"id: s1.5\nevent: message\ndata: x\n\n"
+    for bad in (b"a\nb", b"a\rb", b"a\x00b"):
+        with pytest.raises(ValueError):
+            encode_frame(bad, b"data: x\n\n")
+
+
+def test_priming_frame() -> None:
+    assert priming_frame(b"c0", None) == b"id: c0\ndata: \n\n"
+    assert priming_frame(b"c0", 2500) == b"id: c0\nretry: 2500\ndata: \n\n"
+    assert parse(priming_frame(b"c0", 2500)) == [SSEEvent(b"", None, b"c0", 2500, True)]
+    with pytest.raises(ValueError):
+        priming_frame(b"c0", -1)
+
+
+def test_encode_comment() -> None:
+    assert encode_comment(b"ping") == b": ping\n\n"
+    assert parse(encode_comment(b"ping") + encode_comment(b"")) == []
+    for bad in (b"a\nb", b"a\r"):
+        with pytest.raises(ValueError):
+            encode_comment(bad)
+
+
+def test_encode_retry() -> None:
+    assert encode_retry(3000) == b"retry: 3000\n\n"
+    assert parse(encode_retry(3000)) == [SSEEvent(b"", None, None, 3000, False)]
+    with pytest.raises(ValueError):
+        encode_retry(-5)
+
+
+# -- properties ----------------------------------------------------------------------------------------------
+
+# Field values: any bytes except the line-ending bytes (invalid UTF-8 included).
+value = st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b""))
+id_value = value.map(lambda b: b.replace(b"\x00", b""))
+ending = st.sampled_from([b"\n", b"\r\n", b"\r"])
+UNKNOWN = [b"foo", b"Data", b"ID", b"retry2", b"datum", b"events"]
+
+
+@dataclass
+class Model:
+    data: list[bytes]
+    event: bytes | None
+    id: bytes | None
+    retry: int | None
+
+    def expected(self) -> SSEEvent:
+        return SSEEvent(b"\n".join(self.data), self.event, self.id, self.retry, bool(self.data))
+
+
+@st.composite
+def models(draw: st.DrawFn) -> Model:
+    m = Model(
+        data=draw(st.lists(value, max_size=4)),
+        event=draw(st.none() | value),
+        id=draw(st.none() | id_value),
+        retry=draw(st.none() | st.integers(0, 10**12)),
+    )
+    if not m.data and m.id is None and m.retry is None:
+        m.data = [b""]  # a block with no effect yields nothing; covered by unit tests
+    return m
+
+
+@st.composite
+def field_line(draw: st.DrawFn, name: bytes, val: bytes) -> bytes:
+    """One of the equivalent spellings of a field line."""
+    forms = [name + b": " + val]
+    if not val.startswith(b" "):
+        forms.append(name + b":" + val)
+    if not val:
+        forms.append(name)
+    return draw(st.sampled_from(forms))
+
+
+@st.composite
+def model_lines(draw: st.DrawFn, m: Model) -> list[bytes]:
+    """The non-blank lines of one event block: data lines in order, other fields anywhere, plus decoys
+    (earlier values overridden by the last one, ignored fields, comments)."""
+    lines = [draw(field_line(b"data", d)) for d in m.data]
+
+    def insert(line: bytes) -> None:
+        lines.insert(draw(st.integers(0, len(lines))), line)
+
+    # Fields are inserted so the real one ends up after any decoy of the same name.
+    for name, real in ((b"event", m.event), (b"id", m.id)):
+        if real is not None:
+            pos = draw(st.integers(0, len(lines)))
+            lines.insert(pos, draw(field_line(name, real)))
+            if draw(st.booleans()):
+                lines.insert(draw(st.integers(0, pos)), draw(field_line(name, draw(value))))
+    if m.retry is not None:
+        insert(draw(field_line(b"retry", str(m.retry).encode())))
+    for _ in range(draw(st.integers(0, 2))):
+        insert(draw(field_line(draw(st.sampled_from(UNKNOWN)), draw(value))))
+    for _ in range(draw(st.integers(0, 2))):
+        insert(draw(st.sampled_from([b"id: a\x00", b"retry: 1x", b"retry: -3", b"retry:"])))
+    for _ in range(draw(st.integers(0, 2))):
+        insert(b":" + draw(value))
+    return lines
+
+
+def peak_size(lines: list[bytes]) -> int:
+    """The smallest limit the parser accepts for this block (its documented measure): the non-comment lines,
+    one byte per terminator; a comment line only counts, on top of the lines before it, while it is read."""
+    running = peak = 0
+    for line in lines:
+        if line.startswith(b":"):
+            peak = max(peak, running + len(line))
+        else:
+            running += len(line) + 1
+            peak = max(peak, running)
+    return peak
+
+
+def serialize(data: st.DataObject, blocks: list[list[bytes]], extra_blank: bool = True) -> bytes:
+    """Write blocks with arbitrary line endings. A CR-terminated line followed by an LF-terminated blank line
+    would be one CRLF, so that one combination is written as CR + CRLF instead."""
+    draw = data.draw
+    out: list[bytes] = []
+    prev = b""
+
+    def put(line: bytes) -> None:
+        nonlocal prev
+        term = draw(ending)
+        if prev == b"\r" and not line and term == b"\n":
+            term = b"\r\n"
+        out.append(line + term)
+        prev = term
+
+    for block in blocks:
+        for line in block:
+            put(line)
+        put(b"")
+        if extra_blank:
+            for _ in range(draw(st.integers(0, 1))):  # comment-only blocks and extra blank lines
+                if draw(st.booleans()):
+                    put(b": " + draw(value))
+                put(b"")
+    return b"".join(out)
+
+
+def chunkings(data: st.DataObject, stream: bytes) -> list[bytes]:
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=12))
+    return split_at(stream, cuts)
+
+
+@FAST
+@given(st.data(), st.lists(models(), max_size=5), st.booleans())
+def test_property_roundtrip_any_endings_comments_chunking(
+    data: st.DataObject, ms: list[Model], bom: bool
+) -> None:
+    blocks = [data.draw(model_lines(m)) for m in ms]
+    stream = serialize(data, blocks)
+    if bom:
+        stream = b"\xef\xbb\xbf" + stream
+    events, incomplete = parse_chunks(chunkings(data, stream))
+    assert events == [m.expected() for m in ms]
+    assert incomplete is False
+
+
+@FAST
+@given(st.data(), st.lists(models(), min_size=1, max_size=4))
+def test_property_cr_lf_split_across_chunks(data: st.DataObject, ms: list[Model]) -> None:
+    blocks = [data.draw(model_lines(m)) for m in ms]
+    stream = b"".join(b"".join(line + b"\r\n" for line in block) + b"\r\n" for block in blocks)
+    # Cut between every CR and its LF (and possibly elsewhere): still one line ending each.
+    cuts = [i + 1 for i in range(len(stream)) if stream[i : i + 1] == b"\r"]
+    cuts += data.draw(st.lists(st.integers(0, len(stream)), max_size=5))
+    events, incomplete = parse_chunks(split_at(stream, cuts))
+    assert events == [m.expected() for m in ms]
+    assert incomplete is False
+
+
+data_value = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b""))
+
+
+@FAST
+@given(
+    st.data(),
+    st.lists(st.tuples(data_value, st.none() | value, id_value), max_size=5),
+)
+def test_property_frame_roundtrip(
+    data: st.DataObject, frames: list[tuple[bytes, bytes | None, bytes]]
+) -> None:
+    stream = b"".join(encode_frame(id, frame_body(d, ev)) for d, ev, id in frames)
+    events, incomplete = parse_chunks(chunkings(data, stream))
+    assert events == [SSEEvent(d, ev, id, None, True) for d, ev, id in frames]
+    assert incomplete is False
+
+
+@FAST
+@given(
+    st.data(),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("frame"), data_value, id_value),
+            st.tuples(st.just("priming"), id_value, st.none() | st.integers(0, 10**9)),
+            st.tuples(st.just("comment"), value),
+            st.tuples(st.just("retry"), st.integers(0, 10**9)),
+        ),
+        max_size=6,
+    ),
+)
+def test_property_all_serializers_roundtrip(data: st.DataObject, items: list[tuple[object, ...]]) -> None:
+    stream = b""
+    expected: list[SSEEvent] = []
+    for item in items:
+        match item:
+            case ("frame", bytes(d), bytes(id)):
+                stream += encode_frame(id, frame_body(d))
+                expected.append(SSEEvent(d, b"message", id, None, True))
+            case ("priming", bytes(id), retry):
+                assert retry is None or isinstance(retry, int)
+                stream += priming_frame(id, retry)
+                expected.append(SSEEvent(b"", None, id, retry, True))
+            case ("comment", bytes(text)):
+                stream += encode_comment(text)
+            case ("retry", int(n)):
+                stream += encode_retry(n)
+                expected.append(SSEEvent(b"", None, None, n, False))
+            case _:
+                raise AssertionError(item)
+    events, incomplete = parse_chunks(chunkings(data, stream))
+    assert events == expected
+    assert incomplete is False
+
+
+@FAST
+@given(st.data(), models(), st.lists(models(), max_size=2))
+def test_property_size_limit_exact(data: st.DataObject, big: Model, others: list[Model]) -> None:
+    lines = data.draw(model_lines(big))
+    size = peak_size(lines)
+    # Smaller events before and after must not matter: the limit is per event, not per stream.
+    other_blocks = [data.draw(model_lines(m)) for m in others]
+    other_blocks = [b for b in other_blocks if peak_size(b) < size]
+    blocks = [*other_blocks, lines, *other_blocks]
+    stream = serialize(data, blocks, extra_blank=False)
+    chunks = chunkings(data, stream)
+
+    events, incomplete = parse_chunks(chunks, limit=size)  # exactly at the limit: fine
+    assert len(events) == len(blocks)
+    assert events[len(other_blocks)] == big.expected()
+    assert incomplete is False
+
+    parser = SSEParser(size - 1)  # one byte less: EventTooLarge, whatever the chunking
+    got: list[SSEEvent] = []
+    with pytest.raises(EventTooLarge):
+        for chunk in chunks:
+            got.extend(parser.feed(chunk))
+        parser.close()
+    # Exactly the events before the oversized one were delivered, each intact.
+    assert got == events[: len(other_blocks)]
+
+
+@FAST
+@given(st.integers(1, 300), st.integers(1, 64))
+def test_property_oversized_single_line_raises_any_chunking(limit: int, step: int) -> None:
+    stream = b"data: " + b"x" * limit + b"\n\n"
+    parser = SSEParser(limit)
+    offsets = iter(range(0, len(stream), step))
+    with pytest.raises(EventTooLarge):
+        for i in offsets:
+            assert parser.feed(stream[i : i + step]) == []
+    # It raised in the chunk holding byte number limit + 1, not later.
+    assert i <= limit < i + step
+
+
+@FAST
+@given(st.data(), st.lists(models(), max_size=3), models())
+def test_property_close_discards_incomplete_event(data: st.DataObject, ms: list[Model], last: Model) -> None:
+    blocks = [data.draw(model_lines(m)) for m in ms]
+    stream = serialize(data, blocks, extra_blank=False)
+    tail_lines = [line for line in data.draw(model_lines(last)) if not line.startswith(b":")]
+    tail = b"\n".join(tail_lines)
+    # End either mid-line or right after a line ending, but never at a blank line.
+    if data.draw(st.booleans()):
+        tail += b"\n"
+    events, incomplete = parse_chunks(chunkings(data, stream + tail))
+    assert events == [m.expected() for m in ms]
+    assert incomplete is True
+
+
+@FAST
+@given(st.data(), st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=4))
+def test_property_arbitrary_bytes_in_data_survive(data: st.DataObject, raw: list[bytes]) -> None:
+    payloads = [p.replace(b"\r", b"") for p in raw]
+    stream = b"".join(frame_body(p, None) for p in payloads)
+    events, _ = parse_chunks(chunkings(data, stream))
+    assert [e.data for e in events] == payloads
+
+
+@FAST
+@given(st.binary(max_size=200), st.integers(1, 50), st.data())
+def test_property_chunking_never_changes_the_result(stream: bytes, limit: int, data: st.DataObject) -> None:
+    """Fuzz: on arbitrary bytes, chunked parsing equals whole parsing, including EventTooLarge."""
+
+    def run(chunks: list[bytes]) -> tuple[list[SSEEvent], bool | None]:
+        parser = SSEParser(limit)
+        events: list[SSEEvent] = []
+        try:
+            for chunk in chunks:
+                events.extend(parser.feed(chunk))
+            return events, parser.close()
+        except EventTooLarge:
+            return events, None
+
+    whole_events, whole_end = run([stream])
+    chunked_events, chunked_end = run(chunkings(data, stream))
+    # On overflow both runs deliver exactly the events before the oversized one (deferring the error if
+    # needed), so even then the results agree.
+    assert chunked_end == whole_end
+    assert chunked_events == whole_events

@@ -1,0 +1,312 @@
+"""The window: count, bytes and age limits, oldest-first eviction, per-stream reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpresume.window import Event, EventKind, Evicted, EvictReason, Window, WindowLimits
+
+BIG = 10**9
+
+
+class Feeder:
+    """Appends events with increasing seqs, as a session would."""
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.seq = 0
+
+    def add(self, stream: int, size: int = 10, at: float = 0.0) -> tuple[Event, Evicted]:
+        self.seq += 1
+        event = Event(self.seq, stream, b"x" * size, EventKind.MESSAGE, None, at)
+        return event, self.window.append(event, at)
+
+
+def seqs(events: object) -> list[int]:
+    return [e.seq for e in events]  # type: ignore[attr-defined]
+
+
+def test_empty_window() -> None:
+    window = Window(WindowLimits(4, 100, 60.0))
+    assert len(window) == 0
+    assert window.bytes == 0
+    assert window.oldest is None and window.newest is None
+    assert list(window.after(1, 0)) == []
+    assert window.evicted_through(1) == 0
+    assert not window.has_events(1)
+    assert not window.expire(1000.0)
+
+
+def test_count_limit_alone() -> None:
+    window = Window(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    for _ in range(3):
+        _, evicted = feed.add(1, size=5)
+        assert not evicted
+    _, evicted = feed.add(1, size=7)
+    assert evicted.counts == {EvictReason.COUNT: [1, 5]}
+    feed.add(1, size=5)
+    assert seqs(window) == [3, 4, 5]
+    assert len(window) == 3
+    assert window.bytes == 17
+    assert window.oldest is not None and window.oldest.seq == 3
+    assert window.newest is not None and window.newest.seq == 5
+
+
+def test_bytes_limit_alone() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=10, ttl=BIG))
+    feed = Feeder(window)
+    feed.add(1, size=4)
+    feed.add(1, size=4)
+    assert window.bytes == 8 and len(window) == 2
+    _, evicted = feed.add(1, size=4)  # 12 > 10: the oldest goes
+    assert evicted.counts == {EvictReason.BYTES: [1, 4]}
+    assert seqs(window) == [2, 3]
+    assert window.bytes == 8
+    _, evicted = feed.add(1, size=9)  # 17 -> 13 -> 9
+    assert evicted.counts == {EvictReason.BYTES: [2, 8]}
+    assert seqs(window) == [4]
+    assert window.bytes == 9
+
+
+def test_bytes_limit_is_inclusive() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=10, ttl=BIG))
+    feed = Feeder(window)
+    feed.add(1, size=5)
+    _, evicted = feed.add(1, size=5)
+    assert not evicted
+    assert window.bytes == 10 and len(window) == 2
+
+
+def test_newest_event_is_never_evicted_by_bytes() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=10, ttl=BIG))
+    feed = Feeder(window)
+    feed.add(1, size=3)
+    feed.add(2, size=3)
+    huge, evicted = feed.add(1, size=50)
+    assert evicted.counts == {EvictReason.BYTES: [2, 6]}
+    assert list(window) == [huge]
+    assert window.bytes == 50
+    # The next small event displaces the oversized one, and is itself kept.
+    small, evicted = feed.add(1, size=2)
+    assert evicted.counts == {EvictReason.BYTES: [1, 50]}
+    assert list(window) == [small]
+
+
+def test_newest_event_is_never_evicted_by_count() -> None:
+    window = Window(WindowLimits(max_events=1, max_bytes=1, ttl=BIG))
+    feed = Feeder(window)
+    for i in range(1, 5):
+        event, _ = feed.add(1 + i % 2, size=5)
+        assert list(window) == [event]
+        assert window.newest is event
+
+
+def test_ttl_limit_alone() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=BIG, ttl=10.0))
+    feed = Feeder(window)
+    feed.add(1, size=1, at=0.0)
+    feed.add(1, size=2, at=5.0)
+    feed.add(2, size=3, at=9.0)
+    assert not window.expire(9.999)
+    # Age exactly ttl is expired (at <= now - ttl).
+    evicted = window.expire(10.0)
+    assert evicted.counts == {EvictReason.TTL: [1, 1]}
+    assert seqs(window) == [2, 3]
+    # An append expires old events too, and reports it.
+    _, evicted = feed.add(1, size=4, at=15.5)
+    assert evicted.counts == {EvictReason.TTL: [1, 2]}
+    assert seqs(window) == [3, 4]
+    assert window.bytes == 7
+
+
+def test_ttl_evicts_even_the_newest() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=BIG, ttl=10.0))
+    feed = Feeder(window)
+    feed.add(1, size=4, at=0.0)
+    feed.add(2, size=6, at=1.0)
+    evicted = window.expire(100.0)
+    assert evicted.counts == {EvictReason.TTL: [2, 10]}
+    assert len(window) == 0 and window.bytes == 0
+    assert window.oldest is None and window.newest is None
+    assert window.evicted_through(1) == 1
+    assert window.evicted_through(2) == 2
+    assert not window.has_events(1) and not window.has_events(2)
+
+
+def test_combined_limits_report_each_reason() -> None:
+    window = Window(WindowLimits(max_events=3, max_bytes=20, ttl=10.0))
+    feed = Feeder(window)
+    feed.add(1, size=2, at=0.0)  # 1: will expire
+    feed.add(1, size=2, at=8.0)  # 2
+    feed.add(2, size=2, at=8.0)  # 3
+    # At t=12: seq 1 expires (TTL); then 4 events -> 3 would fit the count, but 2+2+2+18=24 > 20 (BYTES).
+    _, evicted = feed.add(2, size=18, at=12.0)
+    assert evicted.counts == {EvictReason.TTL: [1, 2], EvictReason.BYTES: [1, 2]}
+    assert seqs(window) == [3, 4]
+    # Count: two small ones push past 3 events.
+    feed.add(1, size=0, at=12.0)
+    _, evicted = feed.add(1, size=0, at=12.0)
+    assert evicted.counts == {EvictReason.COUNT: [1, 2]}
+    assert seqs(window) == [4, 5, 6]
+    # Everything left expires together.
+    evicted = window.expire(22.0)
+    assert evicted.counts == {EvictReason.TTL: [3, 18]}
+    assert len(window) == 0
+
+
+def test_evicted_through_per_stream() -> None:
+    window = Window(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    for stream in (1, 2, 1, 3, 2, 1):  # seqs 1..6
+        feed.add(stream)
+    # Evicted: seq 1 (stream 1), 2 (stream 2), 3 (stream 1).
+    assert seqs(window) == [4, 5, 6]
+    assert window.evicted_through(1) == 3
+    assert window.evicted_through(2) == 2
+    assert window.evicted_through(3) == 0
+    assert window.evicted_through(99) == 0
+    assert window.has_events(1) and window.has_events(2) and window.has_events(3)
+
+
+def test_after_returns_the_streams_events_above_seq_in_order() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    for stream in (1, 2, 1, 1, 2, 3, 1):  # seqs 1..7
+        feed.add(stream)
+    assert seqs(window.after(1, 0)) == [1, 3, 4, 7]
+    assert seqs(window.after(1, 1)) == [3, 4, 7]
+    assert seqs(window.after(1, 2)) == [3, 4, 7]  # a seq of another stream works as a position
+    assert seqs(window.after(1, 3)) == [4, 7]
+    assert seqs(window.after(1, 6)) == [7]
+    assert seqs(window.after(1, 7)) == []
+    assert seqs(window.after(1, 100)) == []
+    assert seqs(window.after(2, 0)) == [2, 5]
+    assert seqs(window.after(2, 2)) == [5]
+    assert seqs(window.after(3, 5)) == [6]
+    assert seqs(window.after(4, 0)) == []
+    assert all(e.stream == 1 for e in window.after(1, 0))
+
+
+def test_after_skips_evicted_events() -> None:
+    window = Window(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    for stream in (1, 1, 2, 1, 1):  # seqs 1..5; 1 and 2 evicted
+        feed.add(stream)
+    assert seqs(window.after(1, 0)) == [4, 5]
+    assert seqs(window.after(2, 0)) == [3]
+
+
+def test_forget_stream_only_when_it_holds_no_events() -> None:
+    window = Window(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    feed.add(1)
+    feed.add(2)
+    feed.add(2)  # evicts seq 1 of stream 1
+    assert window.evicted_through(1) == 1
+    window.forget_stream(2)  # still holds events: nothing forgotten
+    feed.add(3)  # evicts seq 2 of stream 2
+    assert window.evicted_through(2) == 2
+    window.forget_stream(1)
+    assert window.evicted_through(1) == 0
+    window.forget_stream(2)
+    assert window.evicted_through(2) == 2
+    assert seqs(window.after(2, 0)) == [3]
+
+
+def test_evicted_add_merge_and_truth() -> None:
+    evicted = Evicted()
+    assert not evicted
+    evicted.add(EvictReason.COUNT, 5)
+    evicted.add(EvictReason.COUNT, 7)
+    assert evicted
+    other = Evicted()
+    other.add(EvictReason.TTL, 3)
+    other.add(EvictReason.COUNT, 1)
+    evicted.merge(other)
+    assert evicted.counts == {EvictReason.COUNT: [3, 13], EvictReason.TTL: [1, 3]}
+    assert other.counts == {EvictReason.TTL: [1, 3], EvictReason.COUNT: [1, 1]}  # merge left it alone
+
+
+# -- property: invariants after every step ------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    stream: int | None  # None: expire only
+    size: int
+    dt: int
+
+
+ops_strategy = st.lists(
+    st.builds(
+        Op,
+        stream=st.one_of(st.none(), st.integers(1, 4), st.integers(1, 4)),
+        size=st.integers(0, 40),
+        dt=st.sampled_from([0, 0, 0, 1, 2, 5, 11]),
+    ),
+    max_size=60,
+)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    max_events=st.integers(1, 8),
+    max_bytes=st.integers(0, 100),
+    ttl=st.integers(1, 30),
+    ops=ops_strategy,
+)
+def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: int, ops: list[Op]) -> None:
+    window = Window(WindowLimits(max_events, max_bytes, float(ttl)))
+    history: list[Event] = []  # every event ever appended, in seq order
+    evicted_count = 0  # eviction is oldest-first, so the evicted events are history[:evicted_count]
+    now = 0
+    for step, op in enumerate(ops, start=1):
+        now += op.dt
+        if op.stream is None:
+            evicted = window.expire(float(now))
+        else:
+            event = Event(step, op.stream, b"e" * op.size, EventKind.MESSAGE, None, float(now))
+            history.append(event)
+            evicted = window.append(event, float(now))
+        removed = sum(count for count, _ in evicted.counts.values())
+        removed_bytes = sum(size for _, size in evicted.counts.values())
+        assert removed_bytes == sum(len(e.body) for e in history[evicted_count : evicted_count + removed])
+        evicted_count += removed
+        retained = history[evicted_count:]
+
+        # The window holds exactly the unevicted suffix, in seq order.
+        assert list(window) == retained
+        assert all(a.seq < b.seq for a, b in zip(retained, retained[1:], strict=False))
+        assert len(window) == len(retained) <= max_events
+        assert window.bytes == sum(len(e.body) for e in retained)
+        if retained:
+            assert window.bytes <= max(max_bytes, len(retained[-1].body))
+            assert window.oldest is retained[0] and window.newest is retained[-1]
+        assert all(e.at > now - ttl for e in retained)
+
+        # Not over-eager: the last event evicted in this step had to go.
+        if removed:
+            last_out = history[evicted_count - 1]
+            with_it = [last_out, *retained]
+            assert (
+                last_out.at <= now - ttl
+                or len(with_it) > max_events
+                or sum(len(e.body) for e in with_it) > max_bytes
+            )
+        # An append never evicts its own event (count and bytes spare the newest; it is not old yet).
+        if op.stream is not None:
+            assert retained and retained[-1] is history[-1]
+
+        # Per stream: after() is a brute-force filter of the retained events; evicted_through is exact.
+        positions = sorted({0, *(e.seq for e in history), len(history) + 1})
+        for stream in range(1, 5):
+            gone = [e.seq for e in history[:evicted_count] if e.stream == stream]
+            assert window.evicted_through(stream) == max(gone, default=0)
+            assert window.has_events(stream) == any(e.stream == stream for e in retained)
+            for position in positions:
+                expected = [e for e in retained if e.stream == stream and e.seq > position]
+                assert list(window.after(stream, position)) == expected
