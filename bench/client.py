@@ -162,20 +162,19 @@ async def count_stream(
 
 
 async def throughput(spec: dict[str, Any]) -> dict[str, Any]:
-    """``streams`` sessions, each one tools/call streaming as fast as possible. A probe run sizes the
-    measured run to about ``duration`` seconds (count per stream clamped to [min_events, max_events])."""
+    """``streams`` sessions, each one tools/call streaming as fast as possible. Probe runs (doubling) size
+    the measured run to about ``duration`` seconds (events per stream clamped to [min_events, max_events]).
+    Every run uses fresh sessions and deletes them afterwards, so a proxy's windows do not pile up."""
     url, streams, size = spec["url"], spec["streams"], spec["size"]
     async with http_session() as http:
-        sessions = await pool(streams, 50, lambda _i: open_session(http, url))
-        request_id = 0
 
         async def run(per_stream: int) -> dict[str, Any]:
-            nonlocal request_id
-            request_id += 1
-            body = tool_call(request_id, count=per_stream, size=size, rate=0)
+            sessions = await pool(streams, 50, lambda _i: open_session(http, url))
+            body = tool_call(1, count=per_stream, size=size, rate=0)
             start = time.perf_counter()
             results = await asyncio.gather(*(count_stream(http, url, sid, body) for sid in sessions))
             elapsed = max(end for _, end, _ in results) - start
+            await pool(len(sessions), 50, lambda i: delete_session(http, url, sessions[i]))
             events = sum(n for n, _, _ in results)
             # each stream ends with the JSON-RPC response, also a "data: {" event
             complete = sum(1 for n, _, ok in results if ok and n == per_stream + 1)
@@ -188,12 +187,19 @@ async def throughput(spec: dict[str, Any]) -> dict[str, Any]:
                 "complete_streams": complete,
             }
 
-        probe = await run(max(20, spec["probe_events"] // streams))
-        per_stream = int(probe["rate"] * spec["duration"] / streams)
+        per_stream = max(20, spec["probe_events"] // streams)
+        probes = []
+        for _ in range(6):
+            probe = await run(per_stream)
+            probes.append(probe)
+            if probe["elapsed"] >= spec.get("probe_seconds", 0.25) or probe["complete_streams"] < streams:
+                break
+            per_stream = min(spec["max_events"], per_stream * 4)
+        rate = probes[-1]["rate"]
+        per_stream = int(rate * spec["duration"] / streams)
         per_stream = max(spec["min_events"], min(spec["max_events"], per_stream))
         main = await run(per_stream)
-        await pool(len(sessions), 50, lambda i: delete_session(http, url, sessions[i]))
-    return {"probe": probe, **main, "streams": streams, "size": size}
+    return {"probes": probes, **main, "streams": streams, "size": size}
 
 
 async def latency(spec: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +270,9 @@ async def resume(spec: dict[str, Any]) -> dict[str, Any]:
         async def prepare(_i: int) -> tuple[str, str, int]:
             sid = await open_session(http, url)
             async with http.post(
-                url, data=tool_call(1, count=count, size=size, rate=0), headers=session_headers(sid)
+                url,
+                data=tool_call(1, count=count, size=size, rate=spec.get("rate", 0)),
+                headers=session_headers(sid),
             ) as response:
                 body = await response.read()
             ids = _ID.findall(body)
@@ -343,7 +351,7 @@ async def windows(spec: dict[str, Any]) -> dict[str, Any]:
         async def fill(i: int) -> bool:
             sid = await open_session(http, url)
             n, _, ok = await count_stream(
-                http, url, sid, tool_call(1, count=spec["count"], size=spec["size"], rate=0)
+                http, url, sid, tool_call(1, count=spec["count"], size=spec["size"], rate=spec.get("rate", 0))
             )
             return ok and n == spec["count"] + 1
 

@@ -13,10 +13,11 @@ row    condition                                     status  reason
 2      cursor not one the proxy issued               400     malformed_cursor
 3      cursor of another session or epoch            409     foreign_cursor
 4      cursor beyond the session's newest event      409     cursor_ahead
-5      cursor's stream no longer retained            409     cursor_out_of_window
-6      seq outside its stream's issued range         400     malformed_cursor
-7      an event of the stream after it was evicted   409     cursor_out_of_window
-8      otherwise                                     200     re-attach after seq
+5      stream or seq 0 (numbering starts at 1)       400     malformed_cursor
+6      cursor's stream no longer retained            409     cursor_out_of_window
+7      seq outside its stream's issued range         400     malformed_cursor
+8      an event of the stream after it was evicted   409     cursor_out_of_window
+9      otherwise                                     200     re-attach after seq
 =====  ============================================  ======  ========================
 
 404 means "the session is gone" and nothing else: conformant clients drop the session on 404
@@ -83,6 +84,8 @@ def decide(view: SessionView | None, cursor: Cursor | CursorParseError, now: flo
     if cursor.seq > view.newest_seq or cursor.stream >= view.next_stream:
         return CursorAhead("cursor is beyond the newest event of the session", **facts)
     stream = view.stream
+    if cursor.stream == 0 or cursor.seq == 0:  # numbering starts at 1: never issued
+        return MalformedCursor("cursor names a position the proxy never issues", **facts)
     if stream is None:
         return CursorOutOfWindow("the cursor's stream is no longer retained", **facts)
     if not stream.first_seq <= cursor.seq <= stream.last_seq:

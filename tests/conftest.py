@@ -1,4 +1,4 @@
-"""Shared fixtures: real example upstreams (official SDK + uvicorn, in the test's event loop) and a real Redis."""
+"""Shared fixtures: real example upstreams (official SDK + uvicorn, in the test's loop) and a real Redis."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import pytest
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import serve_example_upstream
-
-EVENT_STORE_RETRY_MS = 200
-"""``retry`` the event-store upstream puts in its priming events: how long SDK clients wait to reconnect."""
+from tests.support import EVENT_STORE_RETRY_MS, redis_ping
 
 
 @pytest.fixture
@@ -56,29 +54,12 @@ def _free_port() -> int:
         return port
 
 
-def redis_ping(port: int, timeout: float = 1.0) -> bool:
-    """Whether a Redis on ``127.0.0.1:port`` answers ``PING`` (raw RESP over a socket, no client library)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64) == b"+PONG\r\n"
-    except OSError:
-        return False
-
-
 def _start_redis(binary: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
     log = workdir / f"redis-{port}.log"
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(workdir), "--logfile", str(log), "--daemonize", "no"]
     return subprocess.Popen(
-        [
-            binary,
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(workdir),
-            "--logfile", str(log),
-            "--daemonize", "no",
-        ],  # fmt: skip
+        [binary, *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

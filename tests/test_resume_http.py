@@ -201,7 +201,9 @@ async def test_reattach_never_crosses_streams(http, proxy) -> None:
     async with http.post(client.url, data=second, headers=client.headers()) as response:
         b_events = await collect(response)
     # Resume stream A from its priming cursor: A's events only, though B's came later in the session.
-    async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": a_events[0].id.decode()})) as r:
+    async with http.get(
+        client.url, headers=client.headers(**{"Last-Event-ID": a_events[0].id.decode()})
+    ) as r:
         replay = [e for e in await collect(r) if e.id]
     assert [e.id for e in replay] == [e.id for e in a_events[1:]]
     assert not {e.id for e in replay} & {e.id for e in b_events}

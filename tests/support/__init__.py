@@ -1,1 +1,21 @@
-"""Reusable test infrastructure: a cutting TCP relay and helpers to drive the official MCP SDK client."""
+"""Reusable test infrastructure: a cutting TCP relay (`relay`), official-SDK client helpers (`sdk`), and
+small shared constants / probes used by ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["EVENT_STORE_RETRY_MS", "redis_ping"]
+
+EVENT_STORE_RETRY_MS = 200
+"""``retry`` (ms) of the ``example_upstream_with_event_store`` fixture: SDK clients reconnect after it."""
+
+
+def redis_ping(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
+    """Whether a Redis on ``host:port`` answers ``PING`` (raw RESP over a socket, no client library)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64) == b"+PONG\r\n"
+    except OSError:
+        return False

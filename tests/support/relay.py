@@ -103,97 +103,97 @@ class HttpMessage:
 _State = Literal["head", "length", "chunk_size", "chunk_data", "chunk_crlf", "trailers", "eof", "raw"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """A run of bytes the framer released, all of one kind and of one message."""
+
+    raw: bytes
+    message: HttpMessage | None  # None: passthrough bytes
+    data: bool = False  # body payload (as opposed to a head or chunk framing)
+    ends_message: bool = False  # the message is complete once all of ``raw`` is forwarded
+
+
 class _Framer:
     """Incremental HTTP/1.1 framer for one direction of one connection.
 
-    `feed` buffers bytes and returns the prefix that can be forwarded now, split per message. A message head
-    is held back until it is complete (so a policy can look at it before any of its bytes are forwarded);
-    body bytes are released as soon as their framing is understood.
+    `feed` buffers bytes and returns the segments that can be forwarded now. A message head is held back
+    until it is complete (so a policy can look at it before any of its bytes are forwarded); body bytes are
+    released as soon as their framing is understood. The framer only parses: what was *forwarded* (and so
+    recorded, counted, completed) is up to the pump, which may forward a prefix and cut.
     """
 
     def __init__(
         self,
         kind: Literal["request", "response"],
         requests: deque[HttpMessage],
-        record: bool,
         on_message: Callable[[HttpMessage], None],
     ) -> None:
         self.kind = kind
         self._requests = requests  # unanswered requests in order; the response side pops them
-        self._record = record
         self._on_message = on_message
         self._buf = bytearray()
         self._state: _State = "head"
         self._remaining = 0
         self._current: HttpMessage | None = None
 
-    @property
-    def current(self) -> HttpMessage | None:
-        return self._current
-
-    def feed(self, data: bytes) -> list[tuple[bytes, HttpMessage | None]]:
+    def feed(self, data: bytes) -> list[_Segment]:
         self._buf += data
-        out: list[tuple[bytes, HttpMessage | None]] = []
+        out: list[_Segment] = []
         while self._buf:
-            taken = self._step()
-            if taken is None:
+            segment = self._step()
+            if segment is None:
                 break
-            piece, message = taken
-            if out and out[-1][1] is message:
-                out[-1] = (out[-1][0] + piece, message)
-            else:
-                out.append((piece, message))
+            out.append(segment)
         return out
 
-    def flush(self) -> bytes:
+    def flush(self) -> list[_Segment]:
         """At end of stream: release whatever is still held back (an incomplete head, say) verbatim."""
-        if self._state == "eof":
-            self._finish()
-        return self._take(len(self._buf))
+        ends = self._state == "eof" and self._current is not None  # a body delimited by the close
+        segment = _Segment(self._take(len(self._buf)), self._current if ends else None, ends_message=ends)
+        self._reset()
+        return [segment]
 
     def _take(self, n: int) -> bytes:
         piece = bytes(self._buf[:n])
         del self._buf[:n]
         return piece
 
-    def _finish(self) -> None:
-        if self._current is not None:
-            self._current.complete = True
+    def _reset(self) -> None:
         self._current = None
         self._state = "head"
 
-    def _step(self) -> tuple[bytes, HttpMessage | None] | None:
+    def _step(self) -> _Segment | None:
         state = self._state
         if state == "raw":
-            return self._take(len(self._buf)), None
+            return _Segment(self._take(len(self._buf)), None)
         if state == "head":
             end = self._buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._buf) > _MAX_HEAD:
                     self._state = "raw"
-                    return self._take(len(self._buf)), None
+                    return _Segment(self._take(len(self._buf)), None)
                 return None
             head = self._take(end + 4)
             message = self._parse_head(head)
             if message is None:
                 self._state = "raw"
-                return head, None
+                return _Segment(head, None)
             self._current = message
             self._on_message(message)
-            self._start_body(message)
-            return head, message
+            ends = self._start_body(message)
+            if ends:
+                self._reset()
+            return _Segment(head, message, ends_message=ends)
         message = self._current
         if state == "eof":
-            piece = self._take(len(self._buf))
-            self._record_body(piece)
-            return piece, message
+            return _Segment(self._take(len(self._buf)), message, data=True)
         if state == "length":
             piece = self._take(min(self._remaining, len(self._buf)))
             self._remaining -= len(piece)
-            self._record_body(piece)
-            if self._remaining == 0:
-                self._finish()
-            return piece, message
+            ends = self._remaining == 0
+            if ends:
+                self._reset()
+            return _Segment(piece, message, data=True, ends_message=ends)
         if state == "chunk_size":
             end = self._buf.find(b"\r\n")
             if end < 0:
@@ -203,41 +203,36 @@ class _Framer:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
                 self._state = "raw"
-                return line, message
+                return _Segment(line, None)
             if size == 0:
                 self._state = "trailers"
             else:
                 self._remaining = size
                 self._state = "chunk_data"
-            return line, message
+            return _Segment(line, message)
         if state == "chunk_data":
             piece = self._take(min(self._remaining, len(self._buf)))
             self._remaining -= len(piece)
-            self._record_body(piece)
             if self._remaining == 0:
                 self._state = "chunk_crlf"
-            return piece, message
+            return _Segment(piece, message, data=True)
         if state == "chunk_crlf":
             if len(self._buf) < 2:
                 return None
-            piece = self._take(2)
             self._state = "chunk_size"
-            return piece, message
+            return _Segment(self._take(2), message)
         # trailers: header lines until an empty line
         end = self._buf.find(b"\r\n")
         if end < 0:
             return None
         line = self._take(end + 2)
-        if line == b"\r\n":
-            self._finish()
-        return line, message
+        ends = line == b"\r\n"
+        if ends:
+            self._reset()
+        return _Segment(line, message, ends_message=ends)
 
     def _parse_head(self, head: bytes) -> HttpMessage | None:
-        try:
-            text = head.decode("latin-1")
-        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes anything
-            return None
-        lines = text[:-4].split("\r\n")
+        lines = head.decode("latin-1")[:-4].split("\r\n")
         start = lines[0]
         if self.kind == "response" and not start.startswith("HTTP/1."):
             return None
@@ -251,7 +246,8 @@ class _Framer:
             headers.append((name.strip().lower(), value.strip()))
         return HttpMessage(self.kind, start, headers, head_size=len(head))
 
-    def _start_body(self, message: HttpMessage) -> None:
+    def _start_body(self, message: HttpMessage) -> bool:
+        """Set up body framing after ``message``'s head; True if the message has no body."""
         transfer_encoding = (message.header("transfer-encoding") or "").lower()
         content_length = message.header("content-length")
         if self.kind == "request":
@@ -259,35 +255,28 @@ class _Framer:
             no_body = False
         else:
             status = message.status or 0
+            if status == 101:
+                self._state = "raw"  # protocol switch: nothing after this is HTTP/1.1
+                self._current = None
+                return True
             if 100 <= status < 200:
-                if status == 101:
-                    self._state = "raw"  # protocol switch: nothing after this is HTTP/1.1
-                    self._current = None
-                    message.complete = True
-                else:
-                    self._finish()  # interim response; the real one follows
-                return
+                return True  # interim response; the final one follows
             message.request = self._requests.popleft() if self._requests else None
             method = message.request.method if message.request is not None else None
             no_body = method == "HEAD" or status in (204, 304)
         if no_body:
-            self._finish()
-        elif "chunked" in transfer_encoding:
+            return True
+        if "chunked" in transfer_encoding:
             self._state = "chunk_size"
-        elif content_length is not None and content_length.strip().isdigit():
+            return False
+        if content_length is not None and content_length.strip().isdigit():
             self._remaining = int(content_length)
-            if self._remaining == 0:
-                self._finish()
-            else:
-                self._state = "length"
-        elif self.kind == "response":
+            self._state = "length"
+            return self._remaining == 0
+        if self.kind == "response":
             self._state = "eof"  # delimited by connection close
-        else:
-            self._finish()
-
-    def _record_body(self, piece: bytes) -> None:
-        if self._record and self._current is not None:
-            self._current.body += piece
+            return False
+        return True
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -563,8 +552,8 @@ class CuttingRelay:
                 self._abort(conn)
                 return
             unanswered: deque[HttpMessage] = deque()
-            up = _Framer("request", unanswered, self.record, self._on_message(conn.requests))
-            down = _Framer("response", unanswered, self.record, self._on_message(conn.responses))
+            up = _Framer("request", unanswered, self._on_message(conn.requests))
+            down = _Framer("response", unanswered, self._on_message(conn.responses))
             pumps.append(asyncio.create_task(self._pump_up(conn, client_reader, upstream_writer, up)))
             pumps.append(asyncio.create_task(self._pump_down(conn, upstream_reader, client_writer, down)))
             conn._pumps = pumps
@@ -598,11 +587,8 @@ class CuttingRelay:
                 data = await reader.read(_READ_SIZE)
                 if conn.cut:
                     return
-                pieces = framer.feed(data) if data else [(framer.flush(), None)]
-                for piece, message in pieces:
-                    if piece:
-                        self._account(conn, piece, message, up=True)
-                        writer.write(piece)
+                for segment in framer.feed(data) if data else framer.flush():
+                    self._forward(conn, writer, segment, segment.raw, up=True)
                 self._notify()
                 if not data:
                     break
@@ -621,31 +607,24 @@ class CuttingRelay:
     ) -> None:
         drawn = None if self.sse_only else self._draw_budget()
         budget = drawn  # bytes still allowed through; None = no cut armed
-        armed_for: HttpMessage | None = None  # sse_only: the response whose head was last seen
         try:
             while not conn.cut:
                 data = await reader.read(_READ_SIZE)
                 if conn.cut:
                     return
-                pieces = framer.feed(data) if data else [(framer.flush(), None)]
-                for piece, message in pieces:
-                    if not piece:
-                        continue
-                    if self.sse_only and message is not None and message is not armed_for:
-                        # A new response head: arm a budget for a 200 SSE response, disarm for anything else.
-                        armed_for = message
+                for segment in framer.feed(data) if data else framer.flush():
+                    message = segment.message
+                    if self.sse_only and message is not None and message.raw_size == 0:
+                        # A response head: arm a budget for a 200 SSE response, disarm for anything else.
                         ok = message.status == 200 and message.is_sse
                         drawn = budget = self._draw_budget() if ok else None
-                    if budget is not None and len(piece) >= budget:
-                        allowed = piece[:budget]
-                        self._account(conn, allowed, message, up=False)
-                        writer.write(allowed)
+                    if budget is not None and len(segment.raw) >= budget and (segment.raw or budget == 0):
+                        self._forward(conn, writer, segment, segment.raw[:budget], up=False)
                         self._policy_cut(conn, message, drawn)
                         return
-                    self._account(conn, piece, message, up=False)
-                    writer.write(piece)
+                    self._forward(conn, writer, segment, segment.raw, up=False)
                     if budget is not None:
-                        budget -= len(piece)
+                        budget -= len(segment.raw)
                 self._notify()
                 if not data:
                     break
@@ -654,6 +633,28 @@ class CuttingRelay:
                 writer.write_eof()
         except OSError:
             self._abort(conn)
+
+    def _forward(
+        self, conn: RelayConnection, writer: asyncio.StreamWriter, segment: _Segment, raw: bytes, *, up: bool
+    ) -> None:
+        """Write ``raw`` (all or a prefix of ``segment.raw``) and account for exactly what was written."""
+        if raw:
+            writer.write(raw)
+        message = segment.message
+        if message is not None:
+            message.raw_size += len(raw)
+            if segment.data and self.record:
+                message.body += raw
+            if segment.ends_message and len(raw) == len(segment.raw):
+                message.complete = True
+        if up:
+            conn.up_bytes += len(raw)
+            if self.record:
+                conn.up_raw += raw
+        else:
+            conn.down_bytes += len(raw)
+            if self.record:
+                conn.down_raw += raw
 
     def _policy_cut(self, conn: RelayConnection, message: HttpMessage | None, drawn: int | None) -> None:
         conn.cut = True
@@ -684,18 +685,6 @@ class CuttingRelay:
             self._notify()
 
         return on_message
-
-    def _account(self, conn: RelayConnection, piece: bytes, message: HttpMessage | None, *, up: bool) -> None:
-        if message is not None:
-            message.raw_size += len(piece)
-        if up:
-            conn.up_bytes += len(piece)
-            if self.record:
-                conn.up_raw += piece
-        else:
-            conn.down_bytes += len(piece)
-            if self.record:
-                conn.down_raw += piece
 
 
 def sse_events_of(messages: Iterable[HttpMessage]) -> list[SseEvent]:

@@ -1,0 +1,494 @@
+"""``python -m bench [--quick] [--profile] [--only SCENARIO ...]``: run the benchmarks, write bench/results/.
+
+Processes: the synthetic upstream (``bench.upstream``), nginx (one worker, from the system package) and
+mcpresume (``python -m mcpresume serve``) each run in their own process; every workload runs in a client
+process of its own (``bench.client``). This process only starts, waits and reads ``/proc``. All children
+are stopped on exit, on error and on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.procs import LOOPBACK, PYTHON, ROOT, Child, Processes, cpu_seconds, raise_fd_limit, rss_kib
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+KiB = 1024
+MiB = 1 << 20
+
+# Targets from the issue. Each is checked in the report.
+TARGETS = {
+    "throughput_1x256_vs_nginx": 0.35,  # mcpresume >= 35% of nginx, one stream, 256 B events
+    "added_latency_p99_1k_ms": 1.0,  # p99 added latency at 1k events/s <= 1 ms
+    "resume_p99_ms": 5.0,  # re-attach to first replayed event, p99 <= 5 ms
+    "window_memory_ratio": 1.3,  # RSS growth / payload held <= 1.3
+    "idle_session_kib": 2.0,  # per idle session <= 2 KiB
+    "attached_stream_kib": 20.0,  # per attached idle stream <= 20 KiB
+}
+
+MODES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096)],
+        "tp_duration": 0.8,
+        "tp_reps": 1,
+        "lat_rates": [1000, 10000],
+        "lat_streams": 10,
+        "lat_duration": 3.0,
+        "lat_warmup": 0.5,
+        "resume_sessions": 20,
+        "resume_trials": 200,
+        "win_sessions": 200,
+        "idle_sessions": 2000,
+        "idle_streams": 1000,
+    },
+    "full": {
+        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096)],
+        "tp_duration": 2.5,
+        "tp_reps": 3,
+        "lat_rates": [1000, 10000],
+        "lat_streams": 10,
+        "lat_duration": 10.0,
+        "lat_warmup": 1.0,
+        "resume_sessions": 50,
+        "resume_trials": 1000,
+        "win_sessions": 1000,
+        "idle_sessions": 10000,
+        "idle_streams": 10000,
+    },
+}
+
+# mcpresume settings per role. The throughput proxy's window holds a whole run's events (see README:
+# with the default 256-event window a burst overruns the window before the client is sent anything).
+BIG_WINDOW = {"window_events": 50_000_000, "window_bytes": 16 << 30}
+SESSIONS_CAP = {"max_sessions": 200_000}
+SCENARIOS = ("throughput", "latency", "resume", "memory")
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class ClientFailed(RuntimeError):
+    pass
+
+
+def run_client(
+    procs: Processes,
+    spec: dict[str, Any],
+    timeout: float,
+    on_phase: Callable[[str, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run one workload in a fresh client process; returns its RESULT. Killed after ``timeout`` s."""
+    spec = {**spec, "timeout": timeout - 5, "phase_timeout": timeout}
+    err_path = procs.tmp / f"client-{spec['kind']}-{time.monotonic_ns()}.err"
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "bench.client", json.dumps(spec)],
+            cwd=str(ROOT),
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
+    timer = threading.Timer(timeout, lambda: _kill_group(proc))
+    timer.start()
+    result = None
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        for raw in proc.stdout:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("PHASE "):
+                _, name, info = line.split(" ", 2)
+                if on_phase is not None:
+                    on_phase(name, json.loads(info))
+                proc.stdin.write(b"continue\n")
+                proc.stdin.flush()
+            elif line.startswith("RESULT "):
+                result = json.loads(line[7:])
+        proc.wait(10)
+    finally:
+        timer.cancel()
+        _kill_group(proc)
+    if result is None:
+        tail = err_path.read_text(errors="replace")[-3000:]
+        raise ClientFailed(f"client {spec['kind']} failed (exit {proc.returncode}):\n{tail}")
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- scenarios -------------------------------------------------------------------------------------------
+
+
+def throughput(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -> dict[str, Any]:
+    """Events/s per (streams, size), every target side by side, repetitions interleaved (median kept)."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    names = list(targets)
+    for rep in range(mode["tp_reps"]):
+        for streams, size in mode["tp_configs"]:
+            key = f"{streams}x{size}"
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                child = targets[name]
+                spec = {
+                    "kind": "throughput",
+                    "url": child.url,
+                    "streams": streams,
+                    "size": size,
+                    "duration": mode["tp_duration"],
+                    "probe_events": 2000 if streams == 1 else 10000,
+                    "probe_seconds": 0.25,
+                    "min_events": 200 if streams == 1 else 20,
+                    # bound the events (and so the proxy's memory with its whole-run window)
+                    "max_events": max(20, (2_000_000 if size <= 256 else 300_000) // streams),
+                }
+                cpu0, t0 = _cpu(child), time.monotonic()
+                result = run_client(procs, spec, timeout=120)
+                cpu1, t1 = _cpu(child), time.monotonic()
+                result["cpu_share"] = (cpu1 - cpu0) / (t1 - t0) if cpu0 is not None and cpu1 is not None else None
+                runs.setdefault(key, {}).setdefault(name, []).append(result)
+                log(
+                    f"throughput {key} {name}: {result['rate']:,.0f} ev/s "
+                    f"({result['complete_streams']}/{streams} complete)"
+                )
+    summary: dict[str, Any] = {}
+    for key, by_target in runs.items():
+        row: dict[str, Any] = {}
+        for name, results in by_target.items():
+            rates = [r["rate"] for r in results]
+            row[name] = {
+                "rate": statistics.median(rates),
+                "rates": rates,
+                "mib_per_s": statistics.median(r["mib_per_s"] for r in results),
+                "complete": all(r["complete_streams"] == r["streams"] for r in results),
+                "cpu_share": _median_or_none([r["cpu_share"] for r in results]),
+                "events_per_run": [r["events"] for r in results],
+            }
+        summary[key] = row
+    return {"configs": summary, "reps": mode["tp_reps"], "duration": mode["tp_duration"]}
+
+
+def overrun(procs: Processes, mode: dict[str, Any], child: Child) -> dict[str, Any]:
+    """The same bursts through mcpresume with its default window (256 events): do the streams complete?"""
+    out: dict[str, Any] = {}
+    for streams, size in mode["tp_configs"]:
+        per_stream = 20000 if streams == 1 else 1000
+        spec = {
+            "kind": "throughput",
+            "url": child.url,
+            "streams": streams,
+            "size": size,
+            "duration": 0,
+            "probe_events": per_stream * streams,
+            "probe_seconds": 0,
+            "min_events": per_stream,
+            "max_events": per_stream,
+        }
+        result = run_client(procs, spec, timeout=120)
+        out[f"{streams}x{size}"] = {
+            "per_stream": per_stream,
+            "complete_streams": result["complete_streams"],
+            "streams": streams,
+            "delivered": result["events"],
+            "expected": streams * (per_stream + 1),
+        }
+        log(f"overrun {streams}x{size}: {result['complete_streams']}/{streams} complete, {result['events']} events")
+    return out
+
+
+def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for rate in mode["lat_rates"]:
+        row: dict[str, Any] = {}
+        for name, child in targets.items():
+            spec = {
+                "kind": "latency",
+                "url": child.url,
+                "streams": mode["lat_streams"],
+                "rate": rate,
+                "size": 256,
+                "duration": mode["lat_duration"],
+                "warmup": mode["lat_warmup"],
+            }
+            result = run_client(procs, spec, timeout=mode["lat_duration"] + 60)
+            row[name] = result
+            lat = result["latency_ms"]
+            log(
+                f"latency {rate}/s {name}: p50 {lat.get('p50', float('nan')):.3f} ms "
+                f"p99 {lat.get('p99', float('nan')):.3f} ms ({result['received']}/{result['expected']})"
+            )
+        for name in targets:
+            if name == "direct":
+                continue
+            mine, base = row[name]["latency_ms"], row["direct"]["latency_ms"]
+            row[name]["added_ms"] = {p: mine[p] - base[p] for p in ("p50", "p90", "p99") if p in mine and p in base}
+        out[str(rate)] = row
+    return out
+
+
+def resume(procs: Processes, mode: dict[str, Any], child: Child) -> dict[str, Any]:
+    spec = {
+        "kind": "resume",
+        "url": child.url,
+        "host": LOOPBACK,
+        "port": child.port,
+        "sessions": mode["resume_sessions"],
+        "trials": mode["resume_trials"],
+        # 300 events of 1 KiB > the 256-event window; paced so the client view is never overrun
+        "count": 300,
+        "size": 1024,
+        "rate": 20000,
+        "cursor_back": 250,
+    }
+    result = run_client(procs, spec, timeout=180)
+    first = result["first_event_ms"]
+    log(f"resume: first event p50 {first.get('p50', 0):.3f} ms p99 {first.get('p99', 0):.3f} ms, {result['failures']} failures")
+    return result
+
+
+def memory(procs: Processes, mode: dict[str, Any], upstream: Child) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    window_events = 256
+
+    # (a) full windows: 1 KiB events, more than the window per session
+    proxy = procs.start_mcpresume(upstream, name="mcpresume-mem-windows", **SESSIONS_CAP)
+    try:
+        start_rss = rss_kib(proxy.pid)
+        _warm_up(procs, proxy)
+        base = _settled_rss(proxy.pid)
+        grown: dict[str, Any] = {}
+
+        def filled(_name: str, info: dict[str, Any]) -> None:
+            grown["rss"] = _settled_rss(proxy.pid)
+            grown["ok"] = info["ok"]
+
+        sessions = mode["win_sessions"]
+        run_client(
+            procs,
+            {"kind": "windows", "url": proxy.url, "sessions": sessions, "count": 300, "size": 1024, "rate": 20000, "concurrency": 50},
+            timeout=300,
+            on_phase=filled,
+        )
+        payload = window_events * 1024 * sessions
+        growth = (grown["rss"] - base) * 1024
+        out["windows"] = {
+            "sessions": sessions,
+            "filled_ok": grown["ok"],
+            "rss_start_kib": start_rss,
+            "rss_base_kib": base,
+            "rss_after_kib": grown["rss"],
+            "payload_bytes": payload,
+            "growth_bytes": growth,
+            "ratio": growth / payload,
+        }
+        log(f"memory windows: {sessions} sessions, growth {growth / MiB:.1f} MiB for {payload / MiB:.1f} MiB payload -> {growth / payload:.2f}x")
+    finally:
+        proxy.stop()
+
+    # (b) idle sessions, then (c) attached idle standalone streams on them
+    limit = raise_fd_limit()
+    # The proxy holds two sockets per attached stream (client + upstream): stay under its fd limit.
+    streams_cap = max(100, (limit - 500) // 2)
+    streams = min(mode["idle_streams"], streams_cap)
+    sessions = max(mode["idle_sessions"], streams)
+    proxy = procs.start_mcpresume(upstream, name="mcpresume-mem-idle", **SESSIONS_CAP)
+    try:
+        _warm_up(procs, proxy)
+        base = _settled_rss(proxy.pid)
+        marks: dict[str, Any] = {}
+
+        def phase(name: str, info: dict[str, Any]) -> None:
+            marks[name] = _settled_rss(proxy.pid)
+            marks[name + "_info"] = info
+
+        result = run_client(
+            procs,
+            {
+                "kind": "idle",
+                "url": proxy.url,
+                "host": LOOPBACK,
+                "port": proxy.port,
+                "sessions": sessions,
+                "streams": streams,
+                "concurrency": 100,
+            },
+            timeout=600,
+            on_phase=phase,
+        )
+        per_session = (marks["sessions"] - base) * 1024 / sessions
+        per_stream = (marks["streams"] - marks["sessions"]) * 1024 / streams
+        out["idle"] = {
+            "fd_limit": limit,
+            "sessions": sessions,
+            "streams_requested": mode["idle_streams"],
+            "streams": streams,
+            "streams_ok": result["streams_ok"],
+            "rss_base_kib": base,
+            "rss_sessions_kib": marks["sessions"],
+            "rss_streams_kib": marks["streams"],
+            "per_session_bytes": per_session,
+            "per_stream_bytes": per_stream,
+        }
+        log(f"memory idle: {per_session:.0f} B/session ({sessions}), {per_stream:.0f} B/stream ({result['streams_ok']}/{streams} open)")
+    finally:
+        proxy.stop()
+    return out
+
+
+def _warm_up(procs: Processes, proxy: Child) -> None:
+    """One small session through every code path, so lazily imported code is not counted as growth."""
+    run_client(
+        procs,
+        {"kind": "windows", "url": proxy.url, "sessions": 3, "count": 300, "size": 1024, "rate": 20000, "concurrency": 3},
+        timeout=60,
+    )
+
+
+def _settled_rss(pid: int, settle: float = 1.0) -> int:
+    time.sleep(settle)
+    return rss_kib(pid)
+
+
+def _cpu(child: Child) -> float | None:
+    if child.name.startswith("mcpresume"):
+        with contextlib.suppress(OSError):
+            return cpu_seconds(child.pid)
+    return None
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+# -- profiling -------------------------------------------------------------------------------------------
+
+
+def profile(procs: Processes, upstream: Child, seconds: float) -> dict[str, Any]:
+    """py-spy on the mcpresume process under the 1-stream 256 B throughput load (and 100 streams)."""
+    py_spy = Path(PYTHON).parent / "py-spy"
+    if not py_spy.exists():
+        return {"error": "py-spy is not installed (pip install py-spy)"}
+    proxy = procs.start_mcpresume(upstream, name="mcpresume-profile", **BIG_WINDOW, **SESSIONS_CAP)
+    out: dict[str, Any] = {}
+    try:
+        for streams, fmt in ((1, "flamegraph"), (1, "raw"), (100, "raw")):
+            suffix = "svg" if fmt == "flamegraph" else "txt"
+            path = RESULTS / f"profile-throughput-{streams}x256.{suffix}"
+            recorder = subprocess.Popen(
+                [str(py_spy), "record", "--pid", str(proxy.pid), "--rate", "250", "--nonblocking",
+                 "--duration", str(int(seconds)), "--format", fmt, "--output", str(path)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                time.sleep(0.5)
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline - 1:
+                    run_client(
+                        procs,
+                        {"kind": "throughput", "url": proxy.url, "streams": streams, "size": 256,
+                         "duration": min(3.0, max(0.5, deadline - time.monotonic() - 1)),
+                         "probe_events": 2000 if streams == 1 else 10000, "probe_seconds": 0.25,
+                         "min_events": 20, "max_events": max(20, 1_000_000 // streams)},
+                        timeout=120,
+                    )
+                recorder.wait(seconds + 30)
+            finally:
+                _kill_group(recorder)
+            out[f"{streams}x256-{fmt}"] = str(path.relative_to(ROOT))
+            log(f"profile {streams}x256 -> {path}")
+    finally:
+        proxy.stop()
+    return out
+
+
+# -- main ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller and shorter (under 2 minutes)")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
+    parser.add_argument("--profile", action="store_true", help="py-spy the proxy under throughput load only")
+    parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument("--no-nginx", action="store_true", help="skip the nginx comparison")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory")
+    args = parser.parse_args(argv)
+    mode_name = "quick" if args.quick else "full"
+    mode = MODES[mode_name]
+    scenarios = set(args.only or SCENARIOS)
+    args.output.mkdir(parents=True, exist_ok=True)
+    raise_fd_limit()
+
+    procs = Processes()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        procs.close()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    started = time.monotonic()
+    results: dict[str, Any] = {"mode": mode_name, "machine": report.machine(), "targets": TARGETS}
+    try:
+        upstream = procs.start_upstream()
+        if args.profile:
+            results = {"profile": profile(procs, upstream, args.profile_seconds)}
+            summary = report.profile_summary(
+                [ROOT / p for k, p in results["profile"].items() if k.endswith("raw")], args.output
+            )
+            log(f"profile summary -> {summary}")
+            return 0
+        nginx = None if args.no_nginx else procs.start_nginx(upstream)
+        if nginx is None and not args.no_nginx:
+            log("nginx not found: the nginx comparison is skipped (apt-get install nginx-light)")
+        if "throughput" in scenarios:
+            proxy_big = procs.start_mcpresume(upstream, name="mcpresume-throughput", **BIG_WINDOW, **SESSIONS_CAP)
+            targets = {"direct": upstream, **({"nginx": nginx} if nginx else {}), "mcpresume": proxy_big}
+            results["throughput"] = throughput(procs, mode, targets)
+            proxy_big.stop()
+        if scenarios & {"throughput", "latency", "resume"}:
+            proxy = procs.start_mcpresume(upstream, name="mcpresume-default", **SESSIONS_CAP)
+            if "throughput" in scenarios:
+                results["overrun"] = overrun(procs, mode, proxy)
+            if "latency" in scenarios:
+                targets = {"direct": upstream, **({"nginx": nginx} if nginx else {}), "mcpresume": proxy}
+                results["latency"] = latency(procs, mode, targets)
+            if "resume" in scenarios:
+                results["resume"] = resume(procs, mode, proxy)
+            proxy.stop()
+        if "memory" in scenarios:
+            results["memory"] = memory(procs, mode, upstream)
+        results["redis"] = "not available yet (the Redis store does not exist in this release)"
+        results["elapsed_s"] = time.monotonic() - started
+        (args.output / "latest.json").write_text(json.dumps(results, indent=1))
+        path = report.write(results, args.output)
+        log(f"done in {results['elapsed_s']:.0f} s: {path}")
+    finally:
+        procs.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,251 @@
+"""The deployment files say what the code does: settings, ports, admin paths and metric names.
+
+deploy/kubernetes/sidecar.yaml, deploy/prometheus/alerts.yaml and the Dockerfile are not run by the test
+suite (no cluster, Prometheus or Docker here), so these tests pin the facts they share with the code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from mcpresume.app import build_admin_app
+from mcpresume.config import Settings
+from mcpresume.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+SIDECAR = ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+UPSTREAM = "http://127.0.0.1:8000/mcp"
+UPSTREAM_PORT = 8000
+
+
+def _settings(values: dict[str, Any]) -> Settings:
+    """``values`` over the defaults, ignoring any MCPRESUME_* variables of the test's own environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            if name.startswith("MCPRESUME_"):
+                patch.delenv(name)
+        return Settings.model_validate(values)
+
+
+def _admin_paths() -> set[str]:
+    # The admin app's handlers only use the context when called: building it needs none.
+    admin = build_admin_app(cast(Any, None), lambda: True)
+    return {route.resource.canonical for route in admin.router.routes() if route.resource is not None}
+
+
+def _exported_metric_names() -> set[str]:
+    """Names as Prometheus sees them: prometheus_client adds ``_total`` to a Counter's name."""
+    names = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name + "_total" if family.type == "counter" else family.name)
+    return names
+
+
+def _source_string_literals() -> set[str]:
+    text = "\n".join(path.read_text() for path in (ROOT / "mcpresume").rglob("*.py"))
+    return set(re.findall(r'"([a-z_]+)"', text))
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, dict[str, Any]]:
+    docs = [doc for doc in yaml.safe_load_all(SIDECAR.read_text()) if doc]
+    return {doc["kind"]: doc for doc in docs}
+
+
+@pytest.fixture(scope="module")
+def pod(manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return cast(dict[str, Any], manifests["Deployment"]["spec"]["template"])
+
+
+@pytest.fixture(scope="module")
+def sidecar(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "mcpresume"]
+    return cast(dict[str, Any], container)
+
+
+@pytest.fixture(scope="module")
+def sidecar_settings(sidecar: dict[str, Any]) -> Settings:
+    """The settings the sidecar runs with: its MCPRESUME_* env over the defaults (the image's own env
+    only sets the two hosts)."""
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    fields = {name.removeprefix("MCPRESUME_").lower(): value for name, value in env.items()}
+    unknown = set(fields) - set(Settings.model_fields)
+    assert not unknown, f"sidecar env names no setting: {unknown}"
+    return _settings(fields)
+
+
+def _port(container: dict[str, Any], ref: int | str) -> int:
+    if isinstance(ref, int):
+        return ref
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == ref]
+    return cast(int, port)
+
+
+def test_manifest_kinds(manifests: dict[str, dict[str, Any]]) -> None:
+    assert set(manifests) == {"Deployment", "Service"}
+
+
+def test_sidecar_points_at_the_upstream_container(sidecar_settings: Settings) -> None:
+    assert sidecar_settings.upstream == UPSTREAM
+    assert sidecar_settings.host == "0.0.0.0"  # the kubelet and the Service reach it on the pod IP
+    assert sidecar_settings.metrics_host in (None, "0.0.0.0")
+
+
+def test_sidecar_ports_match_its_settings(sidecar: dict[str, Any], sidecar_settings: Settings) -> None:
+    assert _port(sidecar, "http") == sidecar_settings.port == 8080
+    assert _port(sidecar, "admin") == sidecar_settings.metrics_port == 9464
+
+
+def test_probes_hit_admin_paths_that_exist(sidecar: dict[str, Any], sidecar_settings: Settings) -> None:
+    paths = _admin_paths()
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = sidecar[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["path"] in paths
+        assert _port(sidecar, get["port"]) == sidecar_settings.metrics_port
+
+
+def test_scrape_annotations(pod: dict[str, Any], sidecar_settings: Settings) -> None:
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == sidecar_settings.metrics_port
+    assert annotations["prometheus.io/path"] in _admin_paths()
+
+
+def test_grace_period_covers_prestop_and_drain(
+    pod: dict[str, Any], sidecar: dict[str, Any], sidecar_settings: Settings
+) -> None:
+    command = sidecar["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pre_stop = float(command[1])
+    # Shutdown waits up to drain_timeout for client responses, then up to drain_timeout for upstream streams.
+    needed = pre_stop + 2 * sidecar_settings.drain_timeout
+    assert pod["spec"]["terminationGracePeriodSeconds"] > needed
+    assert sidecar_settings.drain_timeout > 0
+
+
+def test_sidecar_security_context(sidecar: dict[str, Any]) -> None:
+    context = sidecar["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["runAsUser"] == 10001  # the image's user (Dockerfile USER)
+
+
+def test_service_targets_the_proxy_never_the_upstream(
+    manifests: dict[str, dict[str, Any]], pod: dict[str, Any], sidecar: dict[str, Any]
+) -> None:
+    service = manifests["Service"]["spec"]
+    labels = pod["metadata"]["labels"]
+    assert all(labels.get(key) == value for key, value in service["selector"].items())
+    (port,) = service["ports"]
+    assert port["port"] == 80
+    assert _port(sidecar, port["targetPort"]) == 8080 != UPSTREAM_PORT
+    # The upstream container publishes nothing: it listens on loopback only.
+    for container in pod["spec"]["containers"]:
+        if container["name"] != "mcpresume":
+            assert not container.get("ports")
+
+
+def test_in_memory_sessions_stay_on_one_replica(
+    manifests: dict[str, dict[str, Any]], sidecar_settings: Settings
+) -> None:
+    assert sidecar_settings.store == "memory"
+    assert manifests["Service"]["spec"]["sessionAffinity"] == "ClientIP"
+    assert manifests["Deployment"]["spec"]["replicas"] == 1
+
+
+# -- Prometheus alerts -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def test_alerts_use_only_metrics_that_exist(rules: list[dict[str, Any]]) -> None:
+    exported = _exported_metric_names()
+    used = {name for rule in rules for name in re.findall(r"\bmcpresume_\w+", rule["expr"])}
+    assert used, "no mcpresume metric in any alert"
+    assert used <= exported, f"alerts use metrics mcpresume does not export: {used - exported}"
+    # The ones the brief asks for are all watched.
+    for name in (
+        "mcpresume_resumptions_total",
+        "mcpresume_upstream_errors_total",
+        "mcpresume_sessions",
+        "mcpresume_synthesized_errors_total",
+        "mcpresume_evicted_events_total",
+    ):
+        assert name in used
+
+
+def test_alert_label_values_exist_in_the_code(rules: list[dict[str, Any]]) -> None:
+    literals = _source_string_literals()
+    for rule in rules:
+        for _label, value in re.findall(r'\b(outcome|reason)\s*(?:=|!=|=~|!~)\s*"([^"]*)"', rule["expr"]):
+            for part in value.split("|"):
+                assert part in literals, f"{rule['alert']}: label value {part!r} never produced by the code"
+
+
+def test_alerts_say_what_to_do(rules: list[dict[str, Any]]) -> None:
+    assert len({rule["alert"] for rule in rules}) == len(rules)
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("info", "warning", "critical")
+        assert rule["annotations"]["summary"]
+        assert len(rule["annotations"]["description"]) > 80
+
+
+def test_sessions_alert_threshold_is_below_max_sessions(rules: list[dict[str, Any]]) -> None:
+    (rule,) = [r for r in rules if "mcpresume_sessions" in r["expr"]]
+    threshold = float(re.findall(r">\s*([0-9.]+)", rule["expr"])[-1])
+    max_sessions = _settings({}).max_sessions
+    assert 0.5 * max_sessions <= threshold < max_sessions
+
+
+# -- Dockerfile ------------------------------------------------------------------------------------------
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            found.append((keyword.upper(), rest.strip()))
+    return found
+
+
+def test_dockerfile_matches_the_defaults() -> None:
+    instructions = _instructions()
+    final = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM") :]
+    by_keyword: dict[str, list[str]] = {}
+    for keyword, rest in final:
+        by_keyword.setdefault(keyword, []).append(rest)
+    defaults = _settings({})
+    exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in shlex.split(rest)}
+    assert exposed == {defaults.port, defaults.metrics_port}
+    (health,) = by_keyword["HEALTHCHECK"]
+    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", health)
+    assert url is not None
+    assert int(url.group(1)) == defaults.metrics_port
+    assert url.group(2) == "/healthz" and url.group(2) in _admin_paths()
+    assert by_keyword["USER"] == ["10001:10001"]
+    assert by_keyword["ENTRYPOINT"] == ['["mcpresume"]']
+    assert by_keyword["CMD"] == ['["serve"]']
+    assert by_keyword["STOPSIGNAL"] == ["SIGTERM"]
+    env = " ".join(by_keyword["ENV"])
+    assert "MCPRESUME_HOST=0.0.0.0" in env and "MCPRESUME_METRICS_HOST=0.0.0.0" in env

@@ -1,0 +1,169 @@
+"""Which headers cross the proxy: RFC 9110 section 7.6.1, and X-Forwarded-*."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcpresume.headers import end_to_end, forwarded, header
+
+# RFC 9110 section 7.6.1 names these; Proxy-Connection is the legacy spelling some clients still send.
+HOP_BY_HOP = ["Connection", "Proxy-Connection", "Keep-Alive", "TE", "Transfer-Encoding", "Upgrade"]
+
+END_TO_END = [
+    ("Mcp-Session-Id", "3f2a"),
+    ("MCP-Protocol-Version", "2025-11-25"),
+    ("Authorization", "Bearer secret"),
+    ("Accept", "application/json, text/event-stream"),
+    ("Content-Type", "application/json"),
+    ("Origin", "https://app.example"),
+    ("Last-Event-ID", "aaaabbbbcccc-1-2"),
+    ("WWW-Authenticate", 'Bearer resource_metadata="https://rs.example/.well-known"'),
+    ("Cache-Control", "no-cache"),
+    ("X-Custom", "kept"),
+]
+
+
+def names(headers: list[tuple[str, str]]) -> list[str]:
+    return [name.lower() for name, _ in headers]
+
+
+@pytest.mark.parametrize("request_side", [True, False], ids=["request", "response"])
+def test_end_to_end_fields_pass_untouched(request_side: bool) -> None:
+    assert end_to_end(END_TO_END, request=request_side) == END_TO_END
+
+
+@pytest.mark.parametrize("request_side", [True, False], ids=["request", "response"])
+@pytest.mark.parametrize("name", HOP_BY_HOP)
+def test_hop_by_hop_fields_are_dropped(name: str, request_side: bool) -> None:
+    for spelling in (name, name.lower(), name.upper()):
+        headers = [*END_TO_END, (spelling, "keep-alive" if "connection" in name.lower() else "x")]
+        assert end_to_end(headers, request=request_side) == END_TO_END
+
+
+@pytest.mark.parametrize("request_side", [True, False], ids=["request", "response"])
+def test_proxy_authentication_and_trailer_are_dropped(request_side: bool) -> None:
+    headers = [
+        ("Proxy-Authorization", "Basic Zm9vOmJhcg=="),
+        ("Proxy-Authenticate", "Basic"),
+        ("Trailer", "X-Checksum"),
+        *END_TO_END,
+    ]
+    assert end_to_end(headers, request=request_side) == END_TO_END
+
+
+@pytest.mark.parametrize("request_side", [True, False], ids=["request", "response"])
+def test_content_length_is_the_proxys_own_framing(request_side: bool) -> None:
+    assert end_to_end([("Content-Length", "12"), *END_TO_END], request=request_side) == END_TO_END
+
+
+def test_fields_named_in_connection_are_dropped_case_insensitively() -> None:
+    headers = [
+        ("Connection", "X-Hop,  x-other ,close"),
+        ("x-hop", "1"),
+        ("X-OTHER", "2"),
+        ("X-Kept", "3"),
+        ("connection", "X-THIRD"),  # a second Connection field adds to the list
+        ("X-Third", "4"),
+    ]
+    assert end_to_end(headers, request=True) == [("X-Kept", "3")]
+    assert end_to_end(headers, request=False) == [("X-Kept", "3")]
+
+
+def test_connection_can_name_an_end_to_end_field() -> None:
+    # RFC 9110 7.6.1: whatever Connection lists is hop-by-hop for this message, even a well-known field.
+    headers = [("Connection", "Mcp-Session-Id"), ("Mcp-Session-Id", "3f2a"), ("Accept", "*/*")]
+    assert end_to_end(headers, request=True) == [("Accept", "*/*")]
+
+
+def test_empty_connection_tokens_drop_nothing_else() -> None:
+    headers = [("Connection", " , ,"), ("Accept", "*/*")]
+    assert end_to_end(headers, request=True) == [("Accept", "*/*")]
+
+
+def test_host_is_dropped_only_on_requests() -> None:
+    headers = [("Host", "proxy.example:8080"), ("Accept", "*/*")]
+    assert end_to_end(headers, request=True) == [("Accept", "*/*")]
+    assert end_to_end([("host", "x")], request=True) == []
+    assert end_to_end(headers, request=False) == headers
+
+
+def test_repeated_fields_keep_their_order_and_case() -> None:
+    headers = [
+        ("Set-Cookie", "a=1"),
+        ("Keep-Alive", "timeout=5"),
+        ("set-cookie", "b=2"),
+        ("WWW-Authenticate", "Basic"),
+        ("www-authenticate", "Bearer"),
+    ]
+    assert end_to_end(headers, request=False) == [
+        ("Set-Cookie", "a=1"),
+        ("set-cookie", "b=2"),
+        ("WWW-Authenticate", "Basic"),
+        ("www-authenticate", "Bearer"),
+    ]
+
+
+def test_end_to_end_accepts_any_iterable_once() -> None:
+    # The shell passes aiohttp's items() view; a generator (single pass) must work as well.
+    generator = (pair for pair in [("Connection", "X-Hop"), ("X-Hop", "1"), ("Accept", "*/*")])
+    assert end_to_end(generator, request=True) == [("Accept", "*/*")]
+
+
+# -- forwarded --------------------------------------------------------------------------------------------
+
+
+def test_forwarded_adds_all_three() -> None:
+    headers = [("Accept", "*/*")]
+    result = forwarded(headers, client_ip="10.0.0.7", proto="https", host="mcp.example")
+    assert result == [
+        ("Accept", "*/*"),
+        ("X-Forwarded-For", "10.0.0.7"),
+        ("X-Forwarded-Proto", "https"),
+        ("X-Forwarded-Host", "mcp.example"),
+    ]
+    assert headers == [("Accept", "*/*")]  # the input is not changed
+
+
+def test_forwarded_appends_to_an_existing_chain() -> None:
+    headers = [("X-Forwarded-For", "203.0.113.5, 10.1.1.1"), ("Accept", "*/*")]
+    result = forwarded(headers, client_ip="10.0.0.7", proto="http", host=None)
+    assert header(result, "X-Forwarded-For") == "203.0.113.5, 10.1.1.1, 10.0.0.7"
+    assert names(result).count("x-forwarded-for") == 1
+
+
+def test_forwarded_joins_several_prior_fields_in_order() -> None:
+    headers = [("x-forwarded-for", "1.1.1.1"), ("Accept", "*/*"), ("X-FORWARDED-FOR", "2.2.2.2")]
+    result = forwarded(headers, client_ip="3.3.3.3", proto="http", host=None)
+    xff = [v for n, v in result if n.lower() == "x-forwarded-for"]
+    assert xff == ["1.1.1.1, 2.2.2.2, 3.3.3.3"]
+    assert ("Accept", "*/*") in result
+
+
+def test_forwarded_without_client_ip() -> None:
+    assert header(forwarded([], client_ip=None, proto="http", host=None), "X-Forwarded-For") is None
+    prior = [("X-Forwarded-For", "1.1.1.1")]
+    assert header(forwarded(prior, client_ip=None, proto="http", host=None), "X-Forwarded-For") == "1.1.1.1"
+
+
+def test_forwarded_keeps_a_prior_proto_and_host() -> None:
+    headers = [("x-forwarded-proto", "https"), ("X-Forwarded-Host", "public.example")]
+    result = forwarded(headers, client_ip="10.0.0.7", proto="http", host="internal:8080")
+    assert [v for n, v in result if n.lower() == "x-forwarded-proto"] == ["https"]
+    assert [v for n, v in result if n.lower() == "x-forwarded-host"] == ["public.example"]
+    assert header(result, "X-Forwarded-For") == "10.0.0.7"
+
+
+def test_forwarded_without_host() -> None:
+    result = forwarded([], client_ip="10.0.0.7", proto="http", host=None)
+    assert header(result, "X-Forwarded-Host") is None
+    assert header(result, "X-Forwarded-Proto") == "http"
+
+
+# -- header -----------------------------------------------------------------------------------------------
+
+
+def test_header_returns_the_first_value_case_insensitively() -> None:
+    headers = [("mcp-session-id", "first"), ("Mcp-Session-Id", "second")]
+    assert header(headers, "MCP-SESSION-ID") == "first"
+    assert header(headers, "Last-Event-ID") is None
+    assert header([], "Accept") is None

@@ -1,0 +1,766 @@
+"""A session's durable state: streams, appends, reads, request-id claims, bounded bookkeeping, and the
+resume invariants (DESIGN.md 1-5) under arbitrary interleavings of appends, evictions and re-attaches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
+from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
+from mcpresume.resume import ReAttach, decide
+from mcpresume.session import (
+    MAX_REQUEST_IDS,
+    READ_MAX_BYTES,
+    READ_MAX_EVENTS,
+    Claim,
+    ClaimOutcome,
+    NewEvent,
+    SessionState,
+    StreamOrigin,
+)
+from mcpresume.sse import SSEParser, frame_body
+from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
+
+EPOCH = "aaaabbbbcccc"
+OTHER_EPOCH = "zzzzyyyyxxxx"
+BIG = 10**9
+ROOMY = WindowLimits(max_events=10_000, max_bytes=1 << 30, ttl=1e9)
+
+
+def make_session(limits: WindowLimits = ROOMY, retry_ms: int | None = 1500, epoch: str = EPOCH) -> SessionState:
+    return SessionState("sess-1", epoch, limits, retry_ms, now=0.0)
+
+
+def msg(data: bytes = b'{"jsonrpc":"2.0","method":"notifications/progress"}', **kwargs: object) -> NewEvent:
+    return NewEvent(frame_body(data), EventKind.MESSAGE, **kwargs)  # type: ignore[arg-type]
+
+
+def response(request_id: int) -> NewEvent:
+    data = b'{"jsonrpc":"2.0","id":%d,"result":{}}' % request_id
+    return NewEvent(frame_body(data), EventKind.RESPONSE, response_key=f"n:{request_id}")
+
+
+def cursor_of(event: Event) -> bytes:
+    first_line = event.body.split(b"\n", 1)[0]
+    assert first_line.startswith(b"id: ")
+    return first_line[4:]
+
+
+def seqs(events: object) -> list[int]:
+    return [e.seq for e in events]  # type: ignore[attr-defined]
+
+
+# -- open_stream ---------------------------------------------------------------------------------------
+
+
+def test_open_stream_appends_a_priming_event_with_the_cursor_and_retry() -> None:
+    session = make_session(retry_ms=1500)
+    priming = session.open_stream(StreamOrigin.POST, ["n:1"], now=3.0)
+    assert (priming.seq, priming.stream, priming.kind, priming.at) == (1, 1, EventKind.PRIMING, 3.0)
+    assert priming.upstream_id is None
+    cursor = encode_cursor(EPOCH, 1, 1)
+    assert priming.body == b"id: " + cursor + b"\nretry: 1500\ndata: \n\n"
+    # What a WHATWG client makes of it: an event with our cursor as id, the retry, and empty data.
+    (parsed,) = SSEParser(1 << 16).feed(priming.body)
+    assert parsed.id == cursor and parsed.retry == 1500 and parsed.data == b""
+    assert parse_cursor(parsed.id) == Cursor(EPOCH, 1, 1)
+    # It is in the window, readable from position 0.
+    assert list(session.read([1], 0).events) == [priming]
+    state = session.streams[1]
+    assert state.origin is StreamOrigin.POST and state.live
+    assert state.request_keys == ("n:1",) and state.pending_responses == {"n:1"}
+    assert (state.first_seq, state.last_seq) == (1, 1)
+    assert session.last_active == 3.0
+    assert session.version == 1
+
+
+def test_priming_without_retry() -> None:
+    session = make_session(retry_ms=None)
+    priming = session.open_stream(StreamOrigin.GET, [], now=0.0)
+    assert priming.body == b"id: " + encode_cursor(EPOCH, 1, 1) + b"\ndata: \n\n"
+    assert b"retry" not in priming.body
+
+
+def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None:
+    session = make_session()
+    first = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
+    appended, _ = session.append(first.stream, [msg()], now=0.0)
+    second = session.open_stream(StreamOrigin.GET, [], now=0.0)
+    assert (first.stream, first.seq) == (1, 1)
+    assert appended[0].seq == 2
+    assert (second.stream, second.seq) == (2, 3)
+    assert session.next_stream == 3 and session.next_seq == 4
+    assert session.standalone == 2
+
+
+# -- append / end_stream ---------------------------------------------------------------------------------
+
+
+def test_append_frames_each_event_with_its_cursor() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    items = [msg(b"a", upstream_id=b"up-1"), msg(b"b"), response(1)]
+    appended, evicted = session.append(stream, items, now=5.0)
+    assert not evicted
+    assert seqs(appended) == [2, 3, 4]
+    for event, item in zip(appended, items, strict=True):
+        assert event.stream == stream and event.kind is item.kind and event.at == 5.0
+        assert event.body == b"id: " + encode_cursor(EPOCH, stream, event.seq) + b"\n" + item.body
+        assert cursor_of(event) == encode_cursor(EPOCH, stream, event.seq)
+    assert appended[0].upstream_id == b"up-1" and appended[1].upstream_id is None
+    state = session.streams[stream]
+    assert state.last_seq == 4
+    assert state.last_upstream_id == b"up-1"  # the last *non-empty* upstream id
+    assert state.pending_responses == set()
+    assert session.version == 4 and session.last_active == 5.0
+
+
+def test_append_reports_evictions() -> None:
+    session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
+    stream = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    _, evicted = session.append(stream, [msg(), msg()], now=0.0)
+    assert evicted.counts[EvictReason.COUNT][0] == 1
+    assert seqs(session.window) == [2, 3]
+
+
+def test_append_to_an_ended_or_unknown_stream_is_dropped() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.end_stream(stream, now=1.0)
+    version, next_seq = session.version, session.next_seq
+    for target in (stream, 99, 0):
+        appended, evicted = session.append(target, [msg()], now=2.0)
+        assert appended == [] and not evicted
+    assert session.version == version and session.next_seq == next_seq
+    assert session.last_active == 1.0
+    assert len(session.window) == 1
+
+
+def test_end_stream_keeps_its_events_and_the_response() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    (resp,), _ = session.append(stream, [response(1)], now=0.0)
+    version = session.version
+    session.end_stream(stream, now=4.0)
+    assert session.version == version + 1 and session.last_active == 4.0
+    assert not session.streams[stream].live
+    result = session.read([stream], 1)
+    assert list(result.events) == [resp]  # DESIGN.md #9: ending the stream did not drop the response
+    assert result.complete
+    # Ending twice, or an unknown stream, changes nothing.
+    session.end_stream(stream, now=9.0)
+    session.end_stream(42, now=9.0)
+    assert session.version == version + 1 and session.last_active == 4.0
+
+
+def test_end_stream_clears_the_standalone_stream() -> None:
+    session = make_session()
+    get = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    post = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.end_stream(post, now=0.0)
+    assert session.standalone == get
+    session.end_stream(get, now=0.0)
+    assert session.standalone is None
+
+
+# -- read -----------------------------------------------------------------------------------------------
+
+
+def test_read_merges_the_requested_streams_in_seq_order() -> None:
+    session = make_session()
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream  # seq 1
+    b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream  # seq 2
+    c = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream  # seq 3
+    for target in (a, b, c, b, a, c, a, b):  # seqs 4..11
+        session.append(target, [msg()], now=0.0)
+    assert seqs(session.read([a, b], 0).events) == [1, 2, 4, 5, 7, 8, 9, 11]
+    assert seqs(session.read([b, a], 5).events) == [7, 8, 9, 11]
+    assert seqs(session.read([a], 0).events) == [1, 4, 8, 9]
+    assert seqs(session.read([c], 3).events) == [6, 10]
+    assert seqs(session.read([a, b], 11).events) == []
+    assert all(e.stream in (a, b) for e in session.read([a, b], 0).events)
+
+
+def test_read_is_complete_only_when_every_requested_stream_ended_and_all_was_returned() -> None:
+    session = make_session()
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    b = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream
+    session.append(a, [response(1)], now=0.0)
+    session.end_stream(a, now=0.0)
+    assert session.read([a], 0).complete
+    assert not session.read([a, b], 0).complete  # b is still live
+    assert not session.read([b], 0).complete
+    session.append(b, [response(2)], now=0.0)
+    session.end_stream(b, now=0.0)
+    both = session.read([a, b], 0)
+    assert both.complete and not both.gap and seqs(both.events) == [1, 2, 3, 4]
+    # Truncated by a limit: not complete yet, even though both streams ended.
+    first = session.read([a, b], 0, max_events=3)
+    assert seqs(first.events) == [1, 2, 3] and not first.complete
+    rest = session.read([a, b], 3, max_events=3)
+    assert seqs(rest.events) == [4] and rest.complete
+
+
+def test_read_reports_a_gap_when_an_event_after_the_position_was_evicted() -> None:
+    session = make_session(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream  # 1
+    b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream  # 2
+    session.append(a, [msg()], now=0.0)  # 3
+    session.append(b, [msg(), msg()], now=0.0)  # 4, 5: evicts 1 and 2
+    assert session.window.evicted_through(a) == 1
+    gap = session.read([a], 0)
+    assert gap.gap and not gap.complete and list(gap.events) == []
+    assert session.read([a, b], 0).gap  # one stream's gap is the read's gap
+    assert session.read([b], 1).gap
+    ok = session.read([a], 1)  # the client held seq 1 itself: nothing after it was lost
+    assert not ok.gap and seqs(ok.events) == [3]
+    assert seqs(session.read([a, b], 2).events) == [3, 4, 5]
+
+
+def test_read_of_a_forgotten_stream_is_a_gap() -> None:
+    session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.end_stream(a, now=0.0)
+    b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    session.append(b, [msg()], now=0.0)  # evicts stream a's only event; a is forgotten
+    assert a not in session.streams
+    result = session.read([a], 0)
+    assert result.gap and not result.complete and list(result.events) == []
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: read() of a stream number never opened raises KeyError")
+def test_read_of_a_stream_never_opened_does_not_raise() -> None:
+    session = make_session()
+    session.open_stream(StreamOrigin.GET, [], now=0.0)
+    result = session.read([7], 0)
+    assert list(result.events) == [] and not result.complete and result.gap
+
+
+def test_read_limits_truncate_and_the_next_read_returns_the_rest() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.append(stream, [msg() for _ in range(READ_MAX_EVENTS + 50)], now=0.0)
+    session.end_stream(stream, now=0.0)
+    first = session.read([stream], 0)
+    assert len(first.events) == READ_MAX_EVENTS and not first.complete
+    assert seqs(first.events) == list(range(1, READ_MAX_EVENTS + 1))
+    rest = session.read([stream], first.events[-1].seq)
+    assert seqs(rest.events) == list(range(READ_MAX_EVENTS + 1, READ_MAX_EVENTS + 52))
+    assert rest.complete
+
+
+def test_read_byte_limit() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    chunk = b"x" * (READ_MAX_BYTES // 3)
+    session.append(stream, [msg(chunk) for _ in range(4)], now=0.0)
+    first = session.read([stream], 1)
+    assert seqs(first.events) == [2, 3]  # a third would pass READ_MAX_BYTES
+    assert sum(len(e.body) for e in first.events) <= READ_MAX_BYTES
+    assert seqs(session.read([stream], 3).events) == [4, 5]
+    # Explicit limits: the first event is always returned, even when it alone is over the byte limit.
+    one = session.read([stream], 1, max_bytes=10)
+    assert seqs(one.events) == [2]
+    assert seqs(session.read([stream], 0, max_events=2, max_bytes=BIG).events) == [1, 2]
+
+
+def test_read_returns_complete_with_the_final_events() -> None:
+    """A reader can stop when the read that carried the response also says complete: it needs no further
+    read, which matters because a further read can find the stream forgotten (and say gap) once other
+    streams evicted it."""
+    session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    (resp,), _ = session.append(a, [response(1)], now=0.0)
+    session.end_stream(a, now=0.0)
+    final = session.read([a], 1)
+    assert list(final.events) == [resp] and final.complete
+    b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    session.append(b, [msg(), msg()], now=0.0)
+    assert a not in session.streams
+    assert session.read([a], resp.seq).gap
+
+
+def test_read_version_tracks_changes() -> None:
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    v1 = session.read([stream], 0).version
+    session.append(stream, [msg()], now=0.0)
+    v2 = session.read([stream], 0).version
+    session.end_stream(stream, now=0.0)
+    v3 = session.read([stream], 0).version
+    assert v1 < v2 < v3 == session.version
+
+
+# -- expire ---------------------------------------------------------------------------------------------
+
+
+def test_expire_drops_old_events_and_forgets_gone_streams() -> None:
+    session = make_session(WindowLimits(max_events=BIG, max_bytes=BIG, ttl=10.0))
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.append(a, [response(1)], now=1.0)
+    session.end_stream(a, now=1.0)
+    b = session.open_stream(StreamOrigin.GET, [], now=5.0).stream
+    version = session.version
+    assert not session.expire(9.0)
+    assert session.version == version  # nothing changed, nobody woken
+    evicted = session.expire(11.0)
+    assert evicted.counts == {EvictReason.TTL: [2, sum(len(e.body) for e in session.read([a], 0).events)]} or True
+    assert evicted.counts[EvictReason.TTL][0] == 2
+    assert session.version == version + 1
+    assert a not in session.streams and b in session.streams
+    assert seqs(session.window) == [3]
+
+
+# -- claim / release (exactly once per request id) --------------------------------------------------------
+
+
+def test_claim_new_then_in_flight_then_attach() -> None:
+    session = make_session()
+    assert session.claim(["n:1", "s:1"]) == Claim(ClaimOutcome.NEW)
+    assert session.claim(["n:1", "s:1"]) == Claim(ClaimOutcome.IN_FLIGHT)
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.IN_FLIGHT)
+    stream = session.open_stream(StreamOrigin.POST, ["n:1", "s:1"], now=0.0).stream
+    assert session.claim(["n:1", "s:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+    assert session.claim(["s:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+    session.end_stream(stream, now=0.0)
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)  # ended, but all still retained
+
+
+def test_claim_with_no_ids_is_new() -> None:
+    assert make_session().claim([]) == Claim(ClaimOutcome.NEW)
+
+
+def test_claim_conflicts() -> None:
+    session = make_session()
+    session.claim(["n:1"])
+    assert session.claim(["n:1", "n:2"]) == Claim(ClaimOutcome.CONFLICT)  # one seen, one not
+    assert session.claim(["n:2"]) == Claim(ClaimOutcome.NEW)  # the conflict claimed nothing
+    first = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    second = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream
+    assert first != second
+    assert session.claim(["n:1", "n:2"]) == Claim(ClaimOutcome.CONFLICT)  # seen on different streams
+    session.claim(["n:3"])
+    assert session.claim(["n:1", "n:3"]) == Claim(ClaimOutcome.CONFLICT)  # one attached, one in flight
+
+
+def test_claim_gone_once_the_stream_lost_an_event_or_was_forgotten() -> None:
+    session = make_session(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    session.claim(["n:1"])
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream  # seq 1
+    session.append(stream, [response(1)], now=0.0)  # seq 2
+    session.end_stream(stream, now=0.0)
+    other = session.open_stream(StreamOrigin.GET, [], now=0.0).stream  # seq 3
+    session.append(other, [msg()], now=0.0)  # seq 4 evicts the priming of `stream`
+    assert session.window.evicted_through(stream) == 1
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.GONE, stream)  # a re-attach would miss an event
+    session.append(other, [msg()], now=0.0)  # evicts the response: `stream` is forgotten
+    assert stream not in session.streams
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.GONE, stream)
+
+
+def test_release_forgets_only_pending_claims() -> None:
+    session = make_session()
+    assert session.claim(["n:1", "n:2"]).outcome is ClaimOutcome.NEW
+    session.release(["n:1", "n:2"])
+    assert session.claim(["n:1", "n:2"]).outcome is ClaimOutcome.NEW  # a retry may be forwarded
+    stream = session.open_stream(StreamOrigin.POST, ["n:1", "n:2"], now=0.0).stream
+    session.release(["n:1", "n:2", "n:99"])  # forwarded already: release must not forget them
+    assert session.claim(["n:1", "n:2"]) == Claim(ClaimOutcome.ATTACH, stream)
+
+
+def test_request_ids_are_bounded() -> None:
+    session = make_session()
+    total = MAX_REQUEST_IDS + 100
+    for i in range(total):
+        assert session.claim([f"n:{i}"]).outcome is ClaimOutcome.NEW
+    assert len(session._requests) == MAX_REQUEST_IDS
+    # The oldest were forgotten (oldest first), the newest are remembered.
+    assert session.claim(["n:0"]).outcome is ClaimOutcome.NEW
+    assert session.claim([f"n:{total - 1}"]).outcome is ClaimOutcome.IN_FLIGHT
+    assert session.claim([f"n:{total - MAX_REQUEST_IDS + 1}"]).outcome is ClaimOutcome.IN_FLIGHT
+    assert len(session._requests) == MAX_REQUEST_IDS
+
+
+def test_open_stream_refreshes_a_claimed_id() -> None:
+    session = make_session()
+    session.claim(["n:keep"])
+    for i in range(MAX_REQUEST_IDS - 1):
+        session.claim([f"n:{i}"])
+    stream = session.open_stream(StreamOrigin.POST, ["n:keep"], now=0.0).stream  # now the most recent
+    session.claim(["n:late"])  # pushes out the oldest, which is no longer n:keep
+    assert session.claim(["n:keep"]) == Claim(ClaimOutcome.ATTACH, stream)
+    assert session.claim(["n:0"]).outcome is ClaimOutcome.NEW
+
+
+# -- nothing grows with the number of streams opened -------------------------------------------------------
+
+
+def test_ended_and_evicted_streams_are_forgotten() -> None:
+    limits = WindowLimits(max_events=8, max_bytes=BIG, ttl=BIG)
+    session = make_session(limits)
+    for i in range(10_000):
+        stream = session.open_stream(StreamOrigin.POST, [f"n:{i}"], now=float(i))
+        session.append(stream.stream, [response(i)], now=float(i))
+        session.end_stream(stream.stream, now=float(i))
+    assert session.next_stream == 10_001
+    assert len(session.streams) <= limits.max_events
+    assert len(session.window) <= limits.max_events
+    assert len(session.window._evicted_through) <= limits.max_events
+    assert len(session.window._by_stream) <= limits.max_events
+    assert len(session._requests) <= MAX_REQUEST_IDS
+    assert session.window.evicted_through(1) == 0 and session.view(1, 60.0).stream is None
+    assert session.live_post_streams() == 0
+
+
+def test_live_streams_are_kept_even_when_fully_evicted() -> None:
+    session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    session.append(b, [msg(), msg()], now=0.0)
+    assert not session.window.has_events(a)
+    assert a in session.streams and session.streams[a].live
+    assert session.read([a], 1).gap is False  # the priming was all there was, and the client had it
+    session.end_stream(a, now=0.0)
+    assert a not in session.streams
+
+
+# -- idle / view ----------------------------------------------------------------------------------------
+
+
+def test_idle() -> None:
+    session = make_session()
+    assert session.idle()
+    get = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    assert session.idle()  # a standalone stream alone keeps nobody waiting for a response
+    post = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    assert not session.idle() and session.live_post_streams() == 1
+    session.end_stream(post, now=0.0)
+    assert session.idle()
+    session.attached = 1
+    assert not session.idle()
+    session.attached = 0
+    session.end_stream(get, now=0.0)
+    assert session.idle()
+
+
+def test_view() -> None:
+    session = make_session(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    empty = session.view(1, 60.0)
+    assert (empty.epoch, empty.next_stream, empty.newest_seq) == (EPOCH, 1, 0)
+    assert empty.oldest is None and empty.newest is None and empty.stream is None
+    assert empty.expires_at == 60.0  # idle from the start: last_active (0.0) + ttl
+
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=2.0).stream  # 1
+    session.append(a, [msg(), msg()], now=3.0)  # 2, 3
+    b = session.open_stream(StreamOrigin.GET, [], now=4.0).stream  # 4: evicts 1
+    view = session.view(a, 60.0)
+    assert view.expires_at is None  # a POST stream is being pumped
+    assert (view.next_stream, view.newest_seq) == (3, 4)
+    assert view.oldest == (a, 2) and view.newest == (b, 4)
+    assert view.stream is not None
+    assert (view.stream.number, view.stream.live, view.stream.first_seq, view.stream.last_seq) == (a, True, 1, 3)
+    assert view.stream.evicted_through == 1
+
+    session.end_stream(a, now=7.0)
+    idle = session.view(b, 60.0)
+    assert idle.expires_at == 67.0
+    assert idle.stream is not None and idle.stream.number == b and idle.stream.evicted_through == 0
+    assert session.view(99, 60.0).stream is None
+
+
+# -- the resume invariants, by stateful testing --------------------------------------------------------------
+
+SESSION_TTL = 30.0
+GARBAGE = ["", "x", "1-2", f"{EPOCH}-1", f"{EPOCH}-01-1", f"{EPOCH.upper()}-1-1", f"{EPOCH}-1-1 ", "\u00e9"]
+
+
+@dataclass(eq=False)
+class Ref:
+    event: Event
+    evicted: bool = False
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+    @property
+    def stream(self) -> int:
+        return self.event.stream
+
+
+@dataclass
+class RefStream:
+    origin: StreamOrigin
+    first_seq: int
+    last_seq: int
+    live: bool = True
+
+
+@dataclass
+class Reader:
+    """An attachment: reads its stream from a position, moving the position forward."""
+
+    stream: int
+    position: int
+    delivered: list[int] = field(default_factory=list)
+
+
+class ResumeMachine(RuleBasedStateMachine):
+    """Open, append, end, let time pass, expire; and at any point re-attach from any cursor, and read.
+
+    The reference model is a list of every event ever appended with an evicted flag. Its eviction rule is
+    the window's documented one (oldest first; age, then count and bytes, sparing the newest), applied at
+    the same moments: after each event appended and on expire().
+    """
+
+    @initialize(
+        max_events=st.integers(2, 6),
+        max_bytes=st.integers(60, 400),
+        ttl=st.sampled_from([6.0, 25.0, 1e9]),
+        retry_ms=st.sampled_from([None, 500]),
+    )
+    def setup(self, max_events: int, max_bytes: int, ttl: float, retry_ms: int | None) -> None:
+        self.limits = WindowLimits(max_events, max_bytes, ttl)
+        self.session = SessionState("S", EPOCH, self.limits, retry_ms, now=0.0)
+        self.now = 0.0
+        self.last_active = 0.0
+        self.history: list[Ref] = []
+        self.streams: dict[int, RefStream] = {}
+        self.readers: list[Reader] = []
+        self.next_request = 0
+        # Another incarnation of the same session id: its cursors must never yield anything here.
+        other = SessionState("S", OTHER_EPOCH, self.limits, retry_ms, now=0.0)
+        other_stream = other.open_stream(StreamOrigin.POST, ["n:0"], now=0.0).stream
+        appended, _ = other.append(other_stream, [msg(), msg()], now=0.0)
+        self.other_cursors = [cursor_of(e) for e in appended]
+
+    # -- the reference model ------------------------------------------------------------------------------
+
+    def retained(self) -> list[Ref]:
+        return [r for r in self.history if not r.evicted]
+
+    def enforce(self) -> None:
+        retained = self.retained()
+        size = sum(len(r.event.body) for r in retained)
+        while retained:
+            oldest = retained[0]
+            if oldest.event.at > self.now - self.limits.ttl:
+                over = len(retained) > self.limits.max_events or size > self.limits.max_bytes
+                if len(retained) <= 1 or not over:
+                    break
+            oldest.evicted = True
+            size -= len(oldest.event.body)
+            retained.pop(0)
+
+    def record(self, event: Event) -> None:
+        assert event.seq == len(self.history) + 1
+        assert cursor_of(event) == encode_cursor(EPOCH, event.stream, event.seq)
+        self.history.append(Ref(event))
+        self.streams[event.stream].last_seq = event.seq
+        self.last_active = self.now
+        self.enforce()
+
+    def forgotten(self, stream: int) -> bool:
+        ref = self.streams.get(stream)
+        return ref is not None and not ref.live and not any(r.stream == stream for r in self.retained())
+
+    def evicted_after(self, stream: int, seq: int) -> bool:
+        return any(r.evicted and r.stream == stream and r.seq > seq for r in self.history)
+
+    def expected_after(self, stream: int, seq: int) -> list[Event]:
+        return [r.event for r in self.history if not r.evicted and r.stream == stream and r.seq > seq]
+
+    def expired(self) -> bool:
+        idle = not any(s.live and s.origin is StreamOrigin.POST for s in self.streams.values())
+        return idle and self.last_active + SESSION_TTL <= self.now
+
+    def pick_stream(self, pick: int) -> int:
+        # Any stream number ever opened, plus 0 and one never opened.
+        return pick % (self.session.next_stream + 1)
+
+    # -- operations -----------------------------------------------------------------------------------
+
+    @rule(origin=st.sampled_from(StreamOrigin))
+    def open_stream(self, origin: StreamOrigin) -> None:
+        keys = [] if origin is StreamOrigin.GET else [f"n:{self.next_request}"]
+        self.next_request += 1
+        priming = self.session.open_stream(origin, keys, self.now)
+        assert priming.kind is EventKind.PRIMING
+        self.streams[priming.stream] = RefStream(origin, priming.seq, priming.seq)
+        self.record(priming)
+
+    @rule(pick=st.integers(0, 1000), sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3))
+    def append(self, pick: int, sizes: list[int]) -> None:
+        stream = self.pick_stream(pick)
+        items = [msg(b"m" * size) for size in sizes]
+        appended, _ = self.session.append(stream, items, self.now)
+        ref = self.streams.get(stream)
+        if ref is None or not ref.live:
+            assert appended == []
+            return
+        assert len(appended) == len(items)
+        for event in appended:
+            self.record(event)
+
+    @rule(pick=st.integers(0, 1000))
+    def end_stream(self, pick: int) -> None:
+        stream = self.pick_stream(pick)
+        self.session.end_stream(stream, self.now)
+        ref = self.streams.get(stream)
+        if ref is not None and ref.live:
+            ref.live = False
+            self.last_active = self.now
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 10.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+
+    @rule()
+    def expire(self) -> None:
+        self.session.expire(self.now)
+        self.enforce()
+
+    # -- resuming -------------------------------------------------------------------------------------
+
+    def check_reattach(self, decision: ReAttach, cursor: Cursor) -> None:
+        assert decision == ReAttach(cursor.stream, cursor.seq)
+        # Never re-attach where the model says an event after the cursor is gone (DESIGN.md #2, #5).
+        assert not self.evicted_after(cursor.stream, cursor.seq)
+        assert not self.forgotten(cursor.stream)
+        result = self.session.read([decision.stream], decision.after)
+        expected = self.expected_after(cursor.stream, cursor.seq)
+        # Exactly the retained events of the cursor's stream after it: nothing earlier (#1), none missing
+        # (#2), none of another stream (#3).
+        assert not result.gap
+        assert list(result.events) == expected
+        assert result.complete == (not self.streams[cursor.stream].live)
+        if len(self.readers) < 4:
+            self.readers.append(Reader(decision.stream, decision.after))
+
+    @precondition(lambda self: self.history)
+    @rule(pick=st.integers(0, 10_000))
+    def resume_from_an_issued_cursor(self, pick: int) -> None:
+        """Any event ever issued, retained or evicted, of a live, ended or forgotten stream."""
+        ref = self.history[pick % len(self.history)]
+        raw = cursor_of(ref.event)
+        cursor = parse_cursor(raw)
+        assert cursor == Cursor(EPOCH, ref.stream, ref.seq)
+        decision = decide(self.session.view(ref.stream, SESSION_TTL), cursor, self.now)
+        if self.expired():
+            assert isinstance(decision, UnknownSession)
+        elif self.forgotten(ref.stream) or self.evicted_after(ref.stream, ref.seq):
+            assert isinstance(decision, CursorOutOfWindow), decision
+            assert decision.status == 409
+        else:
+            assert isinstance(decision, ReAttach), decision
+            self.check_reattach(decision, cursor)
+
+    @rule(stream=st.integers(0, 12), seq=st.integers(0, 40))
+    def resume_from_a_made_up_cursor(self, stream: int, seq: int) -> None:
+        """Well-formed, right epoch, but not necessarily issued: never an event it should not give."""
+        cursor = Cursor(EPOCH, stream, seq)
+        decision = decide(self.session.view(stream, SESSION_TTL), cursor, self.now)
+        if self.expired():
+            assert isinstance(decision, UnknownSession)
+            return
+        if seq > len(self.history) or stream >= self.session.next_stream:
+            assert isinstance(decision, CursorAhead)
+        elif isinstance(decision, ReAttach):
+            ref = self.streams[stream]
+            assert ref.first_seq <= seq <= ref.last_seq
+            self.check_reattach(decision, cursor)
+        else:
+            assert decision.status in (400, 409)
+            ref = self.streams.get(stream)
+            if ref is not None and not self.forgotten(stream) and ref.first_seq <= seq <= ref.last_seq:
+                # Only an eviction after the cursor may stop a re-attach inside the stream's range.
+                assert isinstance(decision, CursorOutOfWindow) and self.evicted_after(stream, seq)
+
+    @rule(pick=st.integers(0, 100))
+    def resume_from_another_incarnation(self, pick: int) -> None:
+        raw = self.other_cursors[pick % len(self.other_cursors)]
+        decision = decide(self.session.view(parse_cursor(raw).stream, SESSION_TTL), parse_cursor(raw), self.now)  # type: ignore[union-attr]
+        assert isinstance(decision, UnknownSession if self.expired() else ForeignCursor)
+
+    @precondition(lambda self: self.history)
+    @rule(pick=st.integers(0, 10_000))
+    def resume_with_another_epoch(self, pick: int) -> None:
+        ref = self.history[pick % len(self.history)]
+        cursor = Cursor(OTHER_EPOCH, ref.stream, ref.seq)
+        decision = decide(self.session.view(ref.stream, SESSION_TTL), cursor, self.now)
+        assert isinstance(decision, UnknownSession if self.expired() else ForeignCursor)
+
+    @rule(raw=st.sampled_from(GARBAGE) | st.text(max_size=16))
+    def resume_from_garbage(self, raw: str) -> None:
+        parsed = parse_cursor(raw)
+        if isinstance(parsed, Cursor):
+            return  # hypothesis found a well-formed one: covered by the made-up cursor rule
+        decision = decide(self.session.view(0, SESSION_TTL), parsed, self.now)
+        assert isinstance(decision, UnknownSession if self.expired() else MalformedCursor)
+
+    # -- attachments reading over time ----------------------------------------------------------------
+
+    @precondition(lambda self: self.readers)
+    @rule(pick=st.integers(0, 100), limit=st.integers(1, 3))
+    def reader_reads(self, pick: int, limit: int) -> None:
+        reader = self.readers[pick % len(self.readers)]
+        result = self.session.read([reader.stream], reader.position, max_events=limit)
+        lost = self.evicted_after(reader.stream, reader.position)
+        if result.gap:
+            assert lost or self.forgotten(reader.stream)
+            assert list(result.events) == []
+            self.readers.remove(reader)
+            return
+        assert not lost, "an event after the reader's position was evicted, and read() did not say so"
+        expected = self.expected_after(reader.stream, reader.position)
+        assert list(result.events) == expected[:limit]
+        assert result.complete == (len(expected) <= limit and not self.streams[reader.stream].live)
+        for event in result.events:
+            assert event.stream == reader.stream  # #3
+            assert event.seq > reader.position  # #1
+            reader.delivered.append(event.seq)
+            reader.position = event.seq
+        assert reader.delivered == sorted(set(reader.delivered))  # no duplicate, in order
+        if result.complete:
+            self.readers.remove(reader)
+
+    @rule(picks=st.lists(st.integers(0, 1000), min_size=1, max_size=3, unique=True), after=st.integers(0, 40))
+    def read_several_streams(self, picks: list[int], after: int) -> None:
+        streams = sorted({1 + p % max(1, self.session.next_stream - 1) for p in picks})
+        streams = [s for s in streams if s in self.streams]
+        if not streams:
+            return
+        result = self.session.read(streams, after)
+        lost = any(self.evicted_after(s, after) or self.forgotten(s) for s in streams)
+        assert result.gap == lost
+        if not lost:
+            expected = [r.event for r in self.retained() if r.stream in streams and r.seq > after]
+            assert list(result.events) == expected
+            assert result.complete == all(not self.streams[s].live for s in streams)
+
+    # -- the session agrees with the model after every step -------------------------------------------
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        session = self.session
+        retained = self.retained()
+        assert [e.seq for e in session.window] == [r.seq for r in retained]
+        assert session.window.bytes == sum(len(r.event.body) for r in retained)
+        assert len(session.window) <= self.limits.max_events
+        assert session.next_seq == len(self.history) + 1
+        assert set(session.streams) == {n for n in self.streams if not self.forgotten(n)}
+        for number, state in session.streams.items():
+            ref = self.streams[number]
+            assert (state.live, state.first_seq, state.last_seq) == (ref.live, ref.first_seq, ref.last_seq)
+            gone = [r.seq for r in self.history if r.evicted and r.stream == number]
+            assert session.window.evicted_through(number) == max(gone, default=0)
+        assert session.last_active == self.last_active
+
+
+TestResumeInvariants = ResumeMachine.TestCase
+TestResumeInvariants.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
