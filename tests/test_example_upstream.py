@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
 from mcpresume.examples.event_store import InMemoryEventStore
-from mcpresume.examples.upstream import RunningUpstream, build_example_app
+from mcpresume.examples.upstream import RunningUpstream, build_example_app, serve_example_upstream
 from tests.support import EVENT_STORE_RETRY_MS, redis_ping
 from tests.support.relay import CuttingRelay, HttpMessage
 from tests.support.sdk import HANDSHAKE_VERSION, NotificationLog, count_slowly, result_text, sdk_session
@@ -118,6 +118,28 @@ async def test_host_and_origin_checks_allow_any_loopback_port(example_upstream: 
                 await response.read()
 
 
+@pytest.mark.parametrize(
+    ("options", "progress_expected"),
+    [
+        ({"json_response": True}, False),  # a JSON body has no room for notifications: the SDK drops them
+        ({"stateless": True}, True),
+        ({"stateless": True, "json_response": True}, False),
+    ],
+)
+async def test_other_upstream_modes(options: dict[str, bool], progress_expected: bool) -> None:
+    async with (
+        asyncio.timeout(TIMEOUT),
+        serve_example_upstream(**options) as url,
+        sdk_session(url) as session,
+    ):
+        assert result_text(await session.call_tool("echo", {"text": "mode"})) == "mode"
+        call = await count_slowly(session, n=2, delay=0.01)
+    assert call.text == "counted to 2"
+    assert call.progress == (
+        [(1.0, 2.0, "step 1 of 2"), (2.0, 2.0, "step 2 of 2")] if progress_expected else []
+    )
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Through the relay
 
@@ -181,6 +203,22 @@ async def test_relay_cuts_each_connection_after_exact_byte_count(example_upstrea
         assert cut.responses[0].cut and not cut.responses[0].complete
         assert len(received) < len(full_body)
         assert relay.cuts == relay.policy_cuts == 1
+
+
+async def test_relay_hard_cut_resets_the_client(example_upstream: str) -> None:
+    async with asyncio.timeout(TIMEOUT), CuttingRelay.for_url(example_upstream, hard_cut=True) as relay:
+        relay.set_policy(cut_after=(300, 320))
+        with pytest.raises(aiohttp.ClientError):
+            async with raw_session() as http:
+                async with http.post(
+                    relay.relayed(example_upstream), json=INITIALIZE, headers=MCP_ACCEPT
+                ) as r:
+                    await r.read()
+        await relay.wait_for(lambda r: r.accepted == 1 and r.connections[0].closed)
+    (conn,) = relay.connections
+    assert conn.cut and conn.cut_at is not None and 300 <= conn.cut_at <= 320
+    assert conn.down_bytes == conn.cut_at
+    assert relay.policy_cuts == 1
 
 
 async def test_relay_sse_only_policy_spares_other_responses(example_upstream: str) -> None:
@@ -300,6 +338,38 @@ async def test_sdk_client_resumes_after_a_network_cut(
         assert result.progress == [(float(i), 4.0, f"step {i} of 4") for i in range(1, 5)]
         assert len(resumption_gets(relay)) >= 1
     assert relay.cuts >= 1
+
+
+async def test_in_memory_event_store_replays_one_stream_and_stays_bounded() -> None:
+    store = InMemoryEventStore(max_events=4)
+
+    def note(i: int) -> types.JSONRPCMessage:
+        return types.JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/progress", params={"progress": i}
+        )
+
+    priming = await store.store_event("a", None)
+    first = await store.store_event("a", note(1))
+    await store.store_event("b", note(100))
+    await store.store_event("a", note(2))
+    replayed: list[tuple[str | None, Any]] = []
+
+    async def send(event: Any) -> None:
+        replayed.append((event.event_id, event.message.params["progress"]))
+
+    assert await store.replay_events_after(priming, send) == "a"
+    assert [progress for _, progress in replayed] == [1, 2]  # not b's event, not the priming event
+    assert replayed[0][0] == first
+    # A fifth event evicts the oldest (the priming event): its id is unknown now and replays nothing.
+    await store.store_event("a", note(3))
+    assert store.size == 4 and store.evicted == 1
+    replayed.clear()
+    assert await store.replay_events_after(priming, send) is None
+    assert replayed == []
+    assert await store.replay_events_after(first, send) == "a"
+    assert [progress for _, progress in replayed] == [2, 3]
+    assert await InMemoryEventStore().replay_events_after(first, send) is None  # another store's id
+    assert store.messages("b") == [note(100)]
 
 
 # ------------------------------------------------------------------------------------------------------------

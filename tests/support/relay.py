@@ -59,10 +59,13 @@ class HttpMessage:
     headers: list[tuple[str, str]]  # names lower-cased, in wire order
     head_size: int
     body: bytearray = field(default_factory=bytearray)
-    """The decoded body (chunk framing removed); only filled when the relay records."""
+    """The decoded body bytes (chunk framing removed) that were *forwarded*; only filled when recording.
+
+    After a cut this is exactly the body prefix the peer received, even when the cut fell inside a chunk."""
     raw_size: int = 0
     """Bytes of this message forwarded so far (head and framing included)."""
     complete: bool = False
+    """Every byte of the message was forwarded."""
     cut: bool = False
     """The relay cut the connection while this message was being forwarded."""
     request: HttpMessage | None = field(default=None, repr=False)
@@ -96,8 +99,17 @@ class HttpMessage:
         return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 
     def sse_events(self) -> list[SseEvent]:
-        """The SSE events in the recorded body (needs ``record=True``); a partial last event is dropped."""
+        """The SSE events in the forwarded body (needs ``record=True``); a partial last event is dropped."""
         return parse_sse(bytes(self.body))
+
+    def delivered_sse_events(self) -> list[SseEvent]:
+        """The SSE events the client's SSE parser can have dispatched: those whose terminating blank line was
+        forwarded. HTTP/1.1 clients (h11 under httpx, aiohttp) hand partial chunk data to the application
+        as it arrives, so what counts is the event terminator, not the chunk boundary: an event whose chunk
+        lost only its trailing CRLF to a cut *was* delivered. Same as `sse_events` (which never includes a
+        partial event); the name says what a test means by it.
+        """
+        return self.sse_events()
 
 
 _State = Literal["head", "length", "chunk_size", "chunk_data", "chunk_crlf", "trailers", "eof", "raw"]

@@ -1,0 +1,522 @@
+"""Writing the results: ``latest.md`` (tables, machine, targets), PNG plots, and the profile summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.procs import ROOT
+
+KiB = 1024
+MiB = 1 << 20
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return (done.stdout or done.stderr).strip()
+
+
+def machine() -> dict[str, str]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for module in ("aiohttp", "uvloop", "orjson"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception:
+            versions[module] = "?"
+    rev = _run(["git", "rev-parse", "--short", "HEAD"])
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no", "mcpresume"])
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": _run(["nproc"]),
+        "cpu": cpu,
+        "memory": _meminfo(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "nginx": _run(["nginx", "-v"]).replace("nginx version: ", ""),
+        "libraries": ", ".join(f"{k} {v}" for k, v in versions.items()),
+        "mcpresume": rev + (" (with uncommitted changes)" if dirty and dirty != "?" else ""),
+    }
+
+
+def _meminfo() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / MiB:.1f} GiB"
+    except OSError:
+        pass
+    return "?"
+
+
+def _fmt_rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _status(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**MISSED**")
+
+
+def targets_table(results: dict[str, Any]) -> tuple[list[list[str]], dict[str, bool | None]]:
+    t = results["targets"]
+    rows: list[list[str]] = []
+    verdicts: dict[str, bool | None] = {}
+
+    tp = results.get("throughput", {}).get("configs", {}).get("1x256", {})
+    if "mcpresume" in tp and "nginx" in tp:
+        ratio = tp["mcpresume"]["rate"] / tp["nginx"]["rate"]
+        verdicts["throughput"] = ratio >= t["throughput_1x256_vs_nginx"]
+        rows.append(
+            [
+                "Throughput, 1 stream, 256 B events",
+                f">= {t['throughput_1x256_vs_nginx']:.0%} of nginx",
+                f"{ratio:.1%} of nginx ({_fmt_rate(tp['mcpresume']['rate'])} vs {_fmt_rate(tp['nginx']['rate'])} ev/s)",
+                _status(verdicts["throughput"]),
+            ]
+        )
+    lat = results.get("latency", {}).get("1000", {}).get("mcpresume", {})
+    if "added_ms" in lat and "p99" in lat["added_ms"]:
+        added = lat["added_ms"]["p99"]
+        verdicts["latency"] = added <= t["added_latency_p99_1k_ms"]
+        rows.append(
+            [
+                "Added latency p99 at 1k events/s",
+                f"<= {t['added_latency_p99_1k_ms']} ms",
+                f"{added:.3f} ms (p99 {lat['latency_ms']['p99']:.3f} ms vs direct "
+                f"{lat['latency_ms']['p99'] - added:.3f} ms)",
+                _status(verdicts["latency"]),
+            ]
+        )
+    res = results.get("resume", {}).get("first_event_ms", {})
+    if "p99" in res:
+        verdicts["resume"] = res["p99"] <= t["resume_p99_ms"] and results["resume"]["failures"] == 0
+        rows.append(
+            [
+                "Resume p99 (GET + Last-Event-ID -> first replayed event)",
+                f"<= {t['resume_p99_ms']} ms",
+                f"{res['p99']:.3f} ms (p50 {res['p50']:.3f} ms)",
+                _status(verdicts["resume"]),
+            ]
+        )
+    mem = results.get("memory", {})
+    if "windows" in mem:
+        ratio = mem["windows"]["ratio"]
+        verdicts["window_memory"] = ratio <= t["window_memory_ratio"]
+        rows.append(
+            [
+                "Window memory (RSS growth / payload held)",
+                f"<= {t['window_memory_ratio']}x",
+                f"{ratio:.2f}x ({mem['windows']['growth_bytes'] / MiB:.0f} MiB for "
+                f"{mem['windows']['payload_bytes'] / MiB:.0f} MiB, {mem['windows']['sessions']:,} sessions)",
+                _status(verdicts["window_memory"]),
+            ]
+        )
+    if "idle" in mem:
+        per_session = mem["idle"]["per_session_bytes"] / KiB
+        per_stream = mem["idle"]["per_stream_bytes"] / KiB
+        verdicts["idle_session"] = per_session <= t["idle_session_kib"]
+        verdicts["attached_stream"] = per_stream <= t["attached_stream_kib"]
+        rows.append(
+            [
+                "Idle session (initialize only)",
+                f"<= {t['idle_session_kib']} KiB",
+                f"{per_session:.2f} KiB ({mem['idle']['sessions']:,} sessions)",
+                _status(verdicts["idle_session"]),
+            ]
+        )
+        rows.append(
+            [
+                "Attached idle stream (standalone GET)",
+                f"<= {t['attached_stream_kib']} KiB",
+                f"{per_stream:.2f} KiB ({mem['idle']['streams_ok']:,} streams)",
+                _status(verdicts["attached_stream"]),
+            ]
+        )
+    return rows, verdicts
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], out: Path) -> Path:
+    plots = _plots(results, out)
+    m = results["machine"]
+    parts = [
+        "# mcpresume benchmarks: latest results",
+        "",
+        f"Mode: **{results['mode']}** (`python -m bench{' --quick' if results['mode'] == 'quick' else ''}`), "
+        f"run time {results.get('elapsed_s', 0):.0f} s. Every scenario ran side by side in one invocation; "
+        "each process (upstream, nginx, mcpresume, load client) is separate. See `bench/README.md` for what "
+        "each figure means.",
+        "",
+        "## Machine",
+        "",
+        _table(["", ""], [[k, str(v)] for k, v in m.items()]),
+        "",
+        "The machine is small (2 cores) and shared: the upstream, nginx or mcpresume, and the load client "
+        "compete for the same two cores, so absolute figures are noisy; ratios measured side by side hold "
+        "better.",
+        "",
+    ]
+    rows, _ = targets_table(results)
+    if rows:
+        parts += ["## Targets", "", _table(["target", "goal", "measured", "status"], rows), ""]
+
+    if "throughput" in results:
+        tp = results["throughput"]
+        rows = []
+        for key, row in tp["configs"].items():
+            streams, size = key.split("x")
+            direct, nginx, mine = row.get("direct"), row.get("nginx"), row.get("mcpresume")
+            rows.append(
+                [
+                    streams,
+                    f"{int(size):,} B",
+                    _fmt_rate(direct["rate"]) if direct else "n/a",
+                    _fmt_rate(nginx["rate"]) if nginx else "n/a",
+                    _fmt_rate(mine["rate"]) if mine else "n/a",
+                    f"{mine['mib_per_s']:.1f}" if mine else "n/a",
+                    f"{mine['rate'] / direct['rate']:.1%}" if mine and direct else "n/a",
+                    f"{mine['rate'] / nginx['rate']:.1%}" if mine and nginx else "n/a",
+                    f"{mine['cpu_share']:.0%}" if mine and mine.get("cpu_share") is not None else "n/a",
+                    "yes" if all(v["complete"] for v in row.values()) else "NO",
+                ]
+            )
+        parts += [
+            "## 1. Throughput (events/s, higher is better)",
+            "",
+            f"Median of {tp['reps']} interleaved run(s) of about {tp['duration']} s each; events of the given "
+            "size (the whole SSE frame) streamed by the upstream as fast as it can, many events per write. "
+            "mcpresume ran here with a window large enough to hold a whole run (see the overrun check below).",
+            "",
+            _table(
+                [
+                    "streams",
+                    "event",
+                    "direct ev/s",
+                    "nginx ev/s",
+                    "mcpresume ev/s",
+                    "mcpresume MiB/s",
+                    "vs direct",
+                    "vs nginx",
+                    "mcpresume CPU",
+                    "all streams complete",
+                ],
+                rows,
+            ),
+            "",
+        ]
+        if "throughput" in plots:
+            parts += [f"![throughput]({plots['throughput']})", ""]
+    if "overrun" in results:
+        rows = [
+            [
+                key.split("x")[0],
+                f"{int(key.split('x')[1]):,} B",
+                f"{v['per_stream']:,}",
+                f"{v['complete_streams']}/{v['streams']}",
+                f"{v['delivered']:,} / {v['expected']:,}",
+            ]
+            for key, v in results["overrun"].items()
+        ]
+        parts += [
+            "### Overrun check: the same bursts with the default window (256 events)",
+            "",
+            "mcpresume has no backpressure from a client to its upstream: the pump appends what the upstream "
+            "sends to the window, and the client's attachment reads from it. When one upstream read brings "
+            "more events than the window holds before the attachment has sent them, the attachment closes "
+            "(`fell_behind_window`) and the client's re-attach would get 409.",
+            "",
+            _table(["streams", "event", "events/stream", "streams complete", "events delivered"], rows),
+            "",
+        ]
+
+    if "latency" in results:
+        rows = []
+        for rate, row in results["latency"].items():
+            for name, r in row.items():
+                lat = r["latency_ms"]
+                added = r.get("added_ms", {})
+                rows.append(
+                    [
+                        f"{int(rate):,}",
+                        name,
+                        _ms(lat.get("p50")),
+                        _ms(lat.get("p90")),
+                        _ms(lat.get("p99")),
+                        _ms(lat.get("p99.9")),
+                        _ms(lat.get("max")),
+                        _ms(added.get("p50")) if added else "",
+                        _ms(added.get("p99")) if added else "",
+                        f"{r['received']:,}/{r['expected']:,}",
+                    ]
+                )
+        first = next(iter(results["latency"].values()))
+        streams = next(iter(first.values()))["streams"]
+        parts += [
+            "## 2. Latency at a fixed aggregate rate (ms, lower is better)",
+            "",
+            f"{streams} streams paced by the upstream to the aggregate rate, 256 B events, each stamped with "
+            "`time.time_ns()` just before the upstream writes it; latency = client receive time - stamp. "
+            "Added = mcpresume (or nginx) percentile - direct percentile. mcpresume with default settings.",
+            "",
+            _table(
+                ["events/s", "path", "p50", "p90", "p99", "p99.9", "max", "added p50", "added p99", "received"],
+                rows,
+            ),
+            "",
+        ]
+        if "latency" in plots:
+            parts += [f"![latency]({plots['latency']})", ""]
+
+    if "resume" in results:
+        r = results["resume"]
+        f, a = r["first_event_ms"], r["full_replay_ms"]
+        parts += [
+            "## 3. Resume latency (ms)",
+            "",
+            f"{r['trials']:,} re-attaches (GET + `Mcp-Session-Id` + `Last-Event-ID`, new connection, connect "
+            f"not timed) over {r['sessions']} sessions whose 256-event window is full of 1 KiB events; the "
+            f"cursor is near the start of the window, so {r['replayed_per_trial']} events are replayed.",
+            "",
+            _table(
+                ["measure", "p50", "p90", "p99", "p99.9", "max"],
+                [
+                    ["request -> first replayed event", *(_ms(f.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max"))],
+                    ["request -> whole replay, stream closed", *(_ms(a.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max"))],
+                ],
+            ),
+            "",
+            f"Failures: {r['failures']}.",
+            "",
+        ]
+        if "resume" in plots:
+            parts += [f"![resume]({plots['resume']})", ""]
+
+    mem = results.get("memory", {})
+    if mem:
+        rows = []
+        if "windows" in mem:
+            w = mem["windows"]
+            rows.append(["baseline RSS (after warm-up)", f"{w['rss_base_kib'] / KiB:.1f} MiB", ""])
+            rows.append(
+                [
+                    f"{w['sessions']:,} sessions, full 256-event windows of 1 KiB events",
+                    f"+{w['growth_bytes'] / MiB:.1f} MiB for {w['payload_bytes'] / MiB:.1f} MiB payload",
+                    f"**{w['ratio']:.2f}x** payload",
+                ]
+            )
+        if "idle" in mem:
+            i = mem["idle"]
+            rows.append(
+                [
+                    f"{i['sessions']:,} idle sessions (initialize only)",
+                    f"+{(i['rss_sessions_kib'] - i['rss_base_kib']) / KiB:.1f} MiB",
+                    f"**{i['per_session_bytes'] / KiB:.2f} KiB** per session",
+                ]
+            )
+            rows.append(
+                [
+                    f"{i['streams_ok']:,} attached idle standalone GET streams",
+                    f"+{(i['rss_streams_kib'] - i['rss_sessions_kib']) / KiB:.1f} MiB",
+                    f"**{i['per_stream_bytes'] / KiB:.2f} KiB** per stream",
+                ]
+            )
+        parts += [
+            "## 4. Memory (RSS of the mcpresume process, VmRSS)",
+            "",
+            "A fresh mcpresume process per measurement, default settings except `--max-sessions`.",
+            "",
+            _table(["state", "RSS", "per unit"], rows),
+            "",
+        ]
+        if "idle" in mem and mem["idle"]["streams"] < mem["idle"]["streams_requested"]:
+            i = mem["idle"]
+            parts += [
+                f"Scaled down: {i['streams']:,} attached streams instead of {i['streams_requested']:,}: the "
+                f"hard fd limit here is {i['fd_limit']:,} and the proxy holds two sockets per attached stream "
+                "(the client's and its upstream GET).",
+                "",
+            ]
+        if "memory" in plots:
+            parts += [f"![memory]({plots['memory']})", ""]
+
+    parts += ["## Redis store", "", results.get("redis", "not available yet"), ""]
+    path = out / "latest.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+# -- plots -----------------------------------------------------------------------------------------------
+
+
+def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    made: dict[str, str] = {}
+    colors = {"direct": "#4c72b0", "nginx": "#55a868", "mcpresume": "#c44e52"}
+
+    if "throughput" in results:
+        configs = results["throughput"]["configs"]
+        keys = list(configs)
+        names = [n for n in ("direct", "nginx", "mcpresume") if any(n in configs[k] for k in keys)]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            values = [configs[k].get(name, {}).get("rate", 0) for k in keys]
+            ax.bar([x + i * width for x in range(len(keys))], values, width, label=name, color=colors[name])
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(keys))])
+        ax.set_xticklabels([f"{k.split('x')[0]} stream(s)\n{k.split('x')[1]} B events" for k in keys])
+        ax.set_yscale("log")
+        ax.set_ylabel("events/s (log)")
+        ax.set_title("Throughput")
+        ax.legend()
+        ax.grid(axis="y", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=110)
+        plt.close(fig)
+        made["throughput"] = "throughput.png"
+
+    if "latency" in results:
+        rates = list(results["latency"])
+        fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 4), squeeze=False)
+        for ax, rate in zip(axes[0], rates, strict=True):
+            for name, r in results["latency"][rate].items():
+                curve = r.get("curve_ms") or []
+                if curve:
+                    ys = [i / (len(curve) - 1) for i in range(len(curve))]
+                    ax.plot(curve, ys, label=name, color=colors.get(name))
+            ax.set_xscale("log")
+            ax.set_xlabel("one-way latency (ms, log)")
+            ax.set_ylabel("fraction of events")
+            ax.set_title(f"{int(rate):,} events/s")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=110)
+        plt.close(fig)
+        made["latency"] = "latency.png"
+
+    if "resume" in results and results["resume"].get("curve_ms"):
+        curve = results["resume"]["curve_ms"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(curve, [i / (len(curve) - 1) for i in range(len(curve))], color=colors["mcpresume"])
+        ax.axvline(results["targets"]["resume_p99_ms"], linestyle="--", color="gray", label="target p99")
+        ax.set_xlabel("GET + Last-Event-ID -> first replayed event (ms)")
+        ax.set_ylabel("fraction of re-attaches")
+        ax.set_title("Resume latency")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "resume.png", dpi=110)
+        plt.close(fig)
+        made["resume"] = "resume.png"
+
+    mem = results.get("memory", {})
+    if mem:
+        t = results["targets"]
+        bars = []
+        if "windows" in mem:
+            bars.append(("window / payload (x)", mem["windows"]["ratio"], t["window_memory_ratio"]))
+        if "idle" in mem:
+            bars.append(("per idle session (KiB)", mem["idle"]["per_session_bytes"] / KiB, t["idle_session_kib"]))
+            bars.append(("per attached stream (KiB)", mem["idle"]["per_stream_bytes"] / KiB, t["attached_stream_kib"]))
+        fig, axes = plt.subplots(1, len(bars), figsize=(4 * len(bars), 3.8), squeeze=False)
+        for ax, (label, value, target) in zip(axes[0], bars, strict=True):
+            ax.bar([0], [value], color=colors["mcpresume"] if value > target else "#55a868", width=0.5)
+            ax.axhline(target, linestyle="--", color="gray", label=f"target {target:g}")
+            ax.set_xticks([])
+            ax.set_title(label)
+            ax.text(0, value, f"{value:.2f}", ha="center", va="bottom")
+            ax.set_ylim(0, max(value, target) * 1.25)
+            ax.legend(loc="lower right")
+        fig.suptitle("Memory (RSS of the proxy)")
+        fig.tight_layout()
+        fig.savefig(out / "memory.png", dpi=110)
+        plt.close(fig)
+        made["memory"] = "memory.png"
+    return made
+
+
+# -- profile summary -------------------------------------------------------------------------------------
+
+_FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def profile_summary(raw_files: list[Path], out: Path, top: int = 25) -> Path:
+    """Self and inclusive sample shares per function from py-spy ``--format raw`` (collapsed stacks)."""
+    parts = ["# Profile of mcpresume under the throughput load (py-spy)", ""]
+    for raw in raw_files:
+        if not raw.exists():
+            continue
+        self_samples: Counter[str] = Counter()
+        inclusive: Counter[str] = Counter()
+        by_file: Counter[str] = Counter()
+        total = 0
+        for line in raw.read_text().splitlines():
+            stack, _, count_text = line.rpartition(" ")
+            if not stack or not count_text.isdigit():
+                continue
+            count = int(count_text)
+            total += count
+            frames = [_short(f) for f in stack.split(";")]
+            frames = [f for f in frames if f]
+            if not frames:
+                continue
+            self_samples[frames[-1][0]] += count
+            by_file[frames[-1][1]] += count
+            for name in {f[0] for f in frames}:
+                inclusive[name] += count
+        if not total:
+            continue
+        parts += [f"## {raw.name} ({total:,} samples)", "", "### Self time (where the CPU was)", ""]
+        parts += [_table(["function", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in self_samples.most_common(top)])]
+        parts += ["", "### Inclusive time, mcpresume functions", ""]
+        ours = [(k, v) for k, v in inclusive.most_common() if "mcpresume/" in k][:top]
+        parts += [_table(["function", "inclusive"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in ours])]
+        parts += ["", "### Self time by file", ""]
+        parts += [_table(["file", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in by_file.most_common(15)]), ""]
+    path = out / "profile.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def _short(frame: str) -> tuple[str, str] | None:
+    frame = frame.strip()
+    match = _FRAME.match(frame)
+    if not match:
+        return (frame, "?")
+    file = match["file"]
+    for marker in ("site-packages/", "/lib/python3.11/", "/work/main/"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return (f"{match['func']} ({file}:{match['line']})" if match["line"] else f"{match['func']} ({file})", file)

@@ -1,0 +1,109 @@
+"""The command line and settings: precedence CLI > env > file > defaults; one clear line and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcpresume import __version__
+from mcpresume.cli import main
+from mcpresume.config import Settings, SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("MCPRESUME_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    settings = load_settings({})
+    assert (settings.host, settings.port, settings.metrics_port) == ("127.0.0.1", 8080, 9464)
+    assert (settings.window_events, settings.window_bytes, settings.window_ttl) == (256, 4 << 20, 300.0)
+    assert settings.store == "memory" and settings.retry_ms == 1000
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "m.toml"
+    config.write_text('window_events = 10\nwindow_ttl = 11.5\nport = 9000\nlog_format = "json"\n')
+    monkeypatch.setenv("MCPRESUME_WINDOW_EVENTS", "20")
+    monkeypatch.setenv("MCPRESUME_WINDOW_TTL", "21")
+    settings = load_settings({"window_events": "30"}, str(config))
+    assert settings.window_events == 30  # CLI
+    assert settings.window_ttl == 21.0  # env
+    assert settings.port == 9000  # file
+    assert settings.log_format == "json"  # file
+    assert settings.metrics_port == 9464  # default
+    monkeypatch.setenv("MCPRESUME_CONFIG", str(config))
+    assert load_settings({}).port == 9000  # the file named by MCPRESUME_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("cli", "needle"),
+    [
+        ({"port": "http"}, "port:"),
+        ({"window_events": "0"}, "window_events:"),
+        ({"upstream": "ftp://x"}, "upstream:"),
+        ({"store": "postgres://x"}, "store:"),
+        ({"log_format": "xml"}, "log_format:"),
+    ],
+)
+def test_invalid_values_name_the_setting(cli: dict[str, str], needle: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(cli)
+    assert str(info.value).startswith(needle)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    config = tmp_path / "m.toml"
+    config.write_text("windw_events = 3\n")
+    with pytest.raises(SettingsError, match="windw_events: unknown setting"):
+        load_settings({}, str(config))
+
+
+def test_cli_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--upstream", "http://127.0.0.1:1/mcp", "--window-ttl", "-5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mcpresume: window_ttl:") and "\n" not in err
+    assert main(["serve"]) == 2
+    assert "upstream: required" in capsys.readouterr().err
+
+
+def test_every_setting_has_a_flag() -> None:
+    help_text = subprocess.run(
+        [sys.executable, "-m", "mcpresume", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in help_text
+
+
+def test_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mcpresume", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == f"mcpresume {__version__}"
+
+
+def test_demo_runs_end_to_end() -> None:
+    """The main job, as a user runs it: a drop and re-attach, a 409 and a 404, then it exits (--once)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mcpresume", "demo", "--once", "--port", "0", "--metrics-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "result 'counted to 3'" in out
+    assert "-> 200: re-attached" in out
+    assert "notifications/progress 4/8" in out and "response to request 2" in out
+    assert out.count("notifications/progress 3/8") == 1  # seen before the drop, never again
+    assert '"reason":"cursor_out_of_window"' in out
+    assert '"reason":"unknown_session"' in out
+    assert 'mcpresume_resumptions_total{outcome="reattach"} 1.0' in out
