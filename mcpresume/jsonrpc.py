@@ -85,8 +85,8 @@ def parse_client_body(body: bytes) -> ClientMessage:
 
 def response_key(data: bytes) -> str | None:
     """If an SSE event's data is a JSON-RPC response, the key of the id it answers; else None."""
-    if b'"result"' not in data and b'"error"' not in data:
-        return None
+    if b'"result"' not in data and b'"error"' not in data and b"\\u" not in data:
+        return None  # no member named result or error, even written with a JSON escape: not a response
     try:
         doc: Any = orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -224,9 +224,7 @@ class SessionState:
         """What a reader at ``after`` on ``streams`` sends next (merged in seq order), at most the limits."""
         window = self.window
         for number in streams:
-            if window.evicted_through(number) > after or (
-                number not in self.streams and number < self.next_stream
-            ):
+            if number not in self.streams or window.evicted_through(number) > after:
                 return ReadResult((), complete=False, gap=True, version=self.version)
         if len(streams) == 1:
             candidates: Iterable[Event] = window.after(streams[0], after)

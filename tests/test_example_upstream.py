@@ -119,17 +119,17 @@ async def test_host_and_origin_checks_allow_any_loopback_port(example_upstream: 
 
 
 @pytest.mark.parametrize(
-    ("options", "progress_expected"),
+    ("json_response", "stateless", "progress_expected"),
     [
-        ({"json_response": True}, False),  # a JSON body has no room for notifications: the SDK drops them
-        ({"stateless": True}, True),
-        ({"stateless": True, "json_response": True}, False),
+        (True, False, False),  # a JSON body has no room for notifications: the SDK server drops them
+        (False, True, True),
+        (True, True, False),
     ],
 )
-async def test_other_upstream_modes(options: dict[str, bool], progress_expected: bool) -> None:
+async def test_other_upstream_modes(json_response: bool, stateless: bool, progress_expected: bool) -> None:
     async with (
         asyncio.timeout(TIMEOUT),
-        serve_example_upstream(**options) as url,
+        serve_example_upstream(json_response=json_response, stateless=stateless) as url,
         sdk_session(url) as session,
     ):
         assert result_text(await session.call_tool("echo", {"text": "mode"})) == "mode"
@@ -209,11 +209,11 @@ async def test_relay_hard_cut_resets_the_client(example_upstream: str) -> None:
     async with asyncio.timeout(TIMEOUT), CuttingRelay.for_url(example_upstream, hard_cut=True) as relay:
         relay.set_policy(cut_after=(300, 320))
         with pytest.raises(aiohttp.ClientError):
-            async with raw_session() as http:
-                async with http.post(
-                    relay.relayed(example_upstream), json=INITIALIZE, headers=MCP_ACCEPT
-                ) as r:
-                    await r.read()
+            async with (
+                raw_session() as http,
+                http.post(relay.relayed(example_upstream), json=INITIALIZE, headers=MCP_ACCEPT) as r,
+            ):
+                await r.read()
         await relay.wait_for(lambda r: r.accepted == 1 and r.connections[0].closed)
     (conn,) = relay.connections
     assert conn.cut and conn.cut_at is not None and 300 <= conn.cut_at <= 320

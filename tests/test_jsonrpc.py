@@ -259,10 +259,6 @@ def test_error_response_round_trips() -> None:
     assert response_key(raw) == "n:7"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the byte pre-filter misses a response whose member name is written with a JSON escape",
-)
 def test_response_with_escaped_member_name_is_a_response() -> None:
     """``"res\\u0075lt"`` is the member name ``result`` (RFC 8259 section 7): the document is a response."""
     raw = b'{"jsonrpc":"2.0","id":1,"res\\u0075lt":{}}'

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import event as tally
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -236,7 +236,6 @@ def test_read_of_a_forgotten_stream_is_a_gap() -> None:
     assert result.gap and not result.complete and list(result.events) == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: read() of a stream number never opened raises KeyError")
 def test_read_of_a_stream_never_opened_does_not_raise() -> None:
     session = make_session()
     session.open_stream(StreamOrigin.GET, [], now=0.0)
@@ -777,3 +776,50 @@ class ResumeMachine(RuleBasedStateMachine):
 
 TestResumeInvariants = ResumeMachine.TestCase
 TestResumeInvariants.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+def _op(name: str, **arguments: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[str, dict[str, object]]]:
+    return st.tuples(st.just(name), st.fixed_dictionaries(arguments))
+
+
+picks = st.integers(0, 10_000)
+# The same rules as the state machine, weighted towards appends, re-attaches and reads, in runs long enough
+# for readers to follow a stream while other streams evict its events.
+LONG_RUN_OPS = st.one_of(
+    _op("open_stream", origin=st.sampled_from(StreamOrigin)),
+    _op("append", pick=picks, sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3)),
+    _op("append", pick=picks, sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3)),
+    _op("append", pick=picks, sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3)),
+    _op("end_stream", pick=picks),
+    _op("tick", dt=st.sampled_from([0.5, 1.0, 3.0, 10.0])),
+    _op("expire"),
+    _op("resume_from_an_issued_cursor", pick=picks),
+    _op("resume_from_an_issued_cursor", pick=picks),
+    _op("resume_from_a_made_up_cursor", stream_pick=picks, seq_pick=picks),
+    _op("resume_with_another_epoch", pick=picks),
+    _op("resume_from_another_incarnation", pick=picks),
+    _op("resume_from_garbage", raw=st.sampled_from(GARBAGE)),
+    _op("reader_reads", pick=picks, limit=st.integers(1, 3)),
+    _op("reader_reads", pick=picks, limit=st.integers(1, 3)),
+    _op("reader_reads", pick=picks, limit=st.integers(1, 3)),
+    _op("read_several_streams", picks=st.lists(picks, min_size=1, max_size=3, unique=True), after=picks),
+)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    max_events=st.integers(2, 6),
+    max_bytes=st.integers(60, 400),
+    ttl=st.sampled_from([6.0, 25.0, 1e9]),
+    ops=st.lists(LONG_RUN_OPS, min_size=40, max_size=150),
+)
+def test_resume_invariants_over_long_interleavings(
+    max_events: int, max_bytes: int, ttl: float, ops: list[tuple[str, dict[str, object]]]
+) -> None:
+    machine = ResumeMachine()
+    machine.setup(max_events=max_events, max_bytes=max_bytes, ttl=ttl, retry_ms=500)
+    for name, arguments in ops:
+        if name == "reader_reads" and not machine.readers:
+            continue
+        getattr(machine, name)(**arguments)
+        machine.matches_the_model()
