@@ -57,7 +57,6 @@ EXPOSE 8080 9464
 
 # Numeric user, so Kubernetes' runAsNonRoot can verify it without a runAsUser.
 USER 10001:10001
-WORKDIR /
 
 # slim has no curl: python's urllib, which exits non-zero on a refused connection or a non-2xx status.
 # Assumes the admin listener on its default port 9464; adjust if MCPRESUME_METRICS_PORT changes.

@@ -253,10 +253,12 @@ def resume(procs: Processes, mode: dict[str, Any], child: Child) -> dict[str, An
         "port": child.port,
         "sessions": mode["resume_sessions"],
         "trials": mode["resume_trials"],
-        # 300 events of 1 KiB > the 256-event window; paced so the client view is never overrun
+        # 300 events of 1 KiB > the 256-event window; paced (and 2 at a time) so the proxy is never
+        # saturated and the client's view is not overrun while the cursors are collected
         "count": 300,
         "size": 1024,
-        "rate": 20000,
+        "rate": 5000,
+        "concurrency": 2,
         "cursor_back": 250,
     }
     result = run_client(procs, spec, timeout=180)
@@ -284,7 +286,7 @@ def memory(procs: Processes, mode: dict[str, Any], upstream: Child) -> dict[str,
         sessions = mode["win_sessions"]
         run_client(
             procs,
-            {"kind": "windows", "url": proxy.url, "sessions": sessions, "count": 300, "size": 1024, "rate": 20000, "concurrency": 50},
+            {"kind": "windows", "url": proxy.url, "sessions": sessions, "count": 300, "size": 1024, "rate": 1000, "concurrency": 50},
             timeout=300,
             on_phase=filled,
         )
@@ -358,7 +360,7 @@ def _warm_up(procs: Processes, proxy: Child) -> None:
     """One small session through every code path, so lazily imported code is not counted as growth."""
     run_client(
         procs,
-        {"kind": "windows", "url": proxy.url, "sessions": 3, "count": 300, "size": 1024, "rate": 20000, "concurrency": 3},
+        {"kind": "windows", "url": proxy.url, "sessions": 3, "count": 300, "size": 1024, "rate": 5000, "concurrency": 3},
         timeout=60,
     )
 

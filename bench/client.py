@@ -280,7 +280,7 @@ async def resume(spec: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"only {len(ids)} ids in the stream")
             return sid, ids[-back].decode(), back - 1
 
-        prepared = await pool(spec["sessions"], 10, prepare)
+        prepared = await pool(spec["sessions"], spec.get("concurrency", 2), prepare)
 
     first_ms: list[float] = []
     all_ms: list[float] = []

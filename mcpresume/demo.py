@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -87,10 +86,11 @@ async def _sdk_call(url: str) -> None:
     from mcp.client.streamable_http import streamable_http_client
 
     say("== 1. The official MCP SDK client, through the proxy ==")
-    progress: list[float] = []
+    seen: list[float] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append(value)
+    # The SDK's ProgressFnT protocol is keyword-compatible: (progress, total, message).
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
 
     async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
         info = await session.initialize()
@@ -101,7 +101,7 @@ async def _sdk_call(url: str) -> None:
     text = "".join(getattr(c, "text", "") for c in result.content)
     say(f"   initialize -> {info.server_info.name}, protocol {info.protocol_version}")
     say(f"   tools/list -> {', '.join(t.name for t in tools.tools)}")
-    say(f"   tools/call count_slowly(n=3) -> progress {progress}, result {text!r}")
+    say(f"   tools/call count_slowly(n=3) -> progress {seen}, result {text!r}")
     say("   The proxy is invisible when nothing goes wrong.")
     say()
 
@@ -187,9 +187,8 @@ async def _drop_and_reattach(client: ScriptedClient) -> None:
     last_cursor = ""
     seen = 0
     async with client.http.post(client.url, data=body, headers=client.headers()) as response:
-        say(
-            f"   POST tools/call count_slowly(n=8), request {request_id}: {response.status} {response.content_type}"
-        )
+        status = f"{response.status} {response.content_type}"
+        say(f"   POST tools/call count_slowly(n=8), request {request_id}: {status}")
         async for event in sse_events(response):
             say(f"   <- {describe(event)}")
             last_cursor = event.id.decode() if event.id else last_cursor
@@ -250,7 +249,3 @@ async def _print_counters(proxy: RunningProxy) -> None:
     for line in proxy.ctx.metrics.render().decode().splitlines():
         if line.startswith(wanted):
             say(f"   {line}")
-
-
-if __name__ == "__main__":  # pragma: no cover - `mcpresume demo` is the entry point
-    sys.exit(asyncio.run(run_demo(Settings())))

@@ -157,7 +157,13 @@ def test_same_digits_as_number_and_string_are_not_duplicates() -> None:
 def test_duplicate_response_ids_do_not_count() -> None:
     """Responses to server requests are not client requests: their ids are never claimed."""
     message = parse_client_body(
-        body([{"jsonrpc": "2.0", "id": 1, "result": {}}, request("ping", 1), {"jsonrpc": "2.0", "id": 1, "result": {}}])
+        body(
+            [
+                {"jsonrpc": "2.0", "id": 1, "result": {}},
+                request("ping", 1),
+                {"jsonrpc": "2.0", "id": 1, "result": {}},
+            ]
+        )
     )
     assert message.request_ids == (1,)
 
@@ -233,7 +239,10 @@ def test_invalid_json_or_non_object_is_not_a_response(raw: bytes) -> None:
 
 @pytest.mark.parametrize("bad_id", [None, True, 1.5, [1]], ids=repr)
 def test_response_with_unusable_id(bad_id: object) -> None:
-    assert response_key(body({"jsonrpc": "2.0", "id": bad_id, "error": {"code": -32700, "message": "x"}})) is None
+    assert (
+        response_key(body({"jsonrpc": "2.0", "id": bad_id, "error": {"code": -32700, "message": "x"}}))
+        is None
+    )
 
 
 def test_object_mentioning_result_only_in_a_value_is_not_a_response() -> None:

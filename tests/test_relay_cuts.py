@@ -31,12 +31,11 @@ async def test_sdk_calls_survive_random_cuts_exactly_once(example_upstream: str,
     # retry_ms=50: the SDK honours the proxy's retry hint, so reconnects are quick.
     async with running_proxy(example_upstream, retry_ms=50) as proxy:
         relay = CuttingRelay("127.0.0.1", proxy.port, seed=seed, record=True)
-        async with relay:
-            async with sdk_session(relay.url_for("/mcp"), read_timeout_seconds=30) as session:
-                calls = []
-                for _ in range(CALLS):
-                    relay.set_policy(cut_after=(250, 900), sse_only=True, max_cuts=relay.policy_cuts + 1)
-                    calls.append(await count_slowly(session, n=N, delay=0.02))
+        async with relay, sdk_session(relay.url_for("/mcp"), read_timeout_seconds=30) as session:
+            calls = []
+            for _ in range(CALLS):
+                relay.set_policy(cut_after=(250, 900), sse_only=True, max_cuts=relay.policy_cuts + 1)
+                calls.append(await count_slowly(session, n=N, delay=0.02))
         reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
 
     for call in calls:

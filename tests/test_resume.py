@@ -114,7 +114,9 @@ def test_row4_cursor_ahead_by_seq() -> None:
 
 def test_row4_cursor_ahead_by_stream() -> None:
     cursor = Cursor(EPOCH, 4, 15)  # stream 4 was never opened (next_stream is 4)
-    error = assert_rejection(decide(replace(VIEW, stream=None), cursor, NOW), CursorAhead, 409, "cursor_ahead")
+    error = assert_rejection(
+        decide(replace(VIEW, stream=None), cursor, NOW), CursorAhead, 409, "cursor_ahead"
+    )
     assert error.data() == {"reason": "cursor_ahead", **facts(cursor)}
 
 
@@ -122,7 +124,12 @@ def test_row4_on_a_session_that_never_appended() -> None:
     empty = SessionView(EPOCH, None, next_stream=1, newest_seq=0, oldest=None, newest=None, stream=None)
     cursor = Cursor(EPOCH, 1, 1)
     error = assert_rejection(decide(empty, cursor, NOW), CursorAhead, 409, "cursor_ahead")
-    assert error.data() == {"reason": "cursor_ahead", "cursor": cursor.encode(), "oldest": None, "newest": None}
+    assert error.data() == {
+        "reason": "cursor_ahead",
+        "cursor": cursor.encode(),
+        "oldest": None,
+        "newest": None,
+    }
 
 
 # -- row 5: cursor's stream no longer retained -> 409 cursor_out_of_window -------------------------------
@@ -141,7 +148,12 @@ def test_row5_with_an_empty_window() -> None:
     cursor = Cursor(EPOCH, 2, 20)
     decision = decide(drained, cursor, NOW)
     error = assert_rejection(decision, CursorOutOfWindow, 409, "cursor_out_of_window")
-    assert error.data() == {"reason": "cursor_out_of_window", "cursor": cursor.encode(), "oldest": None, "newest": None}
+    assert error.data() == {
+        "reason": "cursor_out_of_window",
+        "cursor": cursor.encode(),
+        "oldest": None,
+        "newest": None,
+    }
 
 
 # -- row 6: seq outside its stream's issued range -> 400 malformed_cursor ---------------------------------
@@ -209,7 +221,8 @@ def views(draw: st.DrawFn) -> SessionView | None:
     first = draw(small)
     last = draw(st.integers(first, first + 4))
     stream = draw(
-        st.none() | st.builds(StreamView, st.integers(1, 4), st.booleans(), st.just(first), st.just(last), small)
+        st.none()
+        | st.builds(StreamView, st.integers(1, 4), st.booleans(), st.just(first), st.just(last), small)
     )
     return SessionView(
         epoch=EPOCH,
@@ -276,7 +289,9 @@ def test_design_note_sequence_reattaches_after_e2_and_sends_the_response_once() 
         [
             NewEvent(frame_body(b'{"jsonrpc":"2.0","method":"notifications/progress"}'), EventKind.MESSAGE),
             NewEvent(frame_body(b'{"jsonrpc":"2.0","method":"notifications/message"}'), EventKind.MESSAGE),
-            NewEvent(frame_body(b'{"jsonrpc":"2.0","id":7,"result":{}}'), EventKind.RESPONSE, response_key="n:7"),
+            NewEvent(
+                frame_body(b'{"jsonrpc":"2.0","id":7,"result":{}}'), EventKind.RESPONSE, response_key="n:7"
+            ),
         ],
         now=1.0,
     )

@@ -83,7 +83,7 @@ async def test_cursors_are_monotonic_across_streams_and_name_their_stream(http, 
         _, body = client.tool_call("echo", {"text": "x"})
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             for event in await collect(response):
-                epoch, stream, seq = event.id.decode().split("-")
+                _epoch, stream, seq = event.id.decode().split("-")
                 seen.append((int(stream), int(seq)))
     seqs = [seq for _, seq in seen]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

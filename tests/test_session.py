@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +32,9 @@ BIG = 10**9
 ROOMY = WindowLimits(max_events=10_000, max_bytes=1 << 30, ttl=1e9)
 
 
-def make_session(limits: WindowLimits = ROOMY, retry_ms: int | None = 1500, epoch: str = EPOCH) -> SessionState:
+def make_session(
+    limits: WindowLimits = ROOMY, retry_ms: int | None = 1500, epoch: str = EPOCH
+) -> SessionState:
     return SessionState("sess-1", epoch, limits, retry_ms, now=0.0)
 
 
@@ -465,7 +466,12 @@ def test_view() -> None:
     assert (view.next_stream, view.newest_seq) == (3, 4)
     assert view.oldest == (a, 2) and view.newest == (b, 4)
     assert view.stream is not None
-    assert (view.stream.number, view.stream.live, view.stream.first_seq, view.stream.last_seq) == (a, True, 1, 3)
+    assert (view.stream.number, view.stream.live, view.stream.first_seq, view.stream.last_seq) == (
+        a,
+        True,
+        1,
+        3,
+    )
     assert view.stream.evicted_through == 1
 
     session.end_stream(a, now=7.0)
@@ -693,7 +699,9 @@ class ResumeMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 100))
     def resume_from_another_incarnation(self, pick: int) -> None:
         raw = self.other_cursors[pick % len(self.other_cursors)]
-        decision = decide(self.session.view(parse_cursor(raw).stream, SESSION_TTL), parse_cursor(raw), self.now)  # type: ignore[union-attr]
+        decision = decide(
+            self.session.view(parse_cursor(raw).stream, SESSION_TTL), parse_cursor(raw), self.now
+        )  # type: ignore[union-attr]
         assert isinstance(decision, UnknownSession if self.expired() else ForeignCursor)
 
     @precondition(lambda self: self.history)
@@ -739,7 +747,9 @@ class ResumeMachine(RuleBasedStateMachine):
         if result.complete:
             self.readers.remove(reader)
 
-    @rule(picks=st.lists(st.integers(0, 1000), min_size=1, max_size=3, unique=True), after=st.integers(0, 1000))
+    @rule(
+        picks=st.lists(st.integers(0, 1000), min_size=1, max_size=3, unique=True), after=st.integers(0, 1000)
+    )
     def read_several_streams(self, picks: list[int], after: int) -> None:
         after %= self.session.next_seq
         streams = sorted({1 + p % max(1, self.session.next_stream - 1) for p in picks})
@@ -778,7 +788,9 @@ TestResumeInvariants = ResumeMachine.TestCase
 TestResumeInvariants.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
 
 
-def _op(name: str, **arguments: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[str, dict[str, object]]]:
+def _op(
+    name: str, **arguments: st.SearchStrategy[object]
+) -> st.SearchStrategy[tuple[str, dict[str, object]]]:
     return st.tuples(st.just(name), st.fixed_dictionaries(arguments))
 
 

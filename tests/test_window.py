@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -280,7 +281,7 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
 
         # The window holds exactly the unevicted suffix, in seq order.
         assert list(window) == retained
-        assert all(a.seq < b.seq for a, b in zip(retained, retained[1:], strict=False))
+        assert all(a.seq < b.seq for a, b in itertools.pairwise(retained))
         assert len(window) == len(retained) <= max_events
         assert window.bytes == sum(len(e.body) for e in retained)
         if retained:
