@@ -24,6 +24,8 @@ from typing import Any
 
 import aiohttp
 
+from bench.stats import percentiles, quantile_curve
+
 PROTOCOL = "2025-06-18"
 MARK = b"data: {"
 _TS = re.compile(rb'"ts":(\d{19})')
@@ -67,29 +69,6 @@ def tool_call(request_id: int, **arguments: Any) -> bytes:
 
 def session_headers(session_id: str) -> dict[str, str]:
     return {**BASE_HEADERS, "Mcp-Session-Id": session_id, "MCP-Protocol-Version": PROTOCOL}
-
-
-def percentiles(values: list[float], points: tuple[float, ...] = (50, 90, 99, 99.9)) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    out = {}
-    for p in points:
-        index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))
-        out[f"p{p:g}"] = ordered[index]
-    out["min"] = ordered[0]
-    out["max"] = ordered[-1]
-    out["mean"] = sum(ordered) / len(ordered)
-    out["n"] = len(ordered)
-    return out
-
-
-def quantile_curve(values: list[float], points: int = 200) -> list[float]:
-    """``points`` evenly spaced quantiles, for plotting a CDF without shipping every sample."""
-    if not values:
-        return []
-    ordered = sorted(values)
-    return [ordered[min(len(ordered) - 1, int(i / (points - 1) * (len(ordered) - 1)))] for i in range(points)]
 
 
 async def pool(count: int, concurrency: int, job: Callable[[int], Awaitable[Any]]) -> list[Any]:
@@ -214,7 +193,8 @@ async def latency(spec: dict[str, Any]) -> dict[str, Any]:
         cutoff = time.time_ns() + int(spec["warmup"] * 1e9)
 
         async def one(i: int) -> tuple[int, bool]:
-            body = tool_call(1, count=per_stream, size=size, rate=per_stream_rate)
+            # streams are staggered so the aggregate is evenly spaced, not bursts of `streams` events
+            body = tool_call(1, count=per_stream, size=size, rate=per_stream_rate, delay=i / rate)
             buffer = b""
             received = 0
             try:
@@ -247,7 +227,8 @@ async def latency(spec: dict[str, Any]) -> dict[str, Any]:
         "received": received,
         "achieved_rate": received / elapsed if elapsed else 0.0,
         "latency_ms": percentiles(samples),
-        "curve_ms": quantile_curve(samples),
+        # microseconds, so the benchmark can pool interleaved segments
+        "samples_us": [round(x * 1000) for x in samples],
     }
 
 

@@ -11,7 +11,7 @@ streams (uvloop when available):
   (chunked) with N ``notifications/progress`` events of exactly S bytes each (the whole SSE frame, from
   ``event:`` to the blank line), then the JSON-RPC response for the request id. ``rate = 0``: as fast as
   possible, many pre-built events per write (``batch`` bytes, default 64 KiB). ``rate > 0``: paced at R
-  events/s, each event stamped with ``time.time_ns()`` just before it is written (``"ts"``), so a client
+  events/s (the first after ``delay`` seconds), each event stamped with ``time.time_ns()`` just before it is written (``"ts"``), so a client
   can compute the one-way latency. In burst mode the stamp is the stream's start time (payloads are
   pre-built once per request so the upstream is never the bottleneck).
 * ``POST`` any other request -> 200 ``application/json`` ``{"result": {}}``.
@@ -161,6 +161,7 @@ class Upstream:
                 size=int(args.get("size", 256)),
                 rate=float(args.get("rate", 0)),
                 batch=int(args.get("batch", 65536)),
+                delay=float(args.get("delay", 0)),
             )
             return True
         data = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}}).encode()
@@ -171,7 +172,15 @@ class Upstream:
         return True
 
     async def tool_stream(
-        self, writer: asyncio.StreamWriter, request_id: Any, *, count: int, size: int, rate: float, batch: int
+                self,
+        writer: asyncio.StreamWriter,
+        request_id: Any,
+        *,
+        count: int,
+        size: int,
+        rate: float,
+        batch: int,
+        delay: float = 0.0,
     ) -> None:
         writer.write(_SSE_HEAD + b"\r\n")
         if rate <= 0:
@@ -189,7 +198,7 @@ class Upstream:
             prefix, suffix = event_parts(size)
             loop = asyncio.get_running_loop()
             interval = 1.0 / rate
-            start = loop.time()
+            start = loop.time() + min(max(delay, 0.0), 10.0)
             sent = 0
             while sent < count:
                 due = start + sent * interval

@@ -58,11 +58,18 @@ async def follow(
     replay_through: int,
     stall_timeout: float,
     clock: Callable[[], float],
+    reader: int | None = None,
 ) -> AttachOutcome:
-    """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves."""
+    """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves.
+
+    ``reader``: a reader token already registered at ``after`` (a new stream registers its first reader
+    before its pump starts, so not even the first burst can overrun it); registered here otherwise.
+    """
     outcome = AttachOutcome()
     position = after
     await store.attach(session_id, clock())
+    if reader is None:
+        reader = await store.add_reader(session_id, streams, position)
     try:
         while True:
             result = await store.read(session_id, streams, position)
@@ -75,6 +82,7 @@ async def follow(
             if result.events:
                 await write_bounded(response, b"".join(e.body for e in result.events), stall_timeout)
                 position = result.events[-1].seq
+                await store.move_reader(session_id, reader, position)
                 outcome.sent += len(result.events)
                 outcome.replayed += sum(1 for e in result.events if e.seq <= replay_through)
                 continue
@@ -92,4 +100,5 @@ async def follow(
             raise
         return outcome
     finally:
+        await store.remove_reader(session_id, reader)
         await store.detach(session_id, clock())

@@ -250,19 +250,51 @@ class Proxy:
                 f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
                 max_sessions=self.settings.max_sessions,
             )
-        # The forward runs in its own task: a client that disconnects now must not cancel the upstream
-        # request (handshake era: disconnection is not cancellation); its answer still reaches the window.
-        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
-        opened = await asyncio.shield(forward)
+        opened = await self._forward_shielded(request, body, message, session_id, adopt)
         if isinstance(opened, ProxyError):
             if session_id is not None and keys:
                 await self.store.release(session_id, keys)
             return self._reject(request, opened, message.first_id)
         if isinstance(opened, _Opened):
             return await self._attach(
-                request, opened.session_id, [opened.stream], opened.priming_seq - 1, opened.headers, b""
+                request,
+                opened.session_id,
+                [opened.stream],
+                opened.priming_seq - 1,
+                opened.headers,
+                b"",
+                reader=opened.reader,
             )
         return await self._relay(request, opened)
+
+    async def _forward_shielded(
+        self,
+        request: web.Request,
+        body: bytes,
+        message: ClientMessage,
+        session_id: str | None,
+        adopt: bool,
+    ) -> _Opened | aiohttp.ClientResponse | ProxyError:
+        """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
+        (handshake era: disconnection is not cancellation); its answer still reaches the window."""
+        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
+        try:
+            return await asyncio.shield(forward)
+        except asyncio.CancelledError:
+            forward.add_done_callback(self._abandoned)
+            raise
+
+    def _abandoned(self, forward: asyncio.Future[_Opened | aiohttp.ClientResponse | ProxyError]) -> None:
+        """The client left while its request was forwarded: release what was kept for its view."""
+        if forward.cancelled() or forward.exception() is not None:
+            return
+        opened = forward.result()
+        if isinstance(opened, _Opened):
+            self.ctx.pumps.spawn(
+                opened.session_id, self.store.remove_reader(opened.session_id, opened.reader)
+            )
+        elif isinstance(opened, aiohttp.ClientResponse):
+            opened.release()
 
     async def _has_room(self) -> bool:
         stats = await self.store.stats()
@@ -303,9 +335,11 @@ class Proxy:
         stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
         if stream is None:
             return upstream
+        # The client's reader is registered before the pump starts: the first burst waits for it.
+        reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         job = PumpJob(sid, stream.number, message.request_ids, log_id(sid))
         self._spawn_pump(job, upstream)
-        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream))
+        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
 
     async def _begin_session(self, session_id: str) -> bool:
         try:
@@ -319,7 +353,16 @@ class Proxy:
     def _spawn_pump(self, job: PumpJob, upstream: aiohttp.ClientResponse) -> None:
         self.ctx.pumps.spawn(
             job.session_id,
-            pump(job, upstream, self.store, self.metrics, self.ctx.clock, self.settings.max_event_bytes),
+            pump(
+                job,
+                upstream,
+                self.store,
+                self.metrics,
+                self.ctx.clock,
+                self.settings.max_event_bytes,
+                self.settings.stall_timeout,
+                self.settings.window_events,
+            ),
         )
 
     async def _duplicate(
@@ -435,8 +478,7 @@ class Proxy:
             claim = await self.store.claim(session_id, keys)
             if claim is not None and claim.outcome is not ClaimOutcome.NEW:
                 return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
-        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, False))
-        opened = await asyncio.shield(forward)
+        opened = await self._forward_shielded(request, body, message, session_id, False)
         if isinstance(opened, ProxyError):
             if keys:
                 await self.store.release(session_id, keys)
@@ -444,6 +486,7 @@ class Proxy:
         streams = [decision.stream]
         if isinstance(opened, _Opened):
             streams.append(opened.stream)
+            await self.store.remove_reader(session_id, opened.reader)  # this view registers its own
         else:
             opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
         preface = self._resume_preface(session_id, cursor_header, decision.stream)
@@ -463,6 +506,7 @@ class Proxy:
         preface: bytes,
         *,
         replay_through: int = 0,
+        reader: int | None = None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=200)
         for name, value in headers:
@@ -473,6 +517,8 @@ class Proxy:
             if preface:
                 await write_bounded(response, preface, self.settings.stall_timeout)
         except (ConnectionError, Stalled) as exc:
+            if reader is not None:
+                await self.store.remove_reader(session_id, reader)
             log.info(
                 "session %s: client left before the stream started (%s)",
                 log_id(session_id),
@@ -490,6 +536,7 @@ class Proxy:
                 replay_through=replay_through,
                 stall_timeout=self.settings.stall_timeout,
                 clock=self.ctx.clock,
+                reader=reader,
             )
         finally:
             self.metrics.open_streams.dec()
@@ -531,6 +578,7 @@ class _Opened:
     stream: int
     priming_seq: int
     headers: list[tuple[str, str]]
+    reader: int
 
 
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)

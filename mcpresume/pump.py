@@ -29,6 +29,11 @@ from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.pump")
 
+# Events appended per store call, at most (and never more than half the window, see ``pump``). An upstream
+# read can hold hundreds of small events; appending them in slices lets a pump wait for a reading client
+# between slices instead of evicting under it.
+APPEND_SLICE = 64
+
 
 @dataclass(frozen=True, slots=True)
 class PumpJob:
@@ -83,9 +88,16 @@ async def pump(
     metrics: Metrics,
     clock: Callable[[], float],
     max_event_bytes: int,
+    stall_timeout: float,
+    window_events: int,
 ) -> None:
-    """Read one upstream SSE response to its end, appending to ``job.stream``."""
+    """Read one upstream SSE response to its end, appending to ``job.stream``.
+
+    Before each slice the pump waits (at most ``stall_timeout``) until appending evicts nothing an attached
+    client has yet to receive; a client that stays behind longer loses its place and must re-attach.
+    """
     parser = SSEParser(max_event_bytes)
+    step = max(1, min(APPEND_SLICE, window_events // 2))  # a slice must fit beside what a reader still needs
     pending = {request_key(i): i for i in job.request_ids}
     failure = "the upstream closed the stream before the response"
     try:
@@ -104,9 +116,12 @@ async def pump(
                         key if is_response else None,
                     )
                 )
-            if items:
-                metrics.upstream_events.inc(len(items))
-                metrics.evicted(await store.append(job.session_id, job.stream, items, clock()))
+            for start in range(0, len(items), step):
+                batch = items[start : start + step]
+                size = sum(len(item.body) for item in batch)
+                await store.wait_for_room(job.session_id, len(batch), size, stall_timeout)
+                metrics.upstream_events.inc(len(batch))
+                metrics.evicted(await store.append(job.session_id, job.stream, batch, clock()))
             if job.request_ids and not pending:
                 break  # every response is in: the POST stream is complete
         if parser.close():

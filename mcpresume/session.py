@@ -112,6 +112,7 @@ class SessionState:
         "last_active",
         "next_seq",
         "next_stream",
+        "readers",
         "retry_ms",
         "session_id",
         "standalone",
@@ -134,6 +135,8 @@ class SessionState:
         self.attached = 0
         self.last_active = now
         self.standalone: int | None = None  # the live standalone GET stream, if any
+        # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
+        self.readers: dict[int, tuple[tuple[int, ...], int]] = {}
         self._requests: OrderedDict[str, int] = OrderedDict()
 
     # -- streams -----------------------------------------------------------------------------------------
@@ -290,6 +293,39 @@ class SessionState:
                 state.number, state.live, state.first_seq, state.last_seq, window.evicted_through(stream)
             ),
         )
+
+    # -- readers (flow control) --------------------------------------------------------------------------
+
+    def add_reader(self, streams: Sequence[int], position: int) -> int:
+        token = max(self.readers, default=0) + 1
+        self.readers[token] = (tuple(streams), position)
+        return token
+
+    def move_reader(self, token: int, position: int) -> None:
+        reader = self.readers.get(token)
+        if reader is not None:
+            self.readers[token] = (reader[0], position)
+
+    def remove_reader(self, token: int) -> None:
+        self.readers.pop(token, None)
+
+    def room_for(self, count: int, size: int) -> bool:
+        """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
+        send. A pump waits (a bounded time) for this before appending, so a burst larger than the window
+        does not overrun a client that is reading: the window bounds memory, readers set the pace."""
+        window, limits = self.window, self.window.limits
+        events, held = len(window) + count, window.bytes + size
+        if (events <= limits.max_events and held <= limits.max_bytes) or not self.readers:
+            return True
+        for event in window:  # oldest first: the order eviction would take
+            if events <= limits.max_events and held <= limits.max_bytes:
+                return True
+            for streams, position in self.readers.values():
+                if event.stream in streams and event.seq > position:
+                    return False
+            events -= 1
+            held -= len(event.body)
+        return True
 
     # -- liveness ----------------------------------------------------------------------------------------
 

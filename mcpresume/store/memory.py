@@ -27,6 +27,7 @@ class MemoryStore:
         self.retry_ms = retry_ms
         self._sessions: dict[str, SessionState] = {}
         self._changed: dict[str, asyncio.Future[None]] = {}
+        self._readers_moved: dict[str, asyncio.Future[None]] = {}
 
     async def start(self) -> None:
         return None
@@ -39,13 +40,31 @@ class MemoryStore:
         return True
 
     def _notify(self, session_id: str) -> None:
-        future = self._changed.pop(session_id, None)
+        self._resolve(self._changed, session_id)
+
+    @staticmethod
+    def _resolve(futures: dict[str, asyncio.Future[None]], session_id: str) -> None:
+        future = futures.pop(session_id, None)
         if future is not None and not future.done():
             future.set_result(None)
+
+    @staticmethod
+    async def _await(futures: dict[str, asyncio.Future[None]], session_id: str, timeout: float) -> bool:
+        future = futures.get(session_id)
+        if future is None:
+            future = futures[session_id] = asyncio.get_running_loop().create_future()
+        try:
+            # shield: one waiter timing out must not cancel the future other waiters of the session share
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(future)
+        except TimeoutError:
+            return False
+        return True
 
     def _drop(self, session_id: str) -> bool:
         found = self._sessions.pop(session_id, None) is not None
         self._notify(session_id)
+        self._resolve(self._readers_moved, session_id)
         return found
 
     async def create_session(self, session_id: str, now: float) -> str:
@@ -116,16 +135,35 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None or session.version != version:
             return True
-        future = self._changed.get(session_id)
-        if future is None:
-            future = self._changed[session_id] = asyncio.get_running_loop().create_future()
-        try:
-            # shield: one reader timing out must not cancel the future other readers of the session share
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(future)
-        except TimeoutError:
-            return False
-        return True
+        return await self._await(self._changed, session_id, timeout)
+
+    async def add_reader(self, session_id: str, streams: Sequence[int], position: int) -> int:
+        session = self._sessions.get(session_id)
+        return 0 if session is None else session.add_reader(streams, position)
+
+    async def move_reader(self, session_id: str, token: int, position: int) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.move_reader(token, position)
+            self._resolve(self._readers_moved, session_id)
+
+    async def remove_reader(self, session_id: str, token: int) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.remove_reader(token)
+            self._resolve(self._readers_moved, session_id)
+
+    async def wait_for_room(self, session_id: str, count: int, size: int, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            session = self._sessions.get(session_id)
+            if session is None or session.room_for(count, size):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await self._await(self._readers_moved, session_id, remaining)
 
     async def attach(self, session_id: str, now: float) -> None:
         session = self._sessions.get(session_id)
