@@ -40,6 +40,7 @@ def machine() -> dict[str, str]:
             versions[module] = __import__(module).__version__
         except Exception:
             versions[module] = "?"
+    busy = background_busy()
     rev = _run(["git", "rev-parse", "--short", "HEAD"])
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no", "mcpresume"])
     return {
@@ -52,7 +53,25 @@ def machine() -> dict[str, str]:
         "nginx": _run(["nginx", "-v"]).replace("nginx version: ", ""),
         "libraries": ", ".join(f"{k} {v}" for k, v in versions.items()),
         "mcpresume": rev + (" (with uncommitted changes)" if dirty and dirty != "?" else ""),
+        "background load": f"{busy:.0%} of all cores busy before the run (1 s sample, nothing of the "
+        f"benchmark running), load average {Path('/proc/loadavg').read_text().split()[0]}",
     }
+
+
+def background_busy(seconds: float = 1.0) -> float:
+    """Fraction of all CPUs busy over ``seconds`` (from /proc/stat): other tenants' load."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields[:8]), idle
+
+    import time
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def _meminfo() -> str:

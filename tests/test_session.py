@@ -835,3 +835,19 @@ def test_resume_invariants_over_long_interleavings(
             continue
         getattr(machine, name)(**arguments)
         machine.matches_the_model()
+
+
+def test_room_for_protects_what_an_attached_reader_has_not_sent() -> None:
+    """Flow control: appending must not evict events a reader still has to send; it may once it moved."""
+    session = SessionState("S", "aaaaaaaaaaaa", WindowLimits(4, 1 << 20, 300.0), retry_ms=None, now=0.0)
+    priming = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
+    session.append(priming.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 3, now=0.0)
+    assert len(session.window) == 4
+    assert session.room_for(1, 10)  # no reader: the window simply evicts
+    reader = session.add_reader([priming.stream], priming.seq - 1)
+    assert not session.room_for(1, 10)  # would evict the priming event the reader has not sent
+    session.move_reader(reader, priming.seq)
+    assert session.room_for(1, 10)  # the oldest is sent: evicting it loses nothing
+    assert not session.room_for(2, 10)
+    session.remove_reader(reader)
+    assert session.room_for(2, 10)
