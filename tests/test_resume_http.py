@@ -280,3 +280,17 @@ async def _events(response):
 
     async for event in sse_events(response):
         yield event
+
+
+async def test_initialize_beyond_max_sessions_is_503_and_not_forwarded(http, example_upstream) -> None:
+    async with running_proxy(example_upstream, max_sessions=1) as proxy:
+        first = await started(http, proxy)
+        assert first.session_id
+        refused = ScriptedClient(http, proxy.url)
+        with pytest.raises(KeyError):  # no Mcp-Session-Id: the proxy answered itself
+            await refused.initialize()
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {}})
+        async with http.post(proxy.url, data=body, headers=refused.headers()) as response:
+            assert response.status == 503
+            assert (await error_of(response))["data"]["reason"] == "too_many_sessions"
+        assert (await proxy.ctx.store.stats()).sessions == 1  # the active session was not evicted
