@@ -236,7 +236,7 @@ async def _raw_get(
     host: str, port: int, headers: dict[str, str]
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
     reader, writer = await asyncio.open_connection(host, port)
-    lines = [f"GET /mcp HTTP/1.1", f"Host: {host}:{port}"] + [f"{k}: {v}" for k, v in headers.items()]
+    lines = ["GET /mcp HTTP/1.1", f"Host: {host}:{port}"] + [f"{k}: {v}" for k, v in headers.items()]
     return reader, writer, ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -350,11 +350,21 @@ async def idle(spec: dict[str, Any]) -> dict[str, Any]:
     held: list[asyncio.StreamWriter] = []
     async with http_session() as http:
         start = time.perf_counter()
-        sessions = await pool(spec["sessions"], spec["concurrency"], lambda _i: open_session(http, url, initialized=False))
-        await _phase("sessions", {"sessions": len(sessions), "elapsed": time.perf_counter() - start}, spec["phase_timeout"])
+        sessions = await pool(
+            spec["sessions"], spec["concurrency"], lambda _i: open_session(http, url, initialized=False)
+        )
+        await _phase(
+            "sessions",
+            {"sessions": len(sessions), "elapsed": time.perf_counter() - start},
+            spec["phase_timeout"],
+        )
 
     async def hold(i: int) -> bool:
-        headers = {"Accept": "text/event-stream", "Mcp-Session-Id": sessions[i], "MCP-Protocol-Version": PROTOCOL}
+        headers = {
+            "Accept": "text/event-stream",
+            "Mcp-Session-Id": sessions[i],
+            "MCP-Protocol-Version": PROTOCOL,
+        }
         reader, writer, request = await _raw_get(host, port, headers)
         writer.write(request)
         buffer = b""
@@ -374,7 +384,9 @@ async def idle(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         ok = await pool(spec["streams"], spec["concurrency"], hold)
-        await _phase("streams", {"open": sum(ok), "elapsed": time.perf_counter() - start}, spec["phase_timeout"])
+        await _phase(
+            "streams", {"open": sum(ok), "elapsed": time.perf_counter() - start}, spec["phase_timeout"]
+        )
     finally:
         for writer in held:
             writer.close()

@@ -105,10 +105,8 @@ class Child:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
         # the group, in case a grandchild (an nginx worker) outlived its parent
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -204,7 +202,9 @@ class Processes:
                 upstream_port=upstream.port,
             )
         )
-        child = self._spawn("nginx", [binary, "-p", str(conf_dir), "-c", str(conf), "-g", "daemon off;"], port)
+        child = self._spawn(
+            "nginx", [binary, "-p", str(conf_dir), "-c", str(conf), "-g", "daemon off;"], port
+        )
         wait_port(port, 15, child.proc)
         return child
 

@@ -109,7 +109,8 @@ def targets_table(results: dict[str, Any]) -> tuple[list[list[str]], dict[str, b
             [
                 "Throughput, 1 stream, 256 B events",
                 f">= {t['throughput_1x256_vs_nginx']:.0%} of nginx",
-                f"{ratio:.1%} of nginx ({_fmt_rate(tp['mcpresume']['rate'])} vs {_fmt_rate(tp['nginx']['rate'])} ev/s)",
+                f"{ratio:.1%} of nginx ({_fmt_rate(tp['mcpresume']['rate'])} vs "
+                f"{_fmt_rate(tp['nginx']['rate'])} ev/s)",
                 _status(verdicts["throughput"]),
             ]
         )
@@ -227,9 +228,11 @@ def write(results: dict[str, Any], out: Path) -> Path:
         parts += [
             "## 1. Throughput (events/s, higher is better)",
             "",
-            f"Median of {tp['reps']} interleaved run(s) of about {tp['duration']} s each; events of the given "
+            f"Median of {tp['reps']} interleaved run(s) of about {tp['duration']} s each; events of the "
+            "given "
             "size (the whole SSE frame) streamed by the upstream as fast as it can, many events per write. "
-            "mcpresume ran here with a window large enough to hold a whole run (see the overrun check below).",
+            "mcpresume with its default settings (256-event window: its flow control makes the upstream "
+            "reader wait for the client); 'complete' = every stream delivered every event and the response.",
             "",
             _table(
                 [
@@ -250,29 +253,6 @@ def write(results: dict[str, Any], out: Path) -> Path:
         ]
         if "throughput" in plots:
             parts += [f"![throughput]({plots['throughput']})", ""]
-    if "overrun" in results:
-        rows = [
-            [
-                key.split("x")[0],
-                f"{int(key.split('x')[1]):,} B",
-                f"{v['per_stream']:,}",
-                f"{v['complete_streams']}/{v['streams']}",
-                f"{v['delivered']:,} / {v['expected']:,}",
-            ]
-            for key, v in results["overrun"].items()
-        ]
-        parts += [
-            "### Overrun check: the same bursts with the default window (256 events)",
-            "",
-            "mcpresume has no backpressure from a client to its upstream: the pump appends what the upstream "
-            "sends to the window, and the client's attachment reads from it. When one upstream read brings "
-            "more events than the window holds before the attachment has sent them, the attachment closes "
-            "(`fell_behind_window`) and the client's re-attach would get 409.",
-            "",
-            _table(["streams", "event", "events/stream", "streams complete", "events delivered"], rows),
-            "",
-        ]
-
     if "latency" in results:
         rows = []
         for rate, row in results["latency"].items():
@@ -303,7 +283,18 @@ def write(results: dict[str, Any], out: Path) -> Path:
             "Added = mcpresume (or nginx) percentile - direct percentile. mcpresume with default settings.",
             "",
             _table(
-                ["events/s", "path", "p50", "p90", "p99", "p99.9", "max", "added p50", "added p99", "received"],
+                [
+                    "events/s",
+                    "path",
+                    "p50",
+                    "p90",
+                    "p99",
+                    "p99.9",
+                    "max",
+                    "added p50",
+                    "added p99",
+                    "received",
+                ],
                 rows,
             ),
             "",
@@ -324,8 +315,14 @@ def write(results: dict[str, Any], out: Path) -> Path:
             _table(
                 ["measure", "p50", "p90", "p99", "p99.9", "max"],
                 [
-                    ["request -> first replayed event", *(_ms(f.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max"))],
-                    ["request -> whole replay, stream closed", *(_ms(a.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max"))],
+                    [
+                        "request -> first replayed event",
+                        *(_ms(f.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max")),
+                    ],
+                    [
+                        "request -> whole replay, stream closed",
+                        *(_ms(a.get(p)) for p in ("p50", "p90", "p99", "p99.9", "max")),
+                    ],
                 ],
             ),
             "",
@@ -376,7 +373,8 @@ def write(results: dict[str, Any], out: Path) -> Path:
             i = mem["idle"]
             parts += [
                 f"Scaled down: {i['streams']:,} attached streams instead of {i['streams_requested']:,}: the "
-                f"hard fd limit here is {i['fd_limit']:,} and the proxy holds two sockets per attached stream "
+                f"hard fd limit here is {i['fd_limit']:,} and the proxy holds two sockets per attached "
+                "stream "
                 "(the client's and its upstream GET).",
                 "",
             ]
@@ -466,8 +464,12 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
         if "windows" in mem:
             bars.append(("window / payload (x)", mem["windows"]["ratio"], t["window_memory_ratio"]))
         if "idle" in mem:
-            bars.append(("per idle session (KiB)", mem["idle"]["per_session_bytes"] / KiB, t["idle_session_kib"]))
-            bars.append(("per attached stream (KiB)", mem["idle"]["per_stream_bytes"] / KiB, t["attached_stream_kib"]))
+            bars.append(
+                ("per idle session (KiB)", mem["idle"]["per_session_bytes"] / KiB, t["idle_session_kib"])
+            )
+            bars.append(
+                ("per attached stream (KiB)", mem["idle"]["per_stream_bytes"] / KiB, t["attached_stream_kib"])
+            )
         fig, axes = plt.subplots(1, len(bars), figsize=(4 * len(bars), 3.8), squeeze=False)
         for ax, (label, value, target) in zip(axes[0], bars, strict=True):
             ax.bar([0], [value], color=colors["mcpresume"] if value > target else "#55a868", width=0.5)
@@ -490,13 +492,38 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
-def profile_summary(raw_files: list[Path], out: Path, top: int = 25) -> Path:
-    """Self and inclusive sample shares per function from py-spy ``--format raw`` (collapsed stacks)."""
-    parts = ["# Profile of mcpresume under the throughput load (py-spy)", ""]
+def snapshot_sources() -> dict[str, list[str]]:
+    """The mcpresume sources as they are now (the profiled process runs this code; others may edit the
+    files while the profile is summarised)."""
+    return {
+        str(path.relative_to(ROOT)): path.read_text().splitlines()
+        for path in sorted((ROOT / "mcpresume").rglob("*.py"))
+    }
+
+
+def profile_summary(
+    raw_files: list[Path], out: Path, sources: dict[str, list[str]] | None = None, top: int = 20
+) -> Path:
+    """Self and inclusive sample shares per function, and the hottest lines, from py-spy ``--format raw``
+    (collapsed stacks: ``frame;frame;... count``, each frame ``function (file:line)``)."""
+    rev = _run(["git", "rev-parse", "--short", "HEAD"])
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no", "mcpresume"])
+    if dirty and dirty != "?":
+        rev += " with uncommitted changes"
+    sources = sources if sources is not None else snapshot_sources()
+    parts = [
+        "# Profile of mcpresume under the throughput load (py-spy)",
+        "",
+        f"mcpresume at {rev}; `python -m bench --profile` (py-spy record --nonblocking, 250 Hz, on the proxy "
+        "process while the throughput client runs; samples where the process was idle are not counted). "
+        "Line numbers and source text are those of the code the profiled process ran.",
+        "",
+    ]
     for raw in raw_files:
         if not raw.exists():
             continue
-        self_samples: Counter[str] = Counter()
+        self_fn: Counter[str] = Counter()
+        self_line: Counter[str] = Counter()
         inclusive: Counter[str] = Counter()
         by_file: Counter[str] = Counter()
         total = 0
@@ -506,36 +533,57 @@ def profile_summary(raw_files: list[Path], out: Path, top: int = 25) -> Path:
                 continue
             count = int(count_text)
             total += count
-            frames = [_short(f) for f in stack.split(";")]
-            frames = [f for f in frames if f]
+            frames = [_parse_frame(f) for f in stack.split(";") if f.strip()]
             if not frames:
                 continue
-            self_samples[frames[-1][0]] += count
-            by_file[frames[-1][1]] += count
-            for name in {f[0] for f in frames}:
+            function, file, lineno = frames[-1]
+            self_fn[f"{function} ({file})"] += count
+            self_line[f"{file}:{lineno}"] += count
+            by_file[file] += count
+            for name in {f"{f} ({p})" for f, p, _ in frames}:
                 inclusive[name] += count
         if not total:
             continue
-        parts += [f"## {raw.name} ({total:,} samples)", "", "### Self time (where the CPU was)", ""]
-        parts += [_table(["function", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in self_samples.most_common(top)])]
+        parts += [f"## {raw.name} ({total:,} samples)", "", "### Self time by function", ""]
+        parts += [
+            _table(
+                ["function", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in self_fn.most_common(top)]
+            )
+        ]
         parts += ["", "### Inclusive time, mcpresume functions", ""]
-        ours = [(k, v) for k, v in inclusive.most_common() if "mcpresume/" in k][:top]
+        boring = ("<module> (mcpresume/__main__.py)", "main (mcpresume/cli.py)")
+        ours = [(k, v) for k, v in inclusive.most_common() if "mcpresume/" in k and k not in boring][:top]
         parts += [_table(["function", "inclusive"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in ours])]
+        parts += ["", "### Hottest lines (self)", ""]
+        rows = []
+        for key, value in self_line.most_common(top):
+            file, _, lineno = key.rpartition(":")
+            rows.append([f"`{key}`", f"{value / total:.1%}", f"`{_source(sources, file, lineno)}`"])
+        parts += [_table(["line", "self", "source"], rows)]
         parts += ["", "### Self time by file", ""]
-        parts += [_table(["file", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in by_file.most_common(15)]), ""]
+        parts += [
+            _table(["file", "self"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in by_file.most_common(12)]),
+            "",
+        ]
     path = out / "profile.md"
     path.write_text("\n".join(parts))
     return path
 
 
-def _short(frame: str) -> tuple[str, str] | None:
-    frame = frame.strip()
-    match = _FRAME.match(frame)
+def _parse_frame(frame: str) -> tuple[str, str, str]:
+    match = _FRAME.match(frame.strip())
     if not match:
-        return (frame, "?")
+        return frame.strip(), "?", ""
     file = match["file"]
-    for marker in ("site-packages/", "/lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "/lib/python3.11/", str(ROOT) + "/"):
         if marker in file:
             file = file.split(marker, 1)[1]
             break
-    return (f"{match['func']} ({file}:{match['line']})" if match["line"] else f"{match['func']} ({file})", file)
+    return match["func"], file, match["line"] or ""
+
+
+def _source(sources: dict[str, list[str]], file: str, lineno: str) -> str:
+    lines = sources.get(file)
+    if not lines or not lineno.isdigit() or int(lineno) > len(lines):
+        return ""
+    return lines[int(lineno) - 1].strip().replace("|", "\\|")[:90]

@@ -11,9 +11,9 @@ streams (uvloop when available):
   (chunked) with N ``notifications/progress`` events of exactly S bytes each (the whole SSE frame, from
   ``event:`` to the blank line), then the JSON-RPC response for the request id. ``rate = 0``: as fast as
   possible, many pre-built events per write (``batch`` bytes, default 64 KiB). ``rate > 0``: paced at R
-  events/s (the first after ``delay`` seconds), each event stamped with ``time.time_ns()`` just before it is written (``"ts"``), so a client
-  can compute the one-way latency. In burst mode the stamp is the stream's start time (payloads are
-  pre-built once per request so the upstream is never the bottleneck).
+  events/s (the first after ``delay`` seconds), each event stamped with ``time.time_ns()`` just before it
+  is written (``"ts"``), so a client can compute the one-way latency. In burst mode the stamp is the
+  stream's start time (payloads are pre-built once per request so the upstream is never the bottleneck).
 * ``POST`` any other request -> 200 ``application/json`` ``{"result": {}}``.
 * ``GET`` with ``Mcp-Session-Id`` -> the standalone SSE stream: headers and one comment, then it stays
   open, silent, until the client goes away.
@@ -172,7 +172,7 @@ class Upstream:
         return True
 
     async def tool_stream(
-                self,
+        self,
         writer: asyncio.StreamWriter,
         request_id: Any,
         *,

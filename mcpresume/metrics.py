@@ -61,6 +61,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.upstream_resumptions = Counter(
+            "mcpresume_upstream_resumptions",
+            "Upstream streams the proxy tried to resume itself, by outcome: resumed, refused, exhausted, "
+            "not_resumable (no event ids).",
+            ["outcome"],
+            registry=r,
+        )
+        self.upstream_duplicates = Counter(
+            "mcpresume_upstream_duplicates",
+            "Upstream events dropped because the upstream replayed an id already appended.",
+            registry=r,
+        )
         self.expired_sessions = Counter("mcpresume_expired_sessions", "Idle sessions reaped.", registry=r)
 
     def evicted(self, evicted: Evicted) -> None:

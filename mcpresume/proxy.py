@@ -56,7 +56,7 @@ from mcpresume.headers import (
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, parse_client_body
 from mcpresume.metrics import Metrics
-from mcpresume.pump import PumpJob, Pumps, pump
+from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.resume import ReAttach, decide
 from mcpresume.session import ClaimOutcome, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
@@ -337,8 +337,7 @@ class Proxy:
             return upstream
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
-        job = PumpJob(sid, stream.number, message.request_ids, log_id(sid))
-        self._spawn_pump(job, upstream)
+        self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
 
     async def _begin_session(self, session_id: str) -> bool:
@@ -350,20 +349,36 @@ class Proxy:
         log.info("session %s begins", log_id(session_id))
         return True
 
+    def _job(
+        self, request: web.Request, session_id: str, stream: int, request_ids: tuple[str | int, ...]
+    ) -> PumpJob:
+        # A resume GET speaks for the client: its session, protocol revision and credentials.
+        resume_headers = [(SESSION_HEADER, session_id)]
+        for name in (PROTOCOL_VERSION_HEADER, "Authorization"):
+            value = request.headers.get(name)
+            if value is not None:
+                resume_headers.append((name, value))
+        return PumpJob(
+            session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
+        )
+
     def _spawn_pump(self, job: PumpJob, upstream: aiohttp.ClientResponse) -> None:
-        self.ctx.pumps.spawn(
-            job.session_id,
-            pump(
-                job,
-                upstream,
-                self.store,
-                self.metrics,
-                self.ctx.clock,
-                self.settings.max_event_bytes,
-                self.settings.stall_timeout,
-                self.settings.window_events,
+        settings = self.settings
+        pump = Pump(
+            job,
+            self.store,
+            self.metrics,
+            self.upstream,
+            self.ctx.clock,
+            PumpSettings(
+                max_event_bytes=settings.max_event_bytes,
+                stall_timeout=settings.stall_timeout,
+                window_events=settings.window_events,
+                retry_ms=settings.retry_ms,
+                resume_attempts=settings.upstream_resume_attempts,
             ),
         )
+        self.ctx.pumps.spawn(job.session_id, pump.run(upstream))
 
     async def _duplicate(
         self,
@@ -460,7 +475,7 @@ class Proxy:
         opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
         if opened is None:
             return await self._relay(request, upstream)
-        self._spawn_pump(PumpJob(session_id, opened.number, (), log_id(session_id)), upstream)
+        self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
         return await self._attach(
             request, session_id, [opened.number], opened.priming_seq - 1, _client_headers(upstream), b""
         )

@@ -1,38 +1,57 @@
-"""Pumps: one task per upstream SSE response, appending its events to the session's window.
+"""Pumps: one task per upstream SSE stream, appending its events to the session's window.
 
 A pump's life is tied to the upstream stream, never to a client: a client that drops does not stop it
 (spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
 the response reaches the window and a re-attaching client gets it.
 
-When a POST stream ends without the JSON-RPC response of every request it carried (the upstream closed
-early, the connection dropped, an event was too large), the pump completes the stream with a synthesized
-JSON-RPC error for each pending request id, so no client waits forever for an answer that cannot come.
+The upstream's connection is as ephemeral as the client's. When it ends before the stream is complete (a
+2025-11-25 server closing on purpose to make clients poll, SEP-1699, or a dropped connection) and the
+upstream had sent event ids, the pump resumes it itself: GET + ``Last-Event-ID: <last upstream id>`` after
+the upstream's ``retry:`` (else ``retry_ms``), backing off, giving up after ``upstream_resume_attempts``
+attempts without progress. Upstream replays are deduplicated by upstream id. The client sees one continuous
+stream, whatever happened upstream.
+
+When a POST stream cannot be completed (no ids to resume from, the upstream refuses, attempts exhausted, an
+event too large), the pump completes it with a synthesized JSON-RPC error for each pending request id, so no
+client waits forever for an answer that cannot come.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
-from mcpresume.errors import SERVER_ERROR, EventTooLarge
+from mcpresume.errors import SERVER_ERROR, EventTooLarge, ProxyError
+from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.jsonrpc import error_response, request_key, response_key
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEParser, frame_body
 from mcpresume.store import SessionStore
+from mcpresume.upstream import Upstream
 from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.pump")
 
-# Events appended per store call, at most (and never more than half the window, see ``pump``). An upstream
-# read can hold hundreds of small events; appending them in slices lets a pump wait for a reading client
-# between slices instead of evicting under it.
-APPEND_SLICE = 64
+# Events appended per store call, at most (and never more than half the window). An upstream read can hold
+# hundreds of small events; appending them in slices lets a pump wait for a reading client between slices
+# instead of evicting under it.
+APPEND_SLICE: Final = 64
+# Upstream ids remembered per stream to drop replayed events. A resume replays what follows the last id,
+# so only a replay that overlaps what was already read matters; 4096 ids cover any sane overlap.
+SEEN_IDS: Final = 4096
+# Resume back-off doubles from the upstream's retry and stops growing here.
+MAX_RESUME_DELAY: Final = 30.0
+# Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
+_REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
+_SSE: Final = "text/event-stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +60,25 @@ class PumpJob:
     stream: int
     request_ids: tuple[str | int, ...]  # the requests whose responses complete the stream (none for GET)
     log_id: str  # a short hash of the session id: full session ids never appear in logs
+    path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
+    # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and Authorization.
+    resume_headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PumpSettings:
+    max_event_bytes: int
+    stall_timeout: float
+    window_events: int
+    retry_ms: int
+    resume_attempts: int
+
+
+class _End(enum.Enum):
+    COMPLETE = "complete"  # every response is in (POST), nothing left to read
+    CLOSED = "closed"  # the upstream ended the connection: resumable if it sent ids
+    DROPPED = "dropped"  # the connection failed: resumable if it sent ids
+    TOO_LARGE = "too_large"  # an event over max_event_bytes: resuming would meet it again
 
 
 class Pumps:
@@ -81,93 +119,181 @@ class Pumps:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def pump(
-    job: PumpJob,
-    response: aiohttp.ClientResponse,
-    store: SessionStore,
-    metrics: Metrics,
-    clock: Callable[[], float],
-    max_event_bytes: int,
-    stall_timeout: float,
-    window_events: int,
-) -> None:
-    """Read one upstream SSE response to its end, appending to ``job.stream``.
+class Pump:
+    """Reads one logical upstream stream, over as many upstream connections as it takes."""
 
-    Before each slice the pump waits (at most ``stall_timeout``) until appending evicts nothing an attached
-    client has yet to receive; a client that stays behind longer loses its place and must re-attach.
-    """
-    parser = SSEParser(max_event_bytes)
-    step = max(1, min(APPEND_SLICE, window_events // 2))  # a slice must fit beside what a reader still needs
-    pending = {request_key(i): i for i in job.request_ids}
-    failure = "the upstream closed the stream before the response"
-    try:
-        async for chunk in response.content.iter_any():
-            items = []
-            for event in parser.feed(chunk):
-                if not event.data:
-                    continue  # priming, or an id/retry-only event: the proxy sends its own
-                key = response_key(event.data) if pending else None
-                is_response = key is not None and pending.pop(key, None) is not None
-                items.append(
-                    NewEvent(
-                        frame_body(event.data, event.event),
-                        EventKind.RESPONSE if is_response else EventKind.MESSAGE,
-                        event.id,
-                        key if is_response else None,
-                    )
+    def __init__(
+        self,
+        job: PumpJob,
+        store: SessionStore,
+        metrics: Metrics,
+        upstream: Upstream,
+        clock: Callable[[], float],
+        settings: PumpSettings,
+    ) -> None:
+        self.job = job
+        self.store = store
+        self.metrics = metrics
+        self.upstream = upstream
+        self.clock = clock
+        self.settings = settings
+        self.pending = {request_key(i): i for i in job.request_ids}
+        self.step = max(1, min(APPEND_SLICE, settings.window_events // 2))
+        self.last_id: bytes | None = None
+        self.retry_ms: int | None = None
+        self.attempts = 0  # resume attempts since the last progress
+        self.failure = "the upstream closed the stream before the response"
+        self._seen: set[bytes] = set()
+        self._seen_order: deque[bytes] = deque()
+
+    async def run(self, response: aiohttp.ClientResponse) -> None:
+        current: aiohttp.ClientResponse | None = response
+        try:
+            while current is not None:
+                end = await self._read(current)
+                if end is _End.COMPLETE or end is _End.TOO_LARGE:
+                    break
+                if self.job.request_ids and not self.pending:
+                    break
+                current = await self._resume()
+        except asyncio.CancelledError:
+            self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            await self._finish()
+            raise
+        await self._finish()
+
+    # -- one upstream connection -------------------------------------------------------------------------
+
+    async def _read(self, response: aiohttp.ClientResponse) -> _End:
+        parser = SSEParser(self.settings.max_event_bytes)
+        try:
+            async for chunk in response.content.iter_any():
+                await self._append(self._events(parser.feed(chunk)))
+                if self.job.request_ids and not self.pending:
+                    return _End.COMPLETE
+            if parser.close():
+                self.failure = "the upstream closed the stream in the middle of an event"
+            else:
+                self.failure = "the upstream closed the stream before the response"
+            return _End.CLOSED
+        except EventTooLarge as exc:
+            self.failure = exc.message
+            self.metrics.upstream_errors.labels(exc.reason).inc()
+            return _End.TOO_LARGE
+        except (aiohttp.ClientError, OSError) as exc:
+            self.failure = f"the upstream connection failed: {type(exc).__name__}"
+            self.metrics.upstream_errors.labels("stream_dropped").inc()
+            return _End.DROPPED
+        finally:
+            response.release()
+
+    def _events(self, parsed: Sequence[Any]) -> list[NewEvent]:
+        items: list[NewEvent] = []
+        for event in parsed:
+            if event.retry is not None:
+                self.retry_ms = event.retry
+            if event.id:
+                self.last_id = event.id
+            if not event.data:
+                continue  # priming, or an id/retry-only event: the proxy sends its own
+            if event.id:
+                if event.id in self._seen:
+                    self.metrics.upstream_duplicates.inc()
+                    continue  # an upstream replay of an event already appended
+                self._remember(event.id)
+            key = response_key(event.data) if self.pending else None
+            is_response = key is not None and self.pending.pop(key, None) is not None
+            items.append(
+                NewEvent(
+                    frame_body(event.data, event.event),
+                    EventKind.RESPONSE if is_response else EventKind.MESSAGE,
+                    event.id,
+                    key if is_response else None,
                 )
-            for start in range(0, len(items), step):
-                batch = items[start : start + step]
-                size = sum(len(item.body) for item in batch)
-                await store.wait_for_room(job.session_id, len(batch), size, stall_timeout)
-                metrics.upstream_events.inc(len(batch))
-                metrics.evicted(await store.append(job.session_id, job.stream, batch, clock()))
-            if job.request_ids and not pending:
-                break  # every response is in: the POST stream is complete
-        if parser.close():
-            failure = "the upstream closed the stream in the middle of an event"
-    except EventTooLarge as exc:
-        failure = exc.message
-        metrics.upstream_errors.labels(exc.reason).inc()
-    except (aiohttp.ClientError, OSError) as exc:
-        failure = f"the upstream connection failed: {type(exc).__name__}"
-        metrics.upstream_errors.labels("stream_dropped").inc()
-    except asyncio.CancelledError:
-        failure = "the proxy stopped reading the stream (shutdown or session end)"
-        await _finish(job, store, metrics, clock, pending, failure)
-        raise
-    finally:
-        response.release()
-    await _finish(job, store, metrics, clock, pending, failure)
-
-
-async def _finish(
-    job: PumpJob,
-    store: SessionStore,
-    metrics: Metrics,
-    clock: Callable[[], float],
-    pending: dict[str, str | int],
-    failure: str,
-) -> None:
-    if pending:
-        log.warning(
-            "session %s stream %d: %s; answering %d request(s) with an error",
-            job.log_id,
-            job.stream,
-            failure,
-            len(pending),
-        )
-        items = [
-            NewEvent(
-                frame_body(
-                    error_response(request_id, SERVER_ERROR, failure, {"reason": "upstream_stream_lost"})
-                ),
-                EventKind.RESPONSE,
-                None,
-                key,
             )
-            for key, request_id in pending.items()
-        ]
-        metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
-        await store.append(job.session_id, job.stream, items, clock())
-    await store.end_stream(job.session_id, job.stream, clock())
+        return items
+
+    def _remember(self, upstream_id: bytes) -> None:
+        self._seen.add(upstream_id)
+        self._seen_order.append(upstream_id)
+        if len(self._seen_order) > SEEN_IDS:
+            self._seen.discard(self._seen_order.popleft())
+
+    async def _append(self, items: list[NewEvent]) -> None:
+        if not items:
+            return
+        self.attempts = 0  # progress
+        job, step = self.job, self.step
+        for start in range(0, len(items), step):
+            batch = items[start : start + step]
+            size = sum(len(item.body) for item in batch)
+            # Wait (bounded) until appending evicts nothing an attached client has yet to receive; a client
+            # that stays behind longer loses its place and must re-attach.
+            await self.store.wait_for_room(job.session_id, len(batch), size, self.settings.stall_timeout)
+            self.metrics.upstream_events.inc(len(batch))
+            self.metrics.evicted(await self.store.append(job.session_id, job.stream, batch, self.clock()))
+
+    # -- resuming upstream -------------------------------------------------------------------------------
+
+    async def _resume(self) -> aiohttp.ClientResponse | None:
+        """Reconnect with the last upstream id; None when the stream cannot be resumed."""
+        outcomes = self.metrics.upstream_resumptions
+        if self.last_id is None:
+            self.failure += ", and sent no event ids to resume from"
+            outcomes.labels("not_resumable").inc()
+            return None
+        cursor = self.last_id.decode("ascii", "replace")
+        headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
+        while self.attempts < self.settings.resume_attempts:
+            base = (self.retry_ms if self.retry_ms is not None else self.settings.retry_ms) / 1000
+            await asyncio.sleep(min(MAX_RESUME_DELAY, base * 2**self.attempts))
+            self.attempts += 1
+            try:
+                response = await self.upstream.request("GET", self.job.path_qs, headers, None)
+            except ProxyError as error:
+                self.failure = f"resuming the upstream stream failed: {error.message}"
+                continue
+            if response.status == 200 and response.content_type == _SSE:
+                outcomes.labels("resumed").inc()
+                log.info(
+                    "session %s stream %d: upstream stream resumed after %s",
+                    self.job.log_id,
+                    self.job.stream,
+                    cursor,
+                )
+                return response
+            status = response.status
+            response.release()
+            self.failure = f"the upstream answered {status} to resuming its stream"
+            if status in _REFUSALS:
+                outcomes.labels("refused").inc()
+                return None
+        self.failure += f" (gave up after {self.attempts} attempts)"
+        outcomes.labels("exhausted").inc()
+        return None
+
+    # -- the end -----------------------------------------------------------------------------------------
+
+    async def _finish(self) -> None:
+        job = self.job
+        if self.pending:
+            log.warning(
+                "session %s stream %d: %s; answering %d request(s) with an error",
+                job.log_id,
+                job.stream,
+                self.failure,
+                len(self.pending),
+            )
+            data = {"reason": "upstream_stream_lost"}
+            items = [
+                NewEvent(
+                    frame_body(error_response(request_id, SERVER_ERROR, self.failure, data)),
+                    EventKind.RESPONSE,
+                    None,
+                    key,
+                )
+                for key, request_id in self.pending.items()
+            ]
+            self.metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
+            await self.store.append(job.session_id, job.stream, items, self.clock())
+        await self.store.end_stream(job.session_id, job.stream, self.clock())

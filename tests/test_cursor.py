@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcpresume import cursor as cursor_module
 from mcpresume.cursor import (
     EPOCH_LEN,
     MAX_COUNTER,
@@ -38,6 +41,14 @@ def test_round_trip(epoch: str, stream: int, seq: int) -> None:
 def test_examples() -> None:
     assert parse_cursor("q7m2k4xa2c3d-2-41") == Cursor("q7m2k4xa2c3d", 2, 41)
     assert parse_cursor(b"q7m2k4xa2c3d-0-0") == Cursor("q7m2k4xa2c3d", 0, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the module docstring's example cursor has a '9', not base32")
+def test_the_documented_example_is_a_cursor() -> None:
+    doc = cursor_module.__doc__ or ""
+    example = re.search(r"for example ``([^`]+)``", doc)
+    assert example is not None
+    assert isinstance(parse_cursor(example[1]), Cursor)
 
 
 def test_extreme_counters_round_trip() -> None:

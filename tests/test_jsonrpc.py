@@ -250,8 +250,9 @@ def test_object_mentioning_result_only_in_a_value_is_not_a_response() -> None:
 
 
 def test_response_key_matches_request_key() -> None:
-    for request_id in (0, 1, -3, 2**53, "x", "", "1"):
-        doc = {"jsonrpc": "2.0", "id": request_id, "result": {}}
+    ids: tuple[int | str, ...] = (0, 1, -3, 2**53, "x", "", "1")
+    for request_id in ids:
+        doc: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "result": {}}
         assert response_key(body(doc)) == request_key(request_id)
 
 

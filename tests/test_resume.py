@@ -132,10 +132,36 @@ def test_row4_on_a_session_that_never_appended() -> None:
     }
 
 
-# -- row 5: cursor's stream no longer retained -> 409 cursor_out_of_window -------------------------------
+# -- row 5: stream or seq 0 (numbering starts at 1) -> 400 malformed_cursor ---------------------------------
 
 
-def test_row5_stream_no_longer_retained() -> None:
+def test_row5_stream_zero_is_malformed_not_out_of_window() -> None:
+    """Streams are numbered from 1, so ``<epoch>-0-<seq>`` was never issued: 400 malformed_cursor is the
+    honest answer (DESIGN.md #10), not "no longer retained"."""
+    session = SessionState("S1", EPOCH, WindowLimits(16, 1 << 20, 300.0), retry_ms=None, now=0.0)
+    priming = session.open_stream(StreamOrigin.GET, [], now=0.0)
+    assert priming.stream == 1 and priming.seq == 1
+    cursor = Cursor(EPOCH, 0, 1)
+    decision = decide(session.view(0, 1e9), cursor, NOW)
+    error = assert_rejection(decision, MalformedCursor, 400, "malformed_cursor")
+    assert error.data()["cursor"] == cursor.encode()
+
+
+def test_row5_seq_zero_is_malformed_even_when_the_stream_is_gone() -> None:
+    cursor = Cursor(EPOCH, 2, 0)
+    decision = decide(replace(VIEW, stream=None), cursor, NOW)
+    error = assert_rejection(decision, MalformedCursor, 400, "malformed_cursor")
+    assert error.data() == {"reason": "malformed_cursor", **facts(cursor)}
+
+
+def test_row4_wins_over_row5() -> None:
+    assert_rejection(decide(VIEW, Cursor(EPOCH, 0, 26), NOW), CursorAhead, 409, "cursor_ahead")
+
+
+# -- row 6: cursor's stream no longer retained -> 409 cursor_out_of_window -------------------------------
+
+
+def test_row6_stream_no_longer_retained() -> None:
     cursor = Cursor(EPOCH, 1, 5)
     decision = decide(replace(VIEW, stream=None), cursor, NOW)
     error = assert_rejection(decision, CursorOutOfWindow, 409, "cursor_out_of_window")
@@ -143,7 +169,7 @@ def test_row5_stream_no_longer_retained() -> None:
     assert "no longer retained" in error.message
 
 
-def test_row5_with_an_empty_window() -> None:
+def test_row6_with_an_empty_window() -> None:
     drained = replace(VIEW, oldest=None, newest=None, stream=None)
     cursor = Cursor(EPOCH, 2, 20)
     decision = decide(drained, cursor, NOW)
@@ -156,56 +182,43 @@ def test_row5_with_an_empty_window() -> None:
     }
 
 
-# -- row 6: seq outside its stream's issued range -> 400 malformed_cursor ---------------------------------
+# -- row 7: seq outside its stream's issued range -> 400 malformed_cursor ---------------------------------
 
 
-@pytest.mark.parametrize("seq", [0, 9, 21, 25])
-def test_row6_seq_outside_the_streams_range(seq: int) -> None:
+@pytest.mark.parametrize("seq", [9, 21, 25])
+def test_row7_seq_outside_the_streams_range(seq: int) -> None:
     cursor = Cursor(EPOCH, 2, seq)
     error = assert_rejection(decide(VIEW, cursor, NOW), MalformedCursor, 400, "malformed_cursor")
     assert error.data() == {"reason": "malformed_cursor", **facts(cursor)}
 
 
-def test_row6_wins_over_row7() -> None:
+def test_row7_wins_over_row8() -> None:
     # seq 9 precedes the stream and is below evicted_through: the cursor is not of this stream at all.
     assert_rejection(decide(VIEW, Cursor(EPOCH, 2, 9), NOW), MalformedCursor, 400, "malformed_cursor")
 
 
-# -- row 7: an event of the stream after the cursor was evicted -> 409 cursor_out_of_window ---------------
+# -- row 8: an event of the stream after the cursor was evicted -> 409 cursor_out_of_window ---------------
 
 
-def test_row7_evicted_after_the_cursor() -> None:
+def test_row8_evicted_after_the_cursor() -> None:
     cursor = Cursor(EPOCH, 2, 10)  # 11 was evicted: re-attaching after 10 would skip it silently
     error = assert_rejection(decide(VIEW, cursor, NOW), CursorOutOfWindow, 409, "cursor_out_of_window")
     assert error.data() == {"reason": "cursor_out_of_window", **facts(cursor)}
     assert "evicted" in error.message
 
 
-# -- row 8: otherwise -> re-attach after seq ---------------------------------------------------------------
+# -- row 9: otherwise -> re-attach after seq ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("seq", [11, 12, 19, 20])
-def test_row8_reattach(seq: int) -> None:
+def test_row9_reattach(seq: int) -> None:
     # 11 is evicted itself, but nothing after it was: the client holding it has lost nothing.
     assert decide(VIEW, Cursor(EPOCH, 2, seq), NOW) == ReAttach(2, seq)
 
 
-def test_row8_on_an_ended_stream() -> None:
+def test_row9_on_an_ended_stream() -> None:
     ended = replace(VIEW, stream=replace(STREAM, live=False))
     assert decide(ended, Cursor(EPOCH, 2, 20), NOW) == ReAttach(2, 20)
-
-
-# -- never-issued positions (streams and seqs start at 1) -------------------------------------------------
-
-
-def test_stream_zero_is_malformed_not_out_of_window() -> None:
-    """Streams are numbered from 1, so ``<epoch>-0-<seq>`` was never issued: the table's row 2/6 answer
-    (400 malformed_cursor) is the honest one (DESIGN.md #10), not row 5's "no longer retained"."""
-    session = SessionState("S1", EPOCH, WindowLimits(16, 1 << 20, 300.0), retry_ms=None, now=0.0)
-    priming = session.open_stream(StreamOrigin.GET, [], now=0.0)
-    assert priming.stream == 1 and priming.seq == 1
-    decision = decide(session.view(0, 1e9), Cursor(EPOCH, 0, 1), NOW)
-    assert_rejection(decision, MalformedCursor, 400, "malformed_cursor")
 
 
 # -- properties of the whole table -------------------------------------------------------------------------
@@ -255,6 +268,7 @@ def test_decide_is_total_and_honest(view: SessionView | None, cursor: Cursor | C
         assert view.stream.first_seq <= cursor.seq <= view.stream.last_seq
         assert view.stream.evicted_through <= cursor.seq
         assert cursor.seq <= view.newest_seq and cursor.stream < view.next_stream
+        assert cursor.stream >= 1 and cursor.seq >= 1  # numbering starts at 1
     else:
         assert isinstance(decision, ProxyError)
         # 404 means the session is gone, and nothing else (DESIGN.md #10).

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
-from mcpresume.resume import ReAttach, decide
+from mcpresume.resume import ReAttach, StreamView, decide
 from mcpresume.session import (
     MAX_REQUEST_IDS,
     READ_MAX_BYTES,
@@ -465,14 +465,7 @@ def test_view() -> None:
     assert view.expires_at is None  # a POST stream is being pumped
     assert (view.next_stream, view.newest_seq) == (3, 4)
     assert view.oldest == (a, 2) and view.newest == (b, 4)
-    assert view.stream is not None
-    assert (view.stream.number, view.stream.live, view.stream.first_seq, view.stream.last_seq) == (
-        a,
-        True,
-        1,
-        3,
-    )
-    assert view.stream.evicted_through == 1
+    assert view.stream == StreamView(number=a, live=True, first_seq=1, last_seq=3, evicted_through=1)
 
     session.end_stream(a, now=7.0)
     idle = session.view(b, 60.0)
@@ -686,8 +679,8 @@ class ResumeMachine(RuleBasedStateMachine):
         if seq > len(self.history) or stream >= self.session.next_stream:
             assert isinstance(decision, CursorAhead)
         elif isinstance(decision, ReAttach):
-            ref = self.streams[stream]
-            assert ref.first_seq <= seq <= ref.last_seq
+            issued = self.streams[stream]
+            assert issued.first_seq <= seq <= issued.last_seq
             self.check_reattach(decision, cursor)
         else:
             assert decision.status in (400, 409)
@@ -698,10 +691,9 @@ class ResumeMachine(RuleBasedStateMachine):
 
     @rule(pick=st.integers(0, 100))
     def resume_from_another_incarnation(self, pick: int) -> None:
-        raw = self.other_cursors[pick % len(self.other_cursors)]
-        decision = decide(
-            self.session.view(parse_cursor(raw).stream, SESSION_TTL), parse_cursor(raw), self.now
-        )  # type: ignore[union-attr]
+        cursor = parse_cursor(self.other_cursors[pick % len(self.other_cursors)])
+        assert isinstance(cursor, Cursor) and cursor.epoch == OTHER_EPOCH
+        decision = decide(self.session.view(cursor.stream, SESSION_TTL), cursor, self.now)
         assert isinstance(decision, UnknownSession if self.expired() else ForeignCursor)
 
     @precondition(lambda self: self.history)

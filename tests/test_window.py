@@ -249,7 +249,8 @@ ops_strategy = st.lists(
         size=st.integers(0, 40),
         dt=st.sampled_from([0, 0, 0, 1, 2, 5, 11]),
     ),
-    max_size=60,
+    min_size=10,
+    max_size=80,
 )
 
 

@@ -1,0 +1,104 @@
+"""A scripted MCP upstream (aiohttp) for what the SDK server can't do on demand: drop a stream after a
+chosen number of events, resume (or refuse to) from ``Last-Event-ID``, replay events twice."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+SESSION = "scripted-session-1"
+
+
+@dataclass
+class ScriptedUpstream:
+    """Each tools/call streams ``total`` progress notifications then the response, with ids ``<req>-<k>``.
+
+    ``drops``: how each connection of a call ends early: a list consumed in order; each item is the number
+    of events that connection sends before it ends (``None``: no early end). ``abort``: end by aborting the
+    TCP connection (else a clean end of the chunked body). ``resumable``: answer GET + Last-Event-ID (else
+    404). ``overlap``: on resume, replay this many events at or before the cursor (a sloppy event store).
+    ``send_ids``: put ids on events at all.
+    """
+
+    total: int = 20
+    drops: list[int | None] = field(default_factory=list)
+    abort: bool = False
+    resumable: bool = True
+    overlap: int = 0
+    send_ids: bool = True
+    retry_ms: int = 10
+    gets: list[str | None] = field(default_factory=list)  # Last-Event-ID of every GET received
+    posts: int = 0
+    forget_session: bool = False  # answer every POST in a session with 404 (the upstream restarted)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        if request.method == "GET":
+            cursor = request.headers.get("Last-Event-ID")
+            self.gets.append(cursor)
+            if cursor is None:  # the standalone stream: server-initiated messages, as request "0"
+                return await self.stream(request, 0, 0)
+            if not self.resumable:
+                return web.Response(status=404)
+            request_id, _, k = cursor.rpartition("-")
+            return await self.stream(request, int(request_id), max(0, int(k) + 1 - self.overlap))
+        self.posts += 1
+        message = orjson.loads(await request.read())
+        if self.forget_session and "Mcp-Session-Id" in request.headers:
+            return web.Response(status=404, text="session not found")
+        if message.get("method") == "initialize":
+            result = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "serverInfo": {"name": "s", "version": "1"},
+            }
+            return web.json_response(
+                {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": SESSION}
+            )
+        if "id" not in message:
+            return web.Response(status=202)
+        return await self.stream(request, message["id"], 0)
+
+    def event(self, request_id: int, k: int) -> bytes:
+        if k < self.total:
+            body = {
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": request_id, "progress": k + 1, "total": self.total},
+            }
+        else:
+            body = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [], "done": True}}
+        frame = b"event: message\n"
+        if self.send_ids:
+            frame += f"id: {request_id}-{k}\n".encode()
+        return frame + b"data: " + orjson.dumps(body) + b"\n\n"
+
+    async def stream(self, request: web.Request, request_id: int, start: int) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Mcp-Session-Id": SESSION}
+        )
+        await response.prepare(request)
+        await response.write(f"retry: {self.retry_ms}\n\n".encode())
+        budget = self.drops.pop(0) if self.drops else None
+        for k in range(start, self.total + 1):
+            if budget is not None and k - start >= budget:
+                if self.abort and request.transport is not None:
+                    request.transport.abort()
+                return response
+            await response.write(self.event(request_id, k))
+        return response
+
+
+def random_drops(seed: int, connections: int, most: int) -> list[int | None]:
+    """Seeded early ends; the first connection sends at least one event, so there is an id to resume from."""
+    rng = random.Random(seed)
+    return [rng.randint(1, most)] + [rng.randint(0, most) for _ in range(connections - 1)]

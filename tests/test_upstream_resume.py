@@ -1,0 +1,147 @@
+"""Upstream-side resumption: the proxy resumes the upstream's stream itself, so the client sees one
+continuous stream whatever happens upstream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.support.proxy import ScriptedClient, collect, running_proxy
+from tests.support.relay import CuttingRelay
+from tests.support.scripted import ScriptedUpstream, random_drops
+from tests.support.sdk import count_slowly, sdk_session
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[object]:
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> str:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def call(proxy_url: str, total: int) -> tuple[list[int], list[dict[str, object]]]:
+    """One tools/call through the proxy with a raw client; returns (progress values, responses) received."""
+    async with aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy_url)
+        await client.initialize()
+        _, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200
+            events = await collect(response)
+    messages = [orjson.loads(e.data) for e in events if e.data]
+    progress = [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"]
+    return progress, [m for m in messages if "id" in m and "method" not in m]
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["clean-close", "connection-abort"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_upstream_drops_at_random_points_and_every_call_completes_once_in_order(
+    serve, seed, abort
+) -> None:
+    upstream = ScriptedUpstream(total=30, drops=random_drops(seed, 6, 8), abort=abort)
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:
+        progress, responses = await call(proxy.url, 30)
+        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+    assert progress == list(range(1, 31))
+    assert len(responses) == 1 and responses[0]["result"]["done"] is True
+    assert resumed == len(upstream.gets) > 0  # the proxy, not the client, reconnected upstream
+
+
+async def test_upstream_replaying_events_twice_reaches_the_client_once(serve) -> None:
+    upstream = ScriptedUpstream(total=12, drops=[4, 4, 4], overlap=2)
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:
+        progress, responses = await call(proxy.url, 12)
+        duplicates = proxy.ctx.metrics.upstream_duplicates._value.get()
+    assert progress == list(range(1, 13))
+    assert len(responses) == 1
+    assert duplicates == 2 * 3  # the overlap of each of the three resumes
+
+
+@pytest.mark.parametrize(
+    ("upstream", "outcome"),
+    [
+        (ScriptedUpstream(total=10, drops=[3], resumable=False), "refused"),
+        (ScriptedUpstream(total=10, drops=[3], send_ids=False), "not_resumable"),
+        (ScriptedUpstream(total=10, drops=[3, 0, 0, 0]), "exhausted"),
+    ],
+    ids=["upstream-404", "no-ids", "no-progress"],
+)
+async def test_unresumable_upstream_gives_the_client_a_synthesized_error_promptly(
+    serve, upstream, outcome
+) -> None:
+    url = await serve(upstream.app())
+    async with running_proxy(url, upstream_resume_attempts=3) as proxy:
+        async with asyncio.timeout(10):  # retry 10 ms, doubling: well under a second
+            progress, responses = await call(proxy.url, 10)
+        counted = proxy.ctx.metrics.upstream_resumptions.labels(outcome)._value.get()
+        synthesized = proxy.ctx.metrics.synthesized_errors.labels("upstream_stream_lost")._value.get()
+    assert progress == [1, 2, 3]
+    assert len(responses) == 1
+    error = responses[0]["error"]
+    assert isinstance(error, dict) and error["data"]["reason"] == "upstream_stream_lost"
+    assert counted == 1 and synthesized == 1
+    if outcome == "exhausted":
+        assert len(upstream.gets) == 3  # upstream_resume_attempts
+
+
+async def test_sdk_server_that_closes_streams_to_make_clients_poll(
+    example_upstream_with_event_store: str,
+) -> None:
+    """The SDK server with an event store and retry_interval closes the SSE stream mid-call (poll_me); through
+    the proxy the SDK client's call completes and the client never reconnects: the proxy polled for it."""
+    async with running_proxy(example_upstream_with_event_store) as proxy:
+        relay = CuttingRelay("127.0.0.1", proxy.port, record=True)
+        async with relay, sdk_session(relay.url_for("/mcp"), read_timeout_seconds=30) as session:
+            call = await count_slowly(session, n=3, delay=0.01, tool="poll_me")
+        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+    assert call.text == "polled 3 times"
+    assert [p for p, _, _ in call.progress] == [1, 2, 3]
+    assert resumed >= 1  # the upstream closed the stream mid-call
+    client_resumes = [r for r in relay.requests() if r.header("last-event-id") is not None]
+    assert client_resumes == []
+
+
+async def test_standalone_get_stream_is_resumed_upstream(serve) -> None:
+    upstream = ScriptedUpstream(total=12, drops=[3, 4, 2])
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with http.get(client.url, headers=client.headers()) as response:
+            assert response.status == 200
+            events = await collect(response, limit=12)
+        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+    progress = [orjson.loads(e.data)["params"]["progress"] for e in events if e.data]
+    assert progress == list(range(1, 13))
+    assert resumed >= 3
+    assert upstream.gets[0] is None and all(g is not None for g in upstream.gets[1:])
+
+
+async def test_upstream_that_forgot_the_session_gives_404_and_the_proxy_drops_it(serve) -> None:
+    upstream = ScriptedUpstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        assert await proxy.ctx.store.has_session(client.session_id)
+        upstream.forget_session = True
+        _, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            assert response.status == 404  # the client must re-initialize
+        assert not await proxy.ctx.store.has_session(client.session_id)
