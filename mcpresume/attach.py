@@ -85,6 +85,9 @@ async def follow(
                 await store.move_reader(session_id, reader, position)
                 outcome.sent += len(result.events)
                 outcome.replayed += sum(1 for e in result.events if e.seq <= replay_through)
+                if result.complete:  # the last events of an ended stream: done (don't read a forgotten one)
+                    outcome.complete = True
+                    return outcome
                 continue
             if result.complete:
                 outcome.complete = True

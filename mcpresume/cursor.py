@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A cursor names one event of one session: ``<epoch>-<stream>-<seq>``, for example ``q7m2k4xa9c3d-2-41``.
+A cursor names one event of one session: ``<epoch>-<stream>-<seq>``, for example ``q7m2k4xa2c3d-2-41``.
 
 * ``epoch``: 12 characters of lowercase RFC 4648 base32 (60 random bits), drawn afresh for every
   incarnation of a session. A cursor of another session, of an earlier session that reused the same

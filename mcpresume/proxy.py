@@ -324,7 +324,8 @@ class Proxy:
             return upstream
         if not (200 <= upstream.status < 300) or sid is None:
             return upstream
-        if adopt:
+        # Adopt an unknown session once: two requests racing to adopt it must not make two incarnations.
+        if adopt and (session_id is None or not await self.store.has_session(sid)):
             if not await self._begin_session(sid):
                 return upstream
             if session_id is not None and message.request_keys:

@@ -122,7 +122,13 @@ class SessionState:
     )
 
     def __init__(
-        self, session_id: str, epoch: str, limits: WindowLimits, retry_ms: int | None, now: float
+        self,
+        session_id: str,
+        epoch: str,
+        limits: WindowLimits,
+        retry_ms: int | None,
+        now: float,
+        first_stream: int = 1,
     ) -> None:
         self.session_id = session_id
         self.retry_ms = retry_ms
@@ -130,7 +136,9 @@ class SessionState:
         self.window = Window(limits)
         self.streams: dict[int, StreamState] = {}
         self.next_seq = 1
-        self.next_stream = 1
+        # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
+        # the old incarnation (which holds only the id and a stream number) finds nothing to read or feed.
+        self.next_stream = first_stream
         self.version = 0
         self.attached = 0
         self.last_active = now

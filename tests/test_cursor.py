@@ -43,7 +43,6 @@ def test_examples() -> None:
     assert parse_cursor(b"q7m2k4xa2c3d-0-0") == Cursor("q7m2k4xa2c3d", 0, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the module docstring's example cursor has a '9', not base32")
 def test_the_documented_example_is_a_cursor() -> None:
     doc = cursor_module.__doc__ or ""
     example = re.search(r"for example ``([^`]+)``", doc)

@@ -75,9 +75,14 @@ class MemoryStore:
                     f"the proxy holds its maximum of {self.max_sessions} sessions",
                     max_sessions=self.max_sessions,
                 )
-        self._drop(session_id)  # a re-used id is a new incarnation: new epoch, old cursors become foreign
+        # A re-used id is a new incarnation: a new epoch (old cursors become foreign) and new stream numbers.
+        previous = self._sessions.get(session_id)
+        first_stream = previous.next_stream if previous is not None else 1
+        self._drop(session_id)
         epoch = new_epoch()
-        self._sessions[session_id] = SessionState(session_id, epoch, self.limits, self.retry_ms, now)
+        self._sessions[session_id] = SessionState(
+            session_id, epoch, self.limits, self.retry_ms, now, first_stream=first_stream
+        )
         return epoch
 
     async def has_session(self, session_id: str) -> bool:
