@@ -63,7 +63,7 @@ MODES: dict[str, dict[str, Any]] = {
         "tp_reps": 3,
         "lat_rates": [1000, 10000],
         "lat_streams": 10,
-        "lat_segments": 4,
+        "lat_segments": 6,
         "lat_duration": 4.0,
         "lat_warmup": 0.5,
         "resume_sessions": 50,
@@ -198,6 +198,7 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
         pooled: dict[str, list[float]] = {name: [] for name in names}
         segment_p99: dict[str, list[float]] = {name: [] for name in names}
         counts: dict[str, list[int]] = {name: [0, 0] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for segment in range(mode["lat_segments"]):
             order = names[segment % len(names) :] + names[: segment % len(names)]
             for name in order:
@@ -210,7 +211,11 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
                     "duration": mode["lat_duration"],
                     "warmup": mode["lat_warmup"],
                 }
+                cpu0, t0 = _cpu(targets[name]), time.monotonic()
                 result = run_client(procs, spec, timeout=mode["lat_duration"] + 60)
+                cpu1, t1 = _cpu(targets[name]), time.monotonic()
+                if cpu0 is not None and cpu1 is not None:
+                    cpu[name].append((cpu1 - cpu0) / (t1 - t0))
                 samples = [us / 1000 for us in result["samples_us"]]
                 pooled[name] += samples
                 segment_p99[name].append(percentiles(samples).get("p99", float("nan")))
@@ -225,6 +230,8 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
                 "curve_ms": quantile_curve(pooled[name]),
                 "received": counts[name][0],
                 "expected": counts[name][1],
+                # the proxy's CPU share of one core over each client run (setup included)
+                "cpu_share": statistics.median(cpu[name]) if cpu[name] else None,
             }
         for name in names:
             if name == "direct":

@@ -67,7 +67,6 @@ async def follow(
     """
     outcome = AttachOutcome()
     position = after
-    await store.attach(session_id, clock())
     if reader is None:
         reader = await store.add_reader(session_id, streams, position)
     try:
@@ -104,4 +103,3 @@ async def follow(
         return outcome
     finally:
         await store.remove_reader(session_id, reader)
-        await store.detach(session_id, clock())

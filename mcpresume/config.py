@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -47,11 +48,27 @@ class Settings(BaseSettings):
 
     # -- clients -----------------------------------------------------------------------------------------
     stall_timeout: float = Field(30.0, gt=0, description="seconds a client may not drain before detach")
+    overflow: Literal["evict", "pause"] = Field(
+        "evict", description="while no client reads a full window: evict the oldest, or pause the upstream"
+    )
+    max_attached_per_session: int = Field(8, ge=1, description="most client views open per session (429)")
+    max_streams_per_session: int = Field(64, ge=1, description="most live streams per session (429)")
+    max_total_window_bytes: int = Field(512 * MiB, ge=1024, description="most window bytes, all sessions")
     retry_ms: int = Field(1000, ge=0, description="SSE retry: hint sent to clients (milliseconds)")
     resume_notification: bool = Field(
         False, description="also send notifications/mcpresume/resumed on a re-attach"
     )
     max_body_bytes: int = Field(4 * MiB, ge=1024, description="largest client POST body to the MCP endpoint")
+    body_timeout: float = Field(
+        30.0, gt=0, description="seconds a client may take to send a request body (408)"
+    )
+    max_header_bytes: int = Field(16384, ge=1024, description="largest total of request header bytes (431)")
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origin values accepted on the MCP endpoint (empty: any)"
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Host values accepted on the MCP endpoint (empty: any)"
+    )
 
     # -- upstream ----------------------------------------------------------------------------------------
     connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the upstream")
@@ -70,6 +87,14 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        # Flags and environment variables give one comma-separated string; TOML gives a list.
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
 
     @field_validator("upstream")
     @classmethod

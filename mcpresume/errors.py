@@ -105,12 +105,61 @@ class BodyTooLarge(ProxyError):
     reason = "body_too_large"
 
 
+class TooManyAttachments(ProxyError):
+    """429: a session already has ``max_attached_per_session`` client views open."""
+
+    status = 429
+    reason = "too_many_attachments"
+
+
+class TooManyStreams(ProxyError):
+    """429: a session already has ``max_streams_per_session`` live streams."""
+
+    status = 429
+    reason = "too_many_streams"
+
+
+class HeadersTooLarge(ProxyError):
+    """431: request headers over ``max_header_bytes``."""
+
+    status = 431
+    reason = "headers_too_large"
+
+
+class BodyTimeout(ProxyError):
+    """408: a request body that did not arrive within ``body_timeout`` (slowloris)."""
+
+    status = 408
+    reason = "body_timeout"
+
+
+class OriginNotAllowed(ProxyError):
+    """403: a present ``Origin`` not in ``allowed_origins`` (the spec's DNS-rebinding MUST)."""
+
+    status = 403
+    reason = "origin_not_allowed"
+
+
+class HostNotAllowed(ProxyError):
+    """403: a ``Host`` not in ``allowed_hosts``."""
+
+    status = 403
+    reason = "host_not_allowed"
+
+
 class BadRequest(ProxyError):
     """400: a request the proxy cannot interpret (not JSON, not JSON-RPC, a bad header value)."""
 
     status = 400
     code = INVALID_REQUEST
     reason = "bad_request"
+
+
+class BadSessionId(BadRequest):
+    """400: an ``Mcp-Session-Id`` that is not 1-256 visible ASCII characters (spec: 0x21-0x7E)."""
+
+    code = SERVER_ERROR
+    reason = "bad_session_id"
 
 
 class InvalidJson(BadRequest):
@@ -140,6 +189,13 @@ class UpstreamUnreachable(ProxyError):
 class UpstreamTimeout(ProxyError):
     status = 504
     reason = "upstream_timeout"
+
+
+class UpstreamBadResponse(ProxyError):
+    """502: the upstream answered a JSON-RPC request with a content type the protocol does not allow."""
+
+    status = 502
+    reason = "upstream_bad_response"
 
 
 class UpstreamStreamLost(ProxyError):

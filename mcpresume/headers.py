@@ -82,6 +82,20 @@ def forwarded(
     return result
 
 
+# Spec: a session id "MUST only contain visible ASCII characters (ranging from 0x21 to 0x7E)". The length
+# bound is ours: real ids are 32-64 characters; 256 leaves room and keeps a hostile header out of the store.
+MAX_SESSION_ID_LEN: Final = 256
+
+
+def valid_session_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+
+
+def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The size of a raw header block as sent: ``name: value\r\n`` per field."""
+    return sum(len(name) + len(value) + 4 for name, value in headers)
+
+
 def header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     """The first value of ``name`` (case-insensitive), or None."""
     lowered = name.lower()

@@ -42,7 +42,11 @@ class Metrics:
         self.window_events = Gauge("mcpresume_window_events", "Events retained, all sessions.", registry=r)
         self.window_bytes = Gauge("mcpresume_window_bytes", "SSE bytes retained, all sessions.", registry=r)
         self.evicted_events = Counter(
-            "mcpresume_evicted_events", "Events evicted from windows, by reason.", ["reason"], registry=r
+            "mcpresume_evicted_events",
+            "Events evicted from windows, by reason: count, bytes, ttl, global_bytes; and undelivered, "
+            "the subset no client ever received.",
+            ["reason"],
+            registry=r,
         )
         self.evicted_bytes = Counter(
             "mcpresume_evicted_bytes", "Bytes evicted from windows, by reason.", ["reason"], registry=r
@@ -73,12 +77,23 @@ class Metrics:
             "Upstream events dropped because the upstream replayed an id already appended.",
             registry=r,
         )
+        self.backpressure_detaches = Counter(
+            "mcpresume_backpressure_detaches",
+            "Client views detached because the client did not drain within stall_timeout.",
+            registry=r,
+        )
+        self.max_sessions = Gauge("mcpresume_max_sessions", "The max_sessions setting.", registry=r)
         self.expired_sessions = Counter("mcpresume_expired_sessions", "Idle sessions reaped.", registry=r)
 
     def evicted(self, evicted: Evicted) -> None:
         for reason, (count, size) in evicted.counts.items():
             self.evicted_events.labels(reason.value).inc(count)
             self.evicted_bytes.labels(reason.value).inc(size)
+        count, size = evicted.undelivered
+        if count:
+            # A subset of the above, by what it means: events no client ever received.
+            self.evicted_events.labels("undelivered").inc(count)
+            self.evicted_bytes.labels("undelivered").inc(size)
 
     def store_stats(self, stats: StoreStats) -> None:
         self.sessions.set(stats.sessions)

@@ -38,12 +38,20 @@ from mcpresume.attach import Stalled, follow, write_bounded
 from mcpresume.config import Settings
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
+    BadSessionId,
+    BodyTimeout,
     BodyTooLarge,
     CursorOutOfWindow,
     DuplicateRequest,
+    HeadersTooLarge,
+    HostNotAllowed,
+    OriginNotAllowed,
     ProxyError,
     ShuttingDown,
+    TooManyAttachments,
     TooManySessions,
+    TooManyStreams,
+    UpstreamBadResponse,
     jsonrpc_error_body,
 )
 from mcpresume.headers import (
@@ -53,6 +61,8 @@ from mcpresume.headers import (
     SSE_RESPONSE_HEADERS,
     end_to_end,
     forwarded,
+    header_bytes,
+    valid_session_id,
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, parse_client_body
 from mcpresume.metrics import Metrics
@@ -66,6 +76,7 @@ from mcpresume.upstream import Upstream
 log = logging.getLogger("mcpresume.proxy")
 
 _SSE = "text/event-stream"
+_REQUEST_ANSWERS = frozenset({"application/json", _SSE})
 
 
 def log_id(session_id: str) -> str:
@@ -100,6 +111,7 @@ class Proxy:
         try:
             if self.ctx.draining:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
+            self._admit(request)
             if request.path != self.upstream.mcp_path:
                 response = await self._passthrough(request, await self._body_stream(request))
             elif request.method == "POST":
@@ -114,6 +126,24 @@ class Proxy:
             response = self._reject(request, error, None)
         self.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
+
+    def _admit(self, request: web.Request) -> None:
+        """Checks every request passes before anything is read or forwarded."""
+        settings = self.settings
+        if header_bytes(request.raw_headers) > settings.max_header_bytes:
+            raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
+        if request.path != self.upstream.mcp_path:
+            return
+        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Enforced
+        # here for upstreams that don't; with the lists empty, anything passes (the upstream may check).
+        origin = request.headers.get("Origin")
+        if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
+            raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
+        if settings.allowed_hosts and request.host not in settings.allowed_hosts:
+            raise HostNotAllowed(f"Host {request.host[:200]!r} is not allowed")
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is not None and not valid_session_id(session_id):
+            raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
 
     def _reject(self, request: web.Request, error: ProxyError, request_id: Any) -> web.Response:
         session = request.headers.get(SESSION_HEADER)
@@ -196,10 +226,16 @@ class Proxy:
         if request.content_length is not None and request.content_length > limit:
             raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
         body = bytearray()
-        async for chunk in request.content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                async for chunk in request.content.iter_any():
+                    body += chunk
+                    if len(body) > limit:
+                        raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+        except TimeoutError:
+            raise BodyTimeout(
+                f"the request body did not arrive within {self.settings.body_timeout} s"
+            ) from None
         return bytes(body)
 
     def _is_modern(self, request: web.Request, message: ClientMessage | None) -> bool:
@@ -241,9 +277,9 @@ class Proxy:
     ) -> web.StreamResponse:
         keys = message.request_keys
         if session_id is not None and not adopt and keys:
-            claim = await self.store.claim(session_id, keys)
-            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
-                return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
+            refused = await self._claim(request, session_id, message)
+            if refused is not None:
+                return refused
         elif session_id is None and message.is_initialize and not await self._has_room():
             # Refuse before forwarding, so the upstream does not start a session the proxy cannot track.
             raise TooManySessions(
@@ -330,6 +366,13 @@ class Proxy:
                 return upstream
             if session_id is not None and message.request_keys:
                 await self.store.claim(sid, message.request_keys)
+        if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
+            # Spec: a POST with a request is answered with application/json or text/event-stream.
+            content_type = upstream.content_type
+            upstream.release()
+            return UpstreamBadResponse(
+                f"the upstream answered a request with {content_type!r}", content_type=content_type
+            )
         if upstream.content_type != _SSE:
             return upstream
         now = self.ctx.clock()
@@ -377,9 +420,24 @@ class Proxy:
                 window_events=settings.window_events,
                 retry_ms=settings.retry_ms,
                 resume_attempts=settings.upstream_resume_attempts,
+                pause=settings.overflow == "pause",
+                session_ttl=settings.session_ttl,
             ),
         )
         self.ctx.pumps.spawn(job.session_id, pump.run(upstream))
+
+    async def _claim(
+        self, request: web.Request, session_id: str, message: ClientMessage
+    ) -> web.StreamResponse | None:
+        """Claim the request ids before forwarding; an answer instead when they must not be forwarded."""
+        limit = self.settings.max_streams_per_session
+        claim = await self.store.claim(session_id, message.request_keys, limit)
+        if claim is None or claim.outcome is ClaimOutcome.NEW:
+            return None
+        if claim.outcome is ClaimOutcome.LIMITED:
+            error = TooManyStreams(f"the session already has {limit} live streams", limit=limit)
+            return self._reject(request, error, message.first_id)
+        return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
 
     async def _duplicate(
         self,
@@ -491,9 +549,9 @@ class Proxy:
             return self._reject(request, decision, message.first_id)
         keys = message.request_keys
         if keys:
-            claim = await self.store.claim(session_id, keys)
-            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
-                return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
+            refused = await self._claim(request, session_id, message)
+            if refused is not None:
+                return refused
         opened = await self._forward_shielded(request, body, message, session_id, False)
         if isinstance(opened, ProxyError):
             if keys:
@@ -523,6 +581,30 @@ class Proxy:
         *,
         replay_through: int = 0,
         reader: int | None = None,
+    ) -> web.StreamResponse:
+        limit = self.settings.max_attached_per_session
+        if not await self.store.attach(session_id, self.ctx.clock(), limit):
+            if reader is not None:
+                await self.store.remove_reader(session_id, reader)
+            error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
+            return self._reject(request, error, None)
+        try:
+            return await self._serve_view(
+                request, session_id, streams, after, headers, preface, replay_through, reader
+            )
+        finally:
+            await self.store.detach(session_id, self.ctx.clock())
+
+    async def _serve_view(
+        self,
+        request: web.Request,
+        session_id: str,
+        streams: Sequence[int],
+        after: int,
+        headers: Sequence[tuple[str, str]],
+        preface: bytes,
+        replay_through: int,
+        reader: int | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=200)
         for name, value in headers:
@@ -557,6 +639,13 @@ class Proxy:
         finally:
             self.metrics.open_streams.dec()
         self.metrics.replayed_events.inc(outcome.replayed)
+        if outcome.reason == "stalled":
+            # The client took no write for stall_timeout: detach it (its events stay in the window for its
+            # re-attach). Its socket buffer is full, so nothing more can reach it; the retry hint it needs
+            # came with the stream's first event. Abort, so aiohttp does not wait on it to finish the body.
+            self.metrics.backpressure_detaches.inc()
+            if request.transport is not None:
+                request.transport.abort()
         if outcome.reason != "complete":
             log.info(
                 "session %s: client view closed: %s after %d events",

@@ -72,6 +72,8 @@ class PumpSettings:
     window_events: int
     retry_ms: int
     resume_attempts: int
+    pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
+    session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
 
 
 class _End(enum.Enum):
@@ -227,11 +229,30 @@ class Pump:
         for start in range(0, len(items), step):
             batch = items[start : start + step]
             size = sum(len(item.body) for item in batch)
-            # Wait (bounded) until appending evicts nothing an attached client has yet to receive; a client
-            # that stays behind longer loses its place and must re-attach.
-            await self.store.wait_for_room(job.session_id, len(batch), size, self.settings.stall_timeout)
+            await self._make_room(len(batch), size)
             self.metrics.upstream_events.inc(len(batch))
             self.metrics.evicted(await self.store.append(job.session_id, job.stream, batch, self.clock()))
+
+    async def _make_room(self, count: int, size: int) -> None:
+        """Wait (bounded) until appending evicts nothing an attached client has yet to receive; a client that
+        stays behind longer than stall_timeout is detached and must re-attach. With overflow = pause, also
+        wait while appending would evict what no client ever received: the pump stops reading, so TCP
+        backpressure reaches the upstream, until a client reads or session_ttl passes."""
+        store, sid, settings = self.store, self.job.session_id, self.settings
+        if settings.pause:
+            if await store.wait_for_room(sid, count, size, settings.session_ttl, keep_undelivered=True):
+                return
+        elif await store.wait_for_room(sid, count, size, settings.stall_timeout):
+            return
+        dropped = await store.drop_lagging_readers(sid, count, size)
+        if dropped:
+            self.metrics.backpressure_detaches.inc(dropped)
+            log.info(
+                "session %s stream %d: %d client view(s) fell behind by stall_timeout",
+                self.job.log_id,
+                self.job.stream,
+                dropped,
+            )
 
     # -- resuming upstream -------------------------------------------------------------------------------
 

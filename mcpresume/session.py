@@ -90,6 +90,7 @@ class ClaimOutcome(enum.Enum):
     GONE = "gone"  # the ids were seen, but their stream is no longer retained
     IN_FLIGHT = "in_flight"  # seen, and the original is still being forwarded (no stream yet)
     CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
+    LIMITED = "limited"  # new, but the session already has max_streams_per_session live streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ class SessionState:
     __slots__ = (
         "_requests",
         "attached",
+        "delivered",
         "epoch",
         "last_active",
         "next_seq",
@@ -133,7 +135,10 @@ class SessionState:
         self.session_id = session_id
         self.retry_ms = retry_ms
         self.epoch = epoch
-        self.window = Window(limits)
+        # Per stream, the highest seq some client was sent: what overflow=pause protects, and what an
+        # eviction of "undelivered" events is counted against.
+        self.delivered: dict[int, int] = {}
+        self.window = Window(limits, self._is_delivered)
         self.streams: dict[int, StreamState] = {}
         self.next_seq = 1
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
@@ -219,6 +224,18 @@ class SessionState:
         for number in [n for n, s in self.streams.items() if not s.live and not window.has_events(n)]:
             del self.streams[number]
             window.forget_stream(number)
+            self.delivered.pop(number, None)
+
+    def shed(self, max_bytes: int) -> Evicted:
+        """Trim the window to ``max_bytes`` (the global cap), oldest first."""
+        evicted = self.window.shed(max_bytes)
+        if evicted:
+            self.version += 1
+            self._forget_gone_streams()
+        return evicted
+
+    def live_streams(self) -> int:
+        return sum(1 for s in self.streams.values() if s.live)
 
     def live_post_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live and s.origin is StreamOrigin.POST)
@@ -255,10 +272,12 @@ class SessionState:
 
     # -- request ids (exactly once per request id) -------------------------------------------------------
 
-    def claim(self, request_keys: Sequence[str]) -> Claim:
+    def claim(self, request_keys: Sequence[str], max_live_streams: int | None = None) -> Claim:
         """Record the request ids of a POST about to be forwarded, or say what to do instead."""
         seen = [self._requests.get(key) for key in request_keys]
         if all(s is None for s in seen):
+            if max_live_streams is not None and self.live_streams() >= max_live_streams:
+                return Claim(ClaimOutcome.LIMITED)
             for key in request_keys:
                 self._remember_request(key, _PENDING)
             return Claim(ClaimOutcome.NEW)
@@ -302,6 +321,9 @@ class SessionState:
             ),
         )
 
+    def _is_delivered(self, event: Event) -> bool:
+        return event.seq <= self.delivered.get(event.stream, 0)
+
     # -- readers (flow control) --------------------------------------------------------------------------
 
     def add_reader(self, streams: Sequence[int], position: int) -> int:
@@ -310,30 +332,54 @@ class SessionState:
         return token
 
     def move_reader(self, token: int, position: int) -> None:
+        """A reader sent everything of its streams up to ``position``."""
         reader = self.readers.get(token)
-        if reader is not None:
-            self.readers[token] = (reader[0], position)
+        if reader is None:
+            return  # dropped for lagging (see drop_lagging_readers): its view ends at its next read
+        self.readers[token] = (reader[0], position)
+        for stream in reader[0]:
+            if self.delivered.get(stream, 0) < position:
+                self.delivered[stream] = position
 
     def remove_reader(self, token: int) -> None:
         self.readers.pop(token, None)
 
-    def room_for(self, count: int, size: int) -> bool:
+    def room_for(self, count: int, size: int, *, keep_undelivered: bool = False) -> bool:
         """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
-        send. A pump waits (a bounded time) for this before appending, so a burst larger than the window
-        does not overrun a client that is reading: the window bounds memory, readers set the pace."""
+        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause).
+
+        A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
+        overrun a client that is reading: the window bounds memory, readers set the pace."""
         window, limits = self.window, self.window.limits
         events, held = len(window) + count, window.bytes + size
-        if (events <= limits.max_events and held <= limits.max_bytes) or not self.readers:
+        if events <= limits.max_events and held <= limits.max_bytes:
+            return True
+        if not self.readers and not keep_undelivered:
             return True
         for event in window:  # oldest first: the order eviction would take
             if events <= limits.max_events and held <= limits.max_bytes:
                 return True
+            if keep_undelivered and not self._is_delivered(event):
+                return False
             for streams, position in self.readers.values():
                 if event.stream in streams and event.seq > position:
                     return False
             events -= 1
             held -= len(event.body)
         return True
+
+    def drop_lagging_readers(self, count: int, size: int) -> int:
+        """Forget the readers that keep ``room_for`` false (they stalled): returns how many. Their views end
+        at their next read, which finds the gap; their clients re-attach from their cursors."""
+        dropped = 0
+        for token in list(self.readers):
+            readers, self.readers = self.readers, {token: self.readers[token]}
+            blocking = not self.room_for(count, size)
+            self.readers = readers
+            if blocking:
+                del self.readers[token]
+                dropped += 1
+        return dropped
 
     # -- liveness ----------------------------------------------------------------------------------------
 

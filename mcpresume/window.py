@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,6 +42,7 @@ class EvictReason(enum.Enum):
     COUNT = "count"
     BYTES = "bytes"
     TTL = "ttl"
+    GLOBAL_BYTES = "global_bytes"  # trimmed to keep all sessions under max_total_window_bytes
 
 
 @dataclass(slots=True, eq=False)
@@ -66,17 +67,24 @@ class Evicted:
     """What one eviction pass removed, per reason: (events, bytes)."""
 
     counts: dict[EvictReason, list[int]] = field(default_factory=dict)
+    # Of those, the events no client ever received: the number an operator must watch.
+    undelivered: list[int] = field(default_factory=lambda: [0, 0])
 
-    def add(self, reason: EvictReason, size: int) -> None:
+    def add(self, reason: EvictReason, size: int, *, delivered: bool = True) -> None:
         tally = self.counts.setdefault(reason, [0, 0])
         tally[0] += 1
         tally[1] += size
+        if not delivered:
+            self.undelivered[0] += 1
+            self.undelivered[1] += size
 
     def merge(self, other: Evicted) -> None:
         for reason, (count, size) in other.counts.items():
             tally = self.counts.setdefault(reason, [0, 0])
             tally[0] += count
             tally[1] += size
+        self.undelivered[0] += other.undelivered[0]
+        self.undelivered[1] += other.undelivered[1]
 
     def __bool__(self) -> bool:
         return bool(self.counts)
@@ -88,10 +96,12 @@ _EMPTY: Final[tuple[Event, ...]] = ()
 class Window:
     """Retained events of one session, in seq order, with a per-stream index."""
 
-    __slots__ = ("_by_stream", "_evicted_through", "_order", "bytes", "limits")
+    __slots__ = ("_by_stream", "_evicted_through", "_order", "bytes", "delivered", "limits")
 
-    def __init__(self, limits: WindowLimits) -> None:
+    def __init__(self, limits: WindowLimits, delivered: Callable[[Event], bool] | None = None) -> None:
         self.limits = limits
+        # Whether an event reached some client: only for counting undelivered evictions.
+        self.delivered = delivered
         self._order: deque[Event] = deque()
         self._by_stream: dict[int, deque[Event]] = {}
         self._evicted_through: dict[int, int] = {}
@@ -138,7 +148,18 @@ class Window:
             else:
                 break
             self._pop_oldest()
-            evicted.add(reason, len(oldest.body))
+            evicted.add(reason, len(oldest.body), delivered=self._was_delivered(oldest))
+        return evicted
+
+    def _was_delivered(self, event: Event) -> bool:
+        return self.delivered is None or self.delivered(event)
+
+    def shed(self, max_bytes: int) -> Evicted:
+        """Evict oldest-first until at most ``max_bytes`` are held (the global cap trims windows this way)."""
+        evicted = Evicted()
+        while self._order and self.bytes > max_bytes:
+            event = self._pop_oldest()
+            evicted.add(EvictReason.GLOBAL_BYTES, len(event.body), delivered=self._was_delivered(event))
         return evicted
 
     def _pop_oldest(self) -> Event:

@@ -24,7 +24,9 @@ def _no_env_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _defaults() -> dict[str, object]:
-    return {name: field.default for name, field in Settings.model_fields.items()}
+    return {
+        name: field.get_default(call_default_factory=True) for name, field in Settings.model_fields.items()
+    }
 
 
 def test_file_loads_with_defaults_except_upstream() -> None:

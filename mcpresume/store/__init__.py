@@ -51,8 +51,11 @@ class SessionStore(Protocol):
 
     async def delete_session(self, session_id: str) -> bool: ...
 
-    async def claim(self, session_id: str, request_keys: Sequence[str]) -> Claim | None:
-        """Record request ids before forwarding them (None: session unknown)."""
+    async def claim(
+        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+    ) -> Claim | None:
+        """Record request ids before forwarding them (None: session unknown); ``LIMITED`` when the session
+        already has ``max_live_streams`` live streams."""
         ...
 
     async def release(self, session_id: str, request_keys: Sequence[str]) -> None: ...
@@ -83,7 +86,9 @@ class SessionStore(Protocol):
         """Return True when the session changed since ``version`` or was dropped, False after ``timeout``."""
         ...
 
-    async def attach(self, session_id: str, now: float) -> None: ...
+    async def attach(self, session_id: str, now: float, limit: int | None = None) -> bool:
+        """Count a client view of the session; False (nothing counted) when ``limit`` views are open."""
+        ...
 
     async def detach(self, session_id: str, now: float) -> None: ...
 
@@ -95,8 +100,15 @@ class SessionStore(Protocol):
 
     async def remove_reader(self, session_id: str, token: int) -> None: ...
 
-    async def wait_for_room(self, session_id: str, count: int, size: int, timeout: float) -> bool:
-        """Wait until appending would evict nothing a reader has yet to send; False if ``timeout`` passed."""
+    async def wait_for_room(
+        self, session_id: str, count: int, size: int, timeout: float, *, keep_undelivered: bool = False
+    ) -> bool:
+        """Wait until appending would evict nothing a reader has yet to send (and, with
+        ``keep_undelivered``, nothing never delivered); False if ``timeout`` passed first."""
+        ...
+
+    async def drop_lagging_readers(self, session_id: str, count: int, size: int) -> int:
+        """Forget the readers that keep an append of that size from fitting; returns how many."""
         ...
 
     async def reap(self, now: float) -> tuple[list[str], Evicted]:

@@ -1,13 +1,19 @@
 """The in-memory session store: the embedded default, one process, no dependencies.
 
 Every method runs without an ``await`` between reading and changing state, so within one event loop each
-call is atomic; ``wait`` parks a reader on a per-session future that every change resolves.
+call is atomic; waiters park on per-session futures that the matching changes resolve.
+
+Besides each session's own window, the store keeps the total bytes held by all windows under
+``max_total_bytes``: over it, the windows of idle sessions (no client attached), least recently active
+first, are trimmed, then those of active sessions. The running total is kept up to date on every change, so
+the check costs nothing when under the cap.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import TooManySessions
@@ -16,16 +22,26 @@ from mcpresume.session import Claim, NewEvent, ReadResult, SessionState, StreamO
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
 
+T = TypeVar("T")
+
 
 class MemoryStore:
     def __init__(
-        self, limits: WindowLimits, *, session_ttl: float, max_sessions: int, retry_ms: int | None
+        self,
+        limits: WindowLimits,
+        *,
+        session_ttl: float,
+        max_sessions: int,
+        retry_ms: int | None,
+        max_total_bytes: int | None = None,
     ) -> None:
         self.limits = limits
         self.session_ttl = session_ttl
         self.max_sessions = max_sessions
         self.retry_ms = retry_ms
+        self.max_total_bytes = max_total_bytes
         self._sessions: dict[str, SessionState] = {}
+        self._total_bytes = 0
         self._changed: dict[str, asyncio.Future[None]] = {}
         self._readers_moved: dict[str, asyncio.Future[None]] = {}
 
@@ -39,8 +55,7 @@ class MemoryStore:
     async def ready(self) -> bool:
         return True
 
-    def _notify(self, session_id: str) -> None:
-        self._resolve(self._changed, session_id)
+    # -- wake-ups ----------------------------------------------------------------------------------------
 
     @staticmethod
     def _resolve(futures: dict[str, asyncio.Future[None]], session_id: str) -> None:
@@ -61,11 +76,45 @@ class MemoryStore:
             return False
         return True
 
+    def _notify(self, session_id: str) -> None:
+        self._resolve(self._changed, session_id)
+
+    # -- byte accounting ---------------------------------------------------------------------------------
+
+    def _mutate(self, session: SessionState, change: Callable[[SessionState], T]) -> T:
+        """Apply ``change`` to ``session``, keeping the all-sessions byte total exact."""
+        before = session.window.bytes
+        result = change(session)
+        self._total_bytes += session.window.bytes - before
+        return result
+
+    def _enforce_total(self) -> Evicted:
+        evicted = Evicted()
+        cap = self.max_total_bytes
+        if cap is None or self._total_bytes <= cap:
+            return evicted
+        # Idle sessions first, least recently active first; then the active ones, in the same order.
+        order = sorted(self._sessions.values(), key=lambda s: (not s.idle(), s.last_active))
+        for session in order:
+            excess = self._total_bytes - cap
+            if excess <= 0:
+                break
+            evicted.merge(self._trim(session, max(0, session.window.bytes - excess)))
+            self._notify(session.session_id)
+        return evicted
+
+    def _trim(self, session: SessionState, max_bytes: int) -> Evicted:
+        return self._mutate(session, lambda s: s.shed(max_bytes))
+
+    # -- sessions ----------------------------------------------------------------------------------------
+
     def _drop(self, session_id: str) -> bool:
-        found = self._sessions.pop(session_id, None) is not None
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self._total_bytes -= session.window.bytes
         self._notify(session_id)
         self._resolve(self._readers_moved, session_id)
-        return found
+        return session is not None
 
     async def create_session(self, session_id: str, now: float) -> str:
         if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
@@ -91,14 +140,18 @@ class MemoryStore:
     async def delete_session(self, session_id: str) -> bool:
         return self._drop(session_id)
 
-    async def claim(self, session_id: str, request_keys: Sequence[str]) -> Claim | None:
+    async def claim(
+        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+    ) -> Claim | None:
         session = self._sessions.get(session_id)
-        return None if session is None else session.claim(request_keys)
+        return None if session is None else session.claim(request_keys, max_live_streams)
 
     async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
         session = self._sessions.get(session_id)
         if session is not None:
             session.release(request_keys)
+
+    # -- streams and events ------------------------------------------------------------------------------
 
     async def open_stream(
         self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float
@@ -106,7 +159,8 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None:
             return None
-        priming = session.open_stream(origin, request_keys, now)
+        priming = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now))
+        self._enforce_total()
         self._notify(session_id)
         return OpenedStream(priming.stream, session.epoch, priming.seq)
 
@@ -118,7 +172,8 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None:
             return Evicted()
-        _, evicted = session.append(stream, events, now)
+        _, evicted = self._mutate(session, lambda s: s.append(stream, events, now))
+        evicted.merge(self._enforce_total())
         self._notify(session_id)
         return evicted
 
@@ -142,6 +197,24 @@ class MemoryStore:
             return True
         return await self._await(self._changed, session_id, timeout)
 
+    # -- clients and flow control ------------------------------------------------------------------------
+
+    async def attach(self, session_id: str, now: float, limit: int | None = None) -> bool:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return True  # nothing to count: the view finds the session gone at its first read
+        if limit is not None and session.attached >= limit:
+            return False
+        session.attached += 1
+        session.last_active = now
+        return True
+
+    async def detach(self, session_id: str, now: float) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.attached = max(0, session.attached - 1)
+            session.last_active = now
+
     async def add_reader(self, session_id: str, streams: Sequence[int], position: int) -> int:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.add_reader(streams, position)
@@ -158,29 +231,25 @@ class MemoryStore:
             session.remove_reader(token)
             self._resolve(self._readers_moved, session_id)
 
-    async def wait_for_room(self, session_id: str, count: int, size: int, timeout: float) -> bool:
+    async def wait_for_room(
+        self, session_id: str, count: int, size: int, timeout: float, *, keep_undelivered: bool = False
+    ) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             session = self._sessions.get(session_id)
-            if session is None or session.room_for(count, size):
+            if session is None or session.room_for(count, size, keep_undelivered=keep_undelivered):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
             await self._await(self._readers_moved, session_id, remaining)
 
-    async def attach(self, session_id: str, now: float) -> None:
+    async def drop_lagging_readers(self, session_id: str, count: int, size: int) -> int:
         session = self._sessions.get(session_id)
-        if session is not None:
-            session.attached += 1
-            session.last_active = now
+        return 0 if session is None else session.drop_lagging_readers(count, size)
 
-    async def detach(self, session_id: str, now: float) -> None:
-        session = self._sessions.get(session_id)
-        if session is not None:
-            session.attached = max(0, session.attached - 1)
-            session.last_active = now
+    # -- housekeeping ------------------------------------------------------------------------------------
 
     async def reap(self, now: float) -> tuple[list[str], Evicted]:
         evicted = Evicted()
@@ -190,7 +259,7 @@ class MemoryStore:
                 self._drop(session_id)
                 dropped.append(session_id)
                 continue
-            expired = session.expire(now)
+            expired = self._mutate(session, lambda s: s.expire(now))
             if expired:
                 evicted.merge(expired)
                 self._notify(session_id)
@@ -201,6 +270,6 @@ class MemoryStore:
         return StoreStats(
             sessions=len(self._sessions),
             window_events=sum(len(s.window) for s in sessions),
-            window_bytes=sum(s.window.bytes for s in sessions),
+            window_bytes=self._total_bytes,
             attached=sum(s.attached for s in sessions),
         )
