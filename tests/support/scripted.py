@@ -3,6 +3,7 @@ chosen number of events, resume (or refuse to) from ``Last-Event-ID``, replay ev
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 
@@ -33,6 +34,9 @@ class ScriptedUpstream:
     gets: list[str | None] = field(default_factory=list)  # Last-Event-ID of every GET received
     posts: int = 0
     forget_session: bool = False  # answer every POST in a session with 404 (the upstream restarted)
+    pad: int = 0  # bytes of padding in each progress notification
+    start_delay: float = 0.0  # seconds before a stream's first event (after its retry: line)
+    sessions: int = 0  # initialize requests answered (each gets a fresh session id)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -61,8 +65,10 @@ class ScriptedUpstream:
                 "capabilities": {},
                 "serverInfo": {"name": "s", "version": "1"},
             }
+            self.sessions += 1
+            session = SESSION if self.sessions == 1 else f"{SESSION}-{self.sessions}"
             return web.json_response(
-                {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": SESSION}
+                {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": session}
             )
         if "id" not in message:
             return web.Response(status=202)
@@ -70,11 +76,10 @@ class ScriptedUpstream:
 
     def event(self, request_id: int, k: int) -> bytes:
         if k < self.total:
-            body = {
-                "jsonrpc": "2.0",
-                "method": "notifications/progress",
-                "params": {"progressToken": request_id, "progress": k + 1, "total": self.total},
-            }
+            params: dict[str, object] = {"progressToken": request_id, "progress": k + 1, "total": self.total}
+            if self.pad:
+                params["pad"] = "x" * self.pad
+            body = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
         else:
             body = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [], "done": True}}
         frame = b"event: message\n"
@@ -89,6 +94,8 @@ class ScriptedUpstream:
         await response.prepare(request)
         await response.write(f"retry: {self.retry_ms}\n\n".encode())
         budget = self.drops.pop(0) if self.drops else None
+        if self.start_delay:
+            await asyncio.sleep(self.start_delay)
         for k in range(start, self.total + 1):
             if budget is not None and k - start >= budget:
                 if self.abort and request.transport is not None:

@@ -1,0 +1,206 @@
+"""Bounded under slow clients and abandoned sessions (issue: backpressure, limits and hostile input)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from mcpresume.app import reap_once
+from mcpresume.sse import SSEParser
+from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
+from tests.support.scripted import ScriptedUpstream
+
+Serve = Callable[[web.Application], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> str:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Poll a condition the proxy offers no event for (a background pump finishing), with a deadline."""
+    async with asyncio.timeout(timeout):
+        while not await condition():
+            await asyncio.sleep(0.02)
+
+
+async def raw_post(
+    port: int, body: bytes, headers: dict[str, str], rcvbuf: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client with a tiny receive buffer that sends a request and then does not read."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode() + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(serve: Serve) -> None:
+    # 120 events of ~64 KiB: far more than the kernel buffers of a client that does not read.
+    upstream = ScriptedUpstream(total=120, pad=64 * 1024)
+    url = await serve(upstream.app())
+    settings = {"stall_timeout": 0.5, "window_bytes": 32 << 20, "window_events": 1024}
+    async with running_proxy(url, **settings) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("work", {})
+        reader, writer = await raw_post(proxy.port, body, client.headers(), rcvbuf=4096)
+        metrics = proxy.ctx.metrics
+        await until(lambda: _value(metrics.backpressure_detaches))
+        # The slow client never slowed the pump: the whole stream reached the window anyway.
+        await until(lambda: _true(len(proxy.ctx.pumps) == 0))
+        # Another session is unaffected meanwhile.
+        other = ScriptedClient(http, proxy.url)
+        await other.initialize()
+        # The detached client reads what it had received, then re-attaches from its last complete event.
+        received = await reader.read()  # the proxy aborted the connection: read to EOF
+        writer.close()
+        before = SSEParser(1 << 20).feed(dechunk(received.split(b"\r\n\r\n", 1)[1]))
+        assert before and before[0].data == b""  # at least the priming event arrived
+        cursor = [e.id for e in before if e.id][-1].decode()
+        async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": cursor})) as response:
+            assert response.status == 200
+            after = await collect(response)
+    messages = [orjson.loads(e.data) for e in before + after if e.data]
+    assert [m["params"]["progress"] for m in messages if m.get("method")] == list(range(1, 121))
+    assert [m["id"] for m in messages if "result" in m] == [request_id]
+    assert _value_now(metrics.backpressure_detaches) == 1
+
+
+def dechunk(body: bytes) -> bytes:
+    """The data of the complete chunks of an HTTP/1.1 chunked body (a cut one is dropped)."""
+    out, rest = bytearray(), body
+    while b"\r\n" in rest:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0 or len(rest) < size + 2:
+            break
+        out += rest[:size]
+        rest = rest[size + 2 :]
+    return bytes(out)
+
+
+def _value_now(counter: object) -> float:
+    return counter._value.get()  # type: ignore[attr-defined,no-any-return]
+
+
+async def _value(counter: object) -> bool:
+    return _value_now(counter) > 0
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.parametrize("overflow", ["evict", "pause"])
+async def test_overflow_policy_while_no_client_reads(serve: Serve, overflow: str) -> None:
+    """evict: the ring drops the oldest and a resume behind it gets 409; pause: the pump stops reading the
+    upstream until the client re-attaches, and the client gets everything."""
+    # The tool thinks a moment before its first event: the client has its priming cursor and is gone by then,
+    # so no event of the call was ever sent to it.
+    upstream = ScriptedUpstream(total=40, start_delay=0.3)
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=8, overflow=overflow) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            first = SSEParser(1 << 20).feed(await response.content.readany())
+        assert [e.data for e in first] == [b""]  # the priming event only
+        cursor = first[0].id
+        assert cursor is not None
+        store = proxy.ctx.store
+        if overflow == "evict":
+            await until(lambda: _true(len(proxy.ctx.pumps) == 0))  # read to the end, evicting as it went
+        else:
+            await until(lambda: _paused(store, client.session_id))  # window full of undelivered: it waits
+            assert len(proxy.ctx.pumps) == 1
+        headers = client.headers(**{"Last-Event-ID": cursor.decode()})
+        async with http.get(client.url, headers=headers) as response:
+            if overflow == "evict":
+                assert response.status == 409
+                assert (await error_of(response))["data"]["reason"] == "cursor_out_of_window"
+                undelivered = proxy.ctx.metrics.evicted_events.labels("undelivered")._value.get()
+                assert undelivered > 0
+                return
+            assert response.status == 200
+            events = await collect(response)
+    messages = [orjson.loads(e.data) for e in events if e.data]
+    assert [m["params"]["progress"] for m in messages if m.get("method")] == list(range(1, 41))
+    assert [m["id"] for m in messages if "result" in m] == [request_id]
+
+
+async def _paused(store: object, session_id: str) -> bool:
+    stats = await store.stats()  # type: ignore[attr-defined]
+    return bool(stats.window_events >= 8)
+
+
+async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: Serve) -> None:
+    """The design note's second failure: 200 sessions whose clients vanish mid-stream and never return.
+    What the proxy holds (traced allocations in mcpresume's own code) stays under sessions x window bound +
+    a small per-session overhead, and falls back near the baseline after session_ttl."""
+    sessions, window_bytes = 200, 16 << 10
+    upstream = ScriptedUpstream(total=60, pad=1024)  # ~60 KiB per call, four windows' worth
+    url = await serve(upstream.app())
+    clock = ManualClock()
+    settings = {"window_events": 64, "window_bytes": window_bytes, "session_ttl": 60.0, "clock": clock}
+    tracemalloc.start()
+    try:
+        async with running_proxy(url, **settings) as proxy, aiohttp.ClientSession() as http:
+            baseline = _held()
+            for _ in range(sessions):
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                _, body = client.tool_call("work", {})
+                async with http.post(client.url, data=body, headers=client.headers()) as response:
+                    await response.content.readany()  # a first chunk, then the client vanishes
+            await until(lambda: _true(len(proxy.ctx.pumps) == 0), timeout=60)
+            stats = await proxy.ctx.store.stats()
+            held = _held() - baseline
+            assert stats.sessions == sessions
+            assert stats.window_bytes <= sessions * window_bytes
+            assert held <= sessions * (window_bytes + 8 * 1024), f"{held} bytes held for {sessions} sessions"
+            clock.advance(61)
+            await reap_once(proxy.ctx)
+            assert (await proxy.ctx.store.stats()).sessions == 0
+            assert proxy.ctx.metrics.sessions._value.get() == 0
+            after = _held() - baseline
+            assert after <= 256 * 1024, f"{after} bytes still held after every session expired"
+    finally:
+        tracemalloc.stop()
+
+
+def _held() -> int:
+    """Bytes currently allocated by mcpresume's own code (and still reachable)."""
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/mcpresume/*")])
+    return sum(stat.size for stat in snapshot.statistics("filename"))
