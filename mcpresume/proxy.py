@@ -81,7 +81,7 @@ _REQUEST_ANSWERS = frozenset({"application/json", _SSE})
 
 def log_id(session_id: str) -> str:
     """A short, stable hash of a session id: full session ids stay out of logs (they are bearer-like)."""
-    return hashlib.sha256(session_id.encode()).hexdigest()[:10]
+    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:10]
 
 
 @dataclass
@@ -276,32 +276,54 @@ class Proxy:
         adopt: bool,
     ) -> web.StreamResponse:
         keys = message.request_keys
+        reserved = False
         if session_id is not None and not adopt and keys:
             refused = await self._claim(request, session_id, message)
             if refused is not None:
                 return refused
+            refused = await self._reserve_view(request, session_id, message)
+            if refused is not None:
+                return refused
+            reserved = True
         elif session_id is None and message.is_initialize and not await self._has_room():
             # Refuse before forwarding, so the upstream does not start a session the proxy cannot track.
             raise TooManySessions(
                 f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
                 max_sessions=self.settings.max_sessions,
             )
-        opened = await self._forward_shielded(request, body, message, session_id, adopt)
-        if isinstance(opened, ProxyError):
-            if session_id is not None and keys:
-                await self.store.release(session_id, keys)
-            return self._reject(request, opened, message.first_id)
-        if isinstance(opened, _Opened):
-            return await self._attach(
-                request,
-                opened.session_id,
-                [opened.stream],
-                opened.priming_seq - 1,
-                opened.headers,
-                b"",
-                reader=opened.reader,
-            )
-        return await self._relay(request, opened)
+        try:
+            opened = await self._forward_shielded(request, body, message, session_id, adopt)
+            if isinstance(opened, ProxyError):
+                if session_id is not None and keys:
+                    await self.store.release(session_id, keys)
+                return self._reject(request, opened, message.first_id)
+            if isinstance(opened, _Opened):
+                return await self._attach(
+                    request,
+                    opened.session_id,
+                    [opened.stream],
+                    opened.priming_seq - 1,
+                    opened.headers,
+                    b"",
+                    reader=opened.reader,
+                    reserved=reserved,
+                )
+            return await self._relay(request, opened)
+        finally:
+            if reserved and session_id is not None:
+                await self.store.detach(session_id, self.ctx.clock())
+
+    async def _reserve_view(
+        self, request: web.Request, session_id: str, message: ClientMessage
+    ) -> web.Response | None:
+        """Count the client view a request will get before forwarding it: a request refused for too many
+        views must not run upstream. On refusal the claim is released (the same id may come back)."""
+        limit = self.settings.max_attached_per_session
+        if await self.store.attach(session_id, self.ctx.clock(), limit):
+            return None
+        await self.store.release(session_id, message.request_keys)
+        error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
+        return self._reject(request, error, message.first_id)
 
     async def _forward_shielded(
         self,
@@ -358,7 +380,10 @@ class Proxy:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
             await self._drop_session(session_id)
             return upstream
+        keys = message.request_keys
         if not (200 <= upstream.status < 300) or sid is None:
+            if session_id is not None and keys:
+                await self.store.release(session_id, keys)  # refused: the same id may be sent again
             return upstream
         # Adopt an unknown session once: two requests racing to adopt it must not make two incarnations.
         if adopt and (session_id is None or not await self.store.has_session(sid)):
@@ -374,6 +399,8 @@ class Proxy:
                 f"the upstream answered a request with {content_type!r}", content_type=content_type
             )
         if upstream.content_type != _SSE:
+            if keys:
+                await self.store.settle(sid, keys)  # answered: a re-send is refused, never forwarded again
             return upstream
         now = self.ctx.clock()
         stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
@@ -460,7 +487,11 @@ class Proxy:
                 "this request id was already answered and its stream is no longer retained"
             )
         elif outcome is ClaimOutcome.IN_FLIGHT:
-            error = DuplicateRequest("this request id is already being forwarded, or was answered with JSON")
+            error = DuplicateRequest("this request id is already being forwarded")
+        elif outcome is ClaimOutcome.ANSWERED:
+            error = DuplicateRequest(
+                "this request id was answered with application/json, which is not retained"
+            )
         else:
             error = DuplicateRequest("request ids of this batch were seen before, on different requests")
         return self._reject(request, error, message.first_id)
@@ -552,21 +583,34 @@ class Proxy:
             refused = await self._claim(request, session_id, message)
             if refused is not None:
                 return refused
-        opened = await self._forward_shielded(request, body, message, session_id, False)
-        if isinstance(opened, ProxyError):
-            if keys:
-                await self.store.release(session_id, keys)
-            return self._reject(request, opened, message.first_id)
-        streams = [decision.stream]
-        if isinstance(opened, _Opened):
-            streams.append(opened.stream)
-            await self.store.remove_reader(session_id, opened.reader)  # this view registers its own
-        else:
-            opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
-        preface = self._resume_preface(session_id, cursor_header, decision.stream)
-        return await self._attach(
-            request, session_id, streams, decision.after, _SSE_HEADERS, preface, replay_through=newest
-        )
+        refused = await self._reserve_view(request, session_id, message)
+        if refused is not None:
+            return refused
+        try:
+            opened = await self._forward_shielded(request, body, message, session_id, False)
+            if isinstance(opened, ProxyError):
+                if keys:
+                    await self.store.release(session_id, keys)
+                return self._reject(request, opened, message.first_id)
+            streams = [decision.stream]
+            if isinstance(opened, _Opened):
+                streams.append(opened.stream)
+                await self.store.remove_reader(session_id, opened.reader)  # this view registers its own
+            else:
+                opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
+            preface = self._resume_preface(session_id, cursor_header, decision.stream)
+            return await self._attach(
+                request,
+                session_id,
+                streams,
+                decision.after,
+                _SSE_HEADERS,
+                preface,
+                replay_through=newest,
+                reserved=True,
+            )
+        finally:
+            await self.store.detach(session_id, self.ctx.clock())
 
     # -- attaching ---------------------------------------------------------------------------------------
 
@@ -581,7 +625,13 @@ class Proxy:
         *,
         replay_through: int = 0,
         reader: int | None = None,
+        reserved: bool = False,
     ) -> web.StreamResponse:
+        """Serve a client view; ``reserved``: the caller already counted it (before forwarding)."""
+        if reserved:
+            return await self._serve_view(
+                request, session_id, streams, after, headers, preface, replay_through, reader
+            )
         limit = self.settings.max_attached_per_session
         if not await self.store.attach(session_id, self.ctx.clock(), limit):
             if reader is not None:

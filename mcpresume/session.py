@@ -89,6 +89,7 @@ class ClaimOutcome(enum.Enum):
     ATTACH = "attach"  # every id belongs to one retained stream: attach to it, do not forward
     GONE = "gone"  # the ids were seen, but their stream is no longer retained
     IN_FLIGHT = "in_flight"  # seen, and the original is still being forwarded (no stream yet)
+    ANSWERED = "answered"  # seen, and answered with application/json: relayed, not retained
     CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
     LIMITED = "limited"  # new, but the session already has max_streams_per_session live streams
 
@@ -99,8 +100,10 @@ class Claim:
     stream: int | None = None
 
 
-# The request-id map's marker for "claimed, the upstream has not answered yet".
+# The request-id map's markers: "claimed, the upstream has not answered yet", and "answered without a
+# stream" (an application/json answer, relayed and not retained).
 _PENDING: Final = 0
+_ANSWERED: Final = -1
 
 
 class SessionState:
@@ -111,6 +114,7 @@ class SessionState:
         "attached",
         "delivered",
         "epoch",
+        "in_flight",
         "last_active",
         "next_seq",
         "next_stream",
@@ -151,6 +155,9 @@ class SessionState:
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
         self.readers: dict[int, tuple[tuple[int, ...], int]] = {}
         self._requests: OrderedDict[str, int] = OrderedDict()
+        # Claimed requests the upstream has not answered yet: they will open streams, so they count against
+        # max_streams_per_session as much as live streams do.
+        self.in_flight = 0
 
     # -- streams -----------------------------------------------------------------------------------------
 
@@ -162,6 +169,8 @@ class SessionState:
         self.streams[number] = StreamState(
             number, origin, tuple(request_keys), seq, seq, pending_responses=set(request_keys)
         )
+        if any(self._requests.get(key) == _PENDING for key in request_keys):
+            self.in_flight = max(0, self.in_flight - 1)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
@@ -276,31 +285,46 @@ class SessionState:
         """Record the request ids of a POST about to be forwarded, or say what to do instead."""
         seen = [self._requests.get(key) for key in request_keys]
         if all(s is None for s in seen):
-            if max_live_streams is not None and self.live_streams() >= max_live_streams:
+            if max_live_streams is not None and self.live_streams() + self.in_flight >= max_live_streams:
                 return Claim(ClaimOutcome.LIMITED)
             for key in request_keys:
                 self._remember_request(key, _PENDING)
+            self.in_flight += 1
             return Claim(ClaimOutcome.NEW)
         if any(s is None for s in seen) or len(set(seen)) != 1:
             return Claim(ClaimOutcome.CONFLICT)
         number = seen[0]
         if number == _PENDING:
             return Claim(ClaimOutcome.IN_FLIGHT)
+        if number == _ANSWERED:
+            return Claim(ClaimOutcome.ANSWERED)
         if number in self.streams and self.window.evicted_through(number) == 0:
             return Claim(ClaimOutcome.ATTACH, number)
         return Claim(ClaimOutcome.GONE, number)
 
     def release(self, request_keys: Sequence[str]) -> None:
         """Forget a claim whose request never reached the upstream (so a retry may be forwarded)."""
-        for key in request_keys:
-            if self._requests.get(key) == _PENDING:
-                del self._requests[key]
+        pending = [key for key in request_keys if self._requests.get(key) == _PENDING]
+        for key in pending:
+            del self._requests[key]
+        if pending:
+            self.in_flight = max(0, self.in_flight - 1)
+
+    def settle(self, request_keys: Sequence[str]) -> None:
+        """A claim the upstream answered without a stream (application/json): seen, but nothing retained."""
+        pending = [key for key in request_keys if self._requests.get(key) == _PENDING]
+        for key in pending:
+            self._requests[key] = _ANSWERED
+        if pending:
+            self.in_flight = max(0, self.in_flight - 1)
 
     def _remember_request(self, key: str, stream: int) -> None:
         self._requests[key] = stream
         self._requests.move_to_end(key)
         while len(self._requests) > MAX_REQUEST_IDS:
-            self._requests.popitem(last=False)
+            _, forgotten = self._requests.popitem(last=False)
+            if forgotten == _PENDING:  # forgotten while in flight: stop counting it (bounded, not exact)
+                self.in_flight = max(0, self.in_flight - 1)
 
     def view(self, stream: int, session_ttl: float) -> SessionView:
         """The facts the resume decision needs, for a cursor naming ``stream``."""

@@ -58,7 +58,13 @@ class SessionStore(Protocol):
         already has ``max_live_streams`` live streams."""
         ...
 
-    async def release(self, session_id: str, request_keys: Sequence[str]) -> None: ...
+    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
+        """Forget a claim whose request never reached the upstream."""
+        ...
+
+    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
+        """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
+        ...
 
     async def open_stream(
         self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float

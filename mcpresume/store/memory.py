@@ -151,6 +151,11 @@ class MemoryStore:
         if session is not None:
             session.release(request_keys)
 
+    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.settle(request_keys)
+
     # -- streams and events ------------------------------------------------------------------------------
 
     async def open_stream(
