@@ -36,7 +36,7 @@ REAP_INTERVAL_MAX = 5.0
 
 def build_store(settings: Settings) -> SessionStore:
     if settings.store != "memory":
-        raise NotImplementedError("the Redis store is not in this release yet; use store = 'memory'")
+        raise NotImplementedError("store: the Redis store is not in this release yet; use store = 'memory'")
     limits = WindowLimits(settings.window_events, settings.window_bytes, settings.window_ttl)
     return MemoryStore(
         limits,
@@ -76,11 +76,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await ctx.upstream.start()
     reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx))
     yield
-    ctx.draining = True
+    ctx.start_draining()
     reaper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reaper
-    await ctx.pumps.drain(ctx.settings.drain_timeout)
+    # Whatever is left of the drain budget (client views had their share while aiohttp waited for them).
+    await ctx.pumps.drain(ctx.drain_remaining())
     await ctx.upstream.close()
     await ctx.store.close()
 
@@ -139,7 +140,11 @@ class RunningProxy:
         return self.app[CONTEXT]
 
     async def stop(self) -> None:
-        for runner in reversed(self.runners):
+        """Graceful drain: refuse new work (readyz turns 503), let open streams finish within drain_timeout,
+        then stop. The admin listener goes last, so metrics and health stay scrapeable while draining."""
+        self.ctx.start_draining()
+        runners, self.runners = self.runners, []  # idempotent: a second stop has nothing left to do
+        for runner in runners:
             await runner.cleanup()
 
 
@@ -152,6 +157,7 @@ async def start_proxy(
 ) -> RunningProxy:
     metrics = metrics or Metrics()
     app = build_app(settings, store or build_store(settings), metrics, clock=clock)
+    metrics.max_sessions.set(settings.max_sessions)
     # handler_cancellation: a client that goes away cancels its handler, so its attachment ends at once
     # (pumps are separate tasks and are not affected).
     runner = web.AppRunner(

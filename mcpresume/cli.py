@@ -126,6 +126,9 @@ async def serve(settings: Settings) -> int:
     except OSError as exc:
         print(f"mcpresume: cannot listen: {exc}", file=sys.stderr)
         return 1
+    except NotImplementedError as exc:
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
     log.info("mcpresume %s: %s -> %s (store %s)", __version__, proxy.url, settings.upstream, settings.store)
     if proxy.admin_url:
         log.info("admin: %s/metrics %s/healthz %s/readyz", proxy.admin_url, proxy.admin_url, proxy.admin_url)

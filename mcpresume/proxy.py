@@ -95,6 +95,15 @@ class ProxyContext:
     clock: Callable[[], float]
     pumps: Pumps = field(default_factory=Pumps)
     draining: bool = False
+    drain_deadline: float = 0.0  # on the event loop's clock
+
+    def start_draining(self) -> None:
+        if not self.draining:
+            self.draining = True
+            self.drain_deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout
+
+    def drain_remaining(self) -> float:
+        return max(0.0, self.drain_deadline - asyncio.get_running_loop().time())
 
 
 class Proxy:
