@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.procs import LOOPBACK, PYTHON, ROOT, Child, Processes, cpu_seconds, raise_fd_limit, rss_kib
+from bench.procs import (
+    LOOPBACK,
+    PYTHON,
+    ROOT,
+    Child,
+    Processes,
+    child_setup,
+    cpu_seconds,
+    raise_fd_limit,
+    rss_kib,
+)
 from bench.stats import percentiles, quantile_curve
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -105,6 +115,7 @@ def run_client(
             stdout=subprocess.PIPE,
             stderr=err,
             start_new_session=True,
+            preexec_fn=child_setup,  # dies with the benchmark, and may use the hard fd limit
         )
     timer = threading.Timer(timeout, lambda: _kill_group(proc))
     timer.start()
@@ -419,17 +430,48 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 
 def profile(procs: Processes, upstream: Child, seconds: float, out: Path) -> dict[str, str]:
-    """py-spy on the mcpresume process under the 1-stream 256 B throughput load (a flame graph, then the
-    collapsed stacks the summary is made from), and under 100 streams."""
+    """py-spy on the mcpresume process: under the 1-stream 256 B throughput load (a flame graph, then the
+    collapsed stacks the summary is made from), under 100 streams, and under the paced 10k events/s
+    latency load (one event per upstream write: the per-event overhead, not the per-byte one)."""
     py_spy = Path(PYTHON).parent / "py-spy"
     if not py_spy.exists():
         raise SystemExit("py-spy is not installed: /work/venv/bin/pip install py-spy")
     proxy = procs.start_mcpresume(upstream, name="mcpresume-profile", **SESSIONS_CAP)
     files: dict[str, str] = {}
+
+    def throughput_spec(streams: int, remaining: float) -> dict[str, Any]:
+        return {
+            "kind": "throughput",
+            "url": proxy.url,
+            "streams": streams,
+            "size": 256,
+            "duration": min(3.0, max(0.5, remaining)),
+            "probe_events": 2000 if streams == 1 else 10000,
+            "probe_seconds": 0.25,
+            "min_events": 20,
+            "max_events": max(20, 1_000_000 // streams),
+        }
+
+    def latency_spec(_streams: int, remaining: float) -> dict[str, Any]:
+        return {
+            "kind": "latency",
+            "url": proxy.url,
+            "streams": 10,
+            "rate": 10000,
+            "size": 256,
+            "duration": max(0.5, remaining),
+            "warmup": 0.1,
+        }
+
+    stages: list[tuple[str, Callable[[int, float], dict[str, Any]], int, str]] = [
+        ("throughput-1x256", throughput_spec, 1, "flamegraph"),
+        ("throughput-1x256", throughput_spec, 1, "raw"),
+        ("throughput-100x256", throughput_spec, 100, "raw"),
+        ("latency-10k", latency_spec, 10, "raw"),
+    ]
     try:
-        for streams, fmt in ((1, "flamegraph"), (1, "raw"), (100, "raw")):
-            suffix = "svg" if fmt == "flamegraph" else "txt"
-            path = out / f"profile-throughput-{streams}x256.{suffix}"
+        for name, make_spec, streams, fmt in stages:
+            path = out / f"profile-{name}.{'svg' if fmt == 'flamegraph' else 'txt'}"
             argv = [str(py_spy), "record", "--pid", str(proxy.pid), "--rate", "250", "--nonblocking"]
             argv += ["--duration", str(int(seconds)), "--format", fmt, "--output", str(path)]
             recorder = subprocess.Popen(
@@ -439,23 +481,12 @@ def profile(procs: Processes, upstream: Child, seconds: float, out: Path) -> dic
                 time.sleep(0.5)
                 deadline = time.monotonic() + seconds
                 while time.monotonic() < deadline - 1:
-                    spec = {
-                        "kind": "throughput",
-                        "url": proxy.url,
-                        "streams": streams,
-                        "size": 256,
-                        "duration": min(3.0, max(0.5, deadline - time.monotonic() - 1)),
-                        "probe_events": 2000 if streams == 1 else 10000,
-                        "probe_seconds": 0.25,
-                        "min_events": 20,
-                        "max_events": max(20, 1_000_000 // streams),
-                    }
-                    run_client(procs, spec, timeout=120)
+                    run_client(procs, make_spec(streams, deadline - time.monotonic() - 1), timeout=120)
                 recorder.wait(seconds + 30)
             finally:
                 _kill_group(recorder)
-            files[f"{streams}x256-{fmt}"] = str(path)
-            log(f"profile {streams}x256 -> {path}")
+            files[f"{name}-{fmt}"] = str(path)
+            log(f"profile {name} -> {path}")
     finally:
         proxy.stop()
     return files

@@ -28,7 +28,7 @@ LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup() -> None:
+def child_setup() -> None:
     """Runs in the child before exec: die with the parent, and use the hard fd limit."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -138,7 +138,7 @@ class Processes:
                 stdout=subprocess.PIPE if stdout_ready else out,
                 stderr=out,
                 start_new_session=True,
-                preexec_fn=_child_setup,
+                preexec_fn=child_setup,
             )
         child = Child(name, proc, port, log)
         self.children.append(child)

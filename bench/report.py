@@ -524,10 +524,11 @@ def profile_summary(
         rev += " with uncommitted changes"
     sources = sources if sources is not None else snapshot_sources()
     parts = [
-        "# Profile of mcpresume under the throughput load (py-spy)",
+        "# Profile of mcpresume under load (py-spy)",
         "",
         f"mcpresume at {rev}; `python -m bench --profile` (py-spy record --nonblocking, 250 Hz, on the proxy "
-        "process while the throughput client runs; samples where the process was idle are not counted). "
+        "process while the throughput and latency clients run; samples where the process was idle are "
+        "not counted). "
         "Line numbers and source text are those of the code the profiled process ran.",
         "",
     ]

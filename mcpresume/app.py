@@ -43,6 +43,7 @@ def build_store(settings: Settings) -> SessionStore:
         session_ttl=settings.session_ttl,
         max_sessions=settings.max_sessions,
         retry_ms=settings.retry_ms,
+        max_total_bytes=settings.max_total_window_bytes,
     )
 
 

@@ -240,7 +240,10 @@ class Pump:
         backpressure reaches the upstream, until a client reads or session_ttl passes."""
         store, sid, settings = self.store, self.job.session_id, self.settings
         if settings.pause:
-            if await store.wait_for_room(sid, count, size, settings.session_ttl, keep_undelivered=True):
+            pause = settings.session_ttl
+            if await store.wait_for_room(
+                sid, count, size, pause, keep_undelivered=True, stream=self.job.stream
+            ):
                 return
         elif await store.wait_for_room(sid, count, size, settings.stall_timeout):
             return

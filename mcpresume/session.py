@@ -285,7 +285,7 @@ class SessionState:
         """Record the request ids of a POST about to be forwarded, or say what to do instead."""
         seen = [self._requests.get(key) for key in request_keys]
         if all(s is None for s in seen):
-            if max_live_streams is not None and self.live_streams() + self.in_flight >= max_live_streams:
+            if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
                 return Claim(ClaimOutcome.LIMITED)
             for key in request_keys:
                 self._remember_request(key, _PENDING)
@@ -368,9 +368,12 @@ class SessionState:
     def remove_reader(self, token: int) -> None:
         self.readers.pop(token, None)
 
-    def room_for(self, count: int, size: int, *, keep_undelivered: bool = False) -> bool:
+    def room_for(
+        self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None
+    ) -> bool:
         """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
-        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause).
+        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; only of
+        ``stream`` when given, so a stream nobody reads pauses its own pump, not its neighbours').
 
         A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
         overrun a client that is reading: the window bounds memory, readers set the pace."""
@@ -383,7 +386,11 @@ class SessionState:
         for event in window:  # oldest first: the order eviction would take
             if events <= limits.max_events and held <= limits.max_bytes:
                 return True
-            if keep_undelivered and not self._is_delivered(event):
+            if (
+                keep_undelivered
+                and (stream is None or event.stream == stream)
+                and not self._is_delivered(event)
+            ):
                 return False
             for streams, position in self.readers.values():
                 if event.stream in streams and event.seq > position:

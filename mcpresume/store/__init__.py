@@ -107,7 +107,14 @@ class SessionStore(Protocol):
     async def remove_reader(self, session_id: str, token: int) -> None: ...
 
     async def wait_for_room(
-        self, session_id: str, count: int, size: int, timeout: float, *, keep_undelivered: bool = False
+        self,
+        session_id: str,
+        count: int,
+        size: int,
+        timeout: float,
+        *,
+        keep_undelivered: bool = False,
+        stream: int | None = None,
     ) -> bool:
         """Wait until appending would evict nothing a reader has yet to send (and, with
         ``keep_undelivered``, nothing never delivered); False if ``timeout`` passed first."""

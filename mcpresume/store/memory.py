@@ -237,13 +237,22 @@ class MemoryStore:
             self._resolve(self._readers_moved, session_id)
 
     async def wait_for_room(
-        self, session_id: str, count: int, size: int, timeout: float, *, keep_undelivered: bool = False
+        self,
+        session_id: str,
+        count: int,
+        size: int,
+        timeout: float,
+        *,
+        keep_undelivered: bool = False,
+        stream: int | None = None,
     ) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             session = self._sessions.get(session_id)
-            if session is None or session.room_for(count, size, keep_undelivered=keep_undelivered):
+            if session is None or session.room_for(
+                count, size, keep_undelivered=keep_undelivered, stream=stream
+            ):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
