@@ -843,3 +843,13 @@ def test_room_for_protects_what_an_attached_reader_has_not_sent() -> None:
     assert not session.room_for(2, 10)
     session.remove_reader(reader)
     assert session.room_for(2, 10)
+
+
+def test_pause_protects_only_the_appending_streams_undelivered_events() -> None:
+    """overflow = pause: a stream nobody reads pauses its own pump, not a neighbour whose client reads."""
+    session = SessionState("S", "aaaaaaaaaaaa", WindowLimits(4, 1 << 20, 300.0), retry_ms=None, now=0.0)
+    unread = session.open_stream(StreamOrigin.GET, [], now=0.0)
+    session.append(unread.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 3, now=0.0)
+    busy = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)  # evicts the GET stream's priming
+    assert not session.room_for(1, 10, keep_undelivered=True, stream=unread.stream)
+    assert session.room_for(1, 10, keep_undelivered=True, stream=busy.stream)
