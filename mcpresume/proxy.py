@@ -284,13 +284,9 @@ class Proxy:
         *,
         adopt: bool,
     ) -> web.StreamResponse:
-        keys = message.request_keys
         reserved = False
-        if session_id is not None and not adopt and keys:
-            refused = await self._claim(request, session_id, message)
-            if refused is not None:
-                return refused
-            refused = await self._reserve_view(request, session_id, message)
+        if session_id is not None and not adopt and message.request_keys:
+            refused = await self._claim_and_reserve(request, session_id, message)
             if refused is not None:
                 return refused
             reserved = True
@@ -301,11 +297,9 @@ class Proxy:
                 max_sessions=self.settings.max_sessions,
             )
         try:
-            opened = await self._forward_shielded(request, body, message, session_id, adopt)
-            if isinstance(opened, ProxyError):
-                if session_id is not None and keys:
-                    await self.store.release(session_id, keys)
-                return self._reject(request, opened, message.first_id)
+            opened = await self._forward_claimed(request, body, message, session_id, adopt)
+            if isinstance(opened, web.Response):
+                return opened
             if isinstance(opened, _Opened):
                 return await self._attach(
                     request,
@@ -322,17 +316,37 @@ class Proxy:
             if reserved and session_id is not None:
                 await self.store.detach(session_id, self.ctx.clock())
 
-    async def _reserve_view(
+    async def _claim_and_reserve(
         self, request: web.Request, session_id: str, message: ClientMessage
-    ) -> web.Response | None:
-        """Count the client view a request will get before forwarding it: a request refused for too many
-        views must not run upstream. On refusal the claim is released (the same id may come back)."""
+    ) -> web.StreamResponse | None:
+        """Before forwarding: claim the request ids (exactly once), then count the client view the request
+        will get (a request refused for too many views must not run upstream). An answer if refused."""
+        if message.request_keys:
+            refused = await self._claim(request, session_id, message)
+            if refused is not None:
+                return refused
         limit = self.settings.max_attached_per_session
         if await self.store.attach(session_id, self.ctx.clock(), limit):
             return None
-        await self.store.release(session_id, message.request_keys)
+        await self.store.release(session_id, message.request_keys)  # the same id may come back
         error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
         return self._reject(request, error, message.first_id)
+
+    async def _forward_claimed(
+        self,
+        request: web.Request,
+        body: bytes,
+        message: ClientMessage,
+        session_id: str | None,
+        adopt: bool,
+    ) -> _Opened | aiohttp.ClientResponse | web.Response:
+        """Forward; on failure release the claim (the request never ran) and answer with the error."""
+        opened = await self._forward_shielded(request, body, message, session_id, adopt)
+        if not isinstance(opened, ProxyError):
+            return opened
+        if session_id is not None and message.request_keys:
+            await self.store.release(session_id, message.request_keys)
+        return self._reject(request, opened, message.first_id)
 
     async def _forward_shielded(
         self,
@@ -587,20 +601,13 @@ class Proxy:
         decision, newest = await self._decide(session_id, cursor_header)
         if not isinstance(decision, ReAttach):
             return self._reject(request, decision, message.first_id)
-        keys = message.request_keys
-        if keys:
-            refused = await self._claim(request, session_id, message)
-            if refused is not None:
-                return refused
-        refused = await self._reserve_view(request, session_id, message)
+        refused = await self._claim_and_reserve(request, session_id, message)
         if refused is not None:
             return refused
         try:
-            opened = await self._forward_shielded(request, body, message, session_id, False)
-            if isinstance(opened, ProxyError):
-                if keys:
-                    await self.store.release(session_id, keys)
-                return self._reject(request, opened, message.first_id)
+            opened = await self._forward_claimed(request, body, message, session_id, False)
+            if isinstance(opened, web.Response):
+                return opened
             streams = [decision.stream]
             if isinstance(opened, _Opened):
                 streams.append(opened.stream)

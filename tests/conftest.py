@@ -7,14 +7,36 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import serve_example_upstream
 from tests.support import EVENT_STORE_RETRY_MS, redis_ping
+
+ServeApp = Callable[[web.Application], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[ServeApp]:
+    """Start scripted aiohttp upstreams on free loopback ports; yields ``start(app) -> MCP endpoint URL``."""
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> str:
+        # handler_cancellation: a proxy that drops the connection ends the handler, as with a real server;
+        # a short shutdown_timeout: a handler still holding a stream at teardown must not hold the test.
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
 
 
 @pytest.fixture

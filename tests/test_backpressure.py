@@ -6,35 +6,17 @@ import asyncio
 import gc
 import socket
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from mcpresume.app import reap_once
 from mcpresume.sse import SSEParser
+from tests.conftest import ServeApp
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import ScriptedUpstream
-
-Serve = Callable[[web.Application], Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
@@ -61,7 +43,7 @@ async def raw_post(
     return reader, writer
 
 
-async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(serve: Serve) -> None:
+async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(serve: ServeApp) -> None:
     # 120 events of ~64 KiB: far more than the kernel buffers of a client that does not read.
     upstream = ScriptedUpstream(total=120, pad=64 * 1024)
     url = await serve(upstream.app())
@@ -119,7 +101,7 @@ async def _true(value: bool) -> bool:
 
 
 @pytest.mark.parametrize("overflow", ["evict", "pause"])
-async def test_overflow_policy_while_no_client_reads(serve: Serve, overflow: str) -> None:
+async def test_overflow_policy_while_no_client_reads(serve: ServeApp, overflow: str) -> None:
     """evict: the ring drops the oldest and a resume behind it gets 409; pause: the pump stops reading the
     upstream until the client re-attaches, and the client gets everything."""
     # The tool thinks a moment before its first event: the client has its priming cursor and is gone by then,
@@ -164,7 +146,7 @@ async def _paused(store: object, session_id: str) -> bool:
     return bool(stats.window_events >= 8)
 
 
-async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: Serve) -> None:
+async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: ServeApp) -> None:
     """The design note's second failure: 200 sessions whose clients vanish mid-stream and never return.
     What the proxy holds (traced allocations in mcpresume's own code) stays under sessions x window bound +
     a small per-session overhead, and falls back near the baseline after session_ttl."""

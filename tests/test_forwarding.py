@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
-import pytest
 from aiohttp import web
 
 from tests.support.proxy import error_of, running_proxy
@@ -57,24 +55,6 @@ async def test_sdk_session_through_proxy_equals_direct(example_upstream: str) ->
 # -- scripted upstreams ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def scripted() -> AsyncIterator[Callable[[web.Application], asyncio.Future[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}/mcp"
-
-    yield start  # type: ignore[misc]
-    for runner in runners:
-        await runner.cleanup()
-
-
 INIT = orjson.dumps(
     {
         "jsonrpc": "2.0",
@@ -105,7 +85,7 @@ async def test_refused_connection_is_502_with_reason() -> None:
     assert body_id == 7
 
 
-async def test_slow_first_byte_is_504(scripted) -> None:
+async def test_slow_first_byte_is_504(serve) -> None:
     release = asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
@@ -114,7 +94,7 @@ async def test_slow_first_byte_is_504(scripted) -> None:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", slow)
-    url = await scripted(app)
+    url = await serve(app)
     async with running_proxy(url, first_byte_timeout=0.2) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 504
@@ -122,7 +102,7 @@ async def test_slow_first_byte_is_504(scripted) -> None:
         release.set()
 
 
-async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(scripted) -> None:
+async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -> None:
     seen: dict[str, object] = {}
 
     async def oauth(request: web.Request) -> web.StreamResponse:
@@ -137,7 +117,7 @@ async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(scripted
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", oauth)
-    url = await scripted(app)
+    url = await serve(app)
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         base = proxy.url.removesuffix("/mcp")
         headers = {
@@ -175,8 +155,8 @@ def sse_upstream(body: bytes, *, session: str | None = "sess-1", extra: dict[str
     return app
 
 
-async def test_upstream_closing_mid_event_completes_request_with_synthesized_error(scripted) -> None:
-    url = await scripted(sse_upstream(b'event: message\ndata: {"jsonrpc":"2.0","method":"x"}\n\ndata: {"js'))
+async def test_upstream_closing_mid_event_completes_request_with_synthesized_error(serve) -> None:
+    url = await serve(sse_upstream(b'event: message\ndata: {"jsonrpc":"2.0","method":"x"}\n\ndata: {"js'))
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 200
@@ -189,11 +169,11 @@ async def test_upstream_closing_mid_event_completes_request_with_synthesized_err
     assert error["error"]["data"]["reason"] == "upstream_stream_lost"
 
 
-async def test_malformed_sse_bytes_pass_as_data_without_crashing(scripted) -> None:
+async def test_malformed_sse_bytes_pass_as_data_without_crashing(serve) -> None:
     body = b"\xff\xfe: comment\r\nevent: message\rdata: \xc3\x28 not utf8\r\n\r\n" + (
         b'data: {"jsonrpc":"2.0","id":7,"result":{}}\n\n'
     )
-    url = await scripted(sse_upstream(body))
+    url = await serve(sse_upstream(body))
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             raw = await response.read()
@@ -202,13 +182,13 @@ async def test_malformed_sse_bytes_pass_as_data_without_crashing(scripted) -> No
         assert proxy.ctx.metrics.synthesized_errors.labels("upstream_stream_lost")._value.get() == 0
 
 
-async def test_huge_upstream_header_is_a_clean_502(scripted) -> None:
+async def test_huge_upstream_header_is_a_clean_502(serve) -> None:
     async def huge(request: web.Request) -> web.Response:
         return web.Response(text="{}", headers={"X-Big": "a" * 200_000})
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", huge)
-    url = await scripted(app)
+    url = await serve(app)
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 502
@@ -232,7 +212,7 @@ async def test_bad_client_bodies_get_jsonrpc_errors(example_upstream: str) -> No
                 assert (await error_of(response))["data"]["reason"] == reason
 
 
-async def test_modern_era_requests_pass_straight_through(scripted) -> None:
+async def test_modern_era_requests_pass_straight_through(serve) -> None:
     seen: list[dict[str, str]] = []
 
     async def modern(request: web.Request) -> web.Response:
@@ -241,7 +221,7 @@ async def test_modern_era_requests_pass_straight_through(scripted) -> None:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", modern)
-    url = await scripted(app)
+    url = await serve(app)
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}})
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(

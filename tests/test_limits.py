@@ -39,23 +39,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[web.Application], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        # A short shutdown_timeout: a handler still holding a stream at teardown must not hold the test.
-        runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
 class ToolUpstream:
     """A scripted upstream: a distinct session id per ``initialize``; each ``tools/call`` behaves as named.
 

@@ -4,33 +4,15 @@ continuous stream whatever happens upstream."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.relay import CuttingRelay
 from tests.support.scripted import ScriptedUpstream, random_drops
 from tests.support.sdk import count_slowly, sdk_session
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[object]:
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 async def call(proxy_url: str, total: int) -> tuple[list[int], list[dict[str, object]]]:
