@@ -33,7 +33,7 @@ from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.jsonrpc import error_response, request_key, response_key
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEParser, frame_body
+from mcpresume.sse import SSEEvent, SSEParser, frame_body
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream
 from mcpresume.window import EventKind
@@ -74,6 +74,40 @@ class PumpSettings:
     resume_attempts: int
     pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
+
+
+# A JSON-RPC response holds a "result" or an "error" member, maybe spelled with a JSON escape.
+_RESPONSE_MARKS: Final = (b'"result"', b'"error"', b"\\u")
+
+
+class ResponseHint:
+    """Whether a chunk may complete a JSON-RPC response, from a few C-speed scans of the whole chunk
+    instead of one look per event (most events of a stream are progress notifications, not responses).
+
+    Conservative: a "maybe" is always safe (each event is then checked exactly). It carries over the
+    unfinished event at the chunk's end (its first bytes came earlier) and the last bytes of the chunk (a
+    mark split across two reads), and gives up on CR line endings (it only knows LF blank lines)."""
+
+    __slots__ = ("_carry", "_edge")
+
+    def __init__(self) -> None:
+        self._carry = False  # the event still being read may be a response
+        self._edge = b""  # the previous chunk's last bytes
+
+    def scan(self, chunk: bytes) -> bool:
+        if b"\r" in chunk:
+            self._carry = True
+            return True
+        seam = self._edge + chunk[:7]
+        hit = self._carry or any(mark in chunk or mark in seam for mark in _RESPONSE_MARKS)
+        boundary = chunk.rfind(b"\n\n")
+        if boundary >= 0:
+            tail = chunk[boundary + 2 :]
+            self._carry = any(mark in tail for mark in _RESPONSE_MARKS)
+        else:
+            self._carry = hit
+        self._edge = chunk[-7:]  # len('"result"') - 1
+        return hit
 
 
 class _End(enum.Enum):
@@ -145,8 +179,11 @@ class Pump:
         self.retry_ms: int | None = None
         self.attempts = 0  # resume attempts since the last progress
         self.failure = "the upstream closed the stream before the response"
+        self._hint = ResponseHint()
+        # Upstream ids of the last SEEN_IDS events appended (cheap to keep: no hashing per event), and, from
+        # the last resume on, those ids as a set: what an upstream replay is checked against.
+        self._recent: deque[bytes] = deque(maxlen=SEEN_IDS)
         self._seen: set[bytes] = set()
-        self._seen_order: deque[bytes] = deque()
 
     async def run(self, response: aiohttp.ClientResponse) -> None:
         current: aiohttp.ClientResponse | None = response
@@ -169,8 +206,10 @@ class Pump:
     async def _read(self, response: aiohttp.ClientResponse) -> _End:
         parser = SSEParser(self.settings.max_event_bytes)
         try:
+            self._hint = ResponseHint()  # a new connection starts at an event boundary
             async for chunk in response.content.iter_any():
-                await self._append(self._events(parser.feed(chunk)))
+                may_answer = bool(self.pending) and self._hint.scan(chunk)
+                await self._append(self._events(parser.feed(chunk), may_answer))
                 if self.job.request_ids and not self.pending:
                     return _End.COMPLETE
             if parser.close():
@@ -189,37 +228,40 @@ class Pump:
         finally:
             response.release()
 
-    def _events(self, parsed: Sequence[Any]) -> list[NewEvent]:
+    def _events(self, parsed: Sequence[SSEEvent], may_answer: bool = True) -> list[NewEvent]:
+        """Upstream events -> events to append. Hot path: one pass, no per-event look for the response unless
+        the chunk may hold it (``may_answer``), and upstream ids checked against the ones seen only after a
+        resume (a replay)."""
         items: list[NewEvent] = []
+        pending, seen, recent = self.pending, self._seen, self._recent
+        message, response = EventKind.MESSAGE, EventKind.RESPONSE
         for event in parsed:
+            upstream_id = event.id
             if event.retry is not None:
                 self.retry_ms = event.retry
-            if event.id:
-                self.last_id = event.id
-            if not event.data:
+            if upstream_id:
+                self.last_id = upstream_id
+            data = event.data
+            if not data:
                 continue  # priming, or an id/retry-only event: the proxy sends its own
-            if event.id:
-                if event.id in self._seen:
+            if upstream_id:
+                if seen and upstream_id in seen:
                     self.metrics.upstream_duplicates.inc()
                     continue  # an upstream replay of an event already appended
-                self._remember(event.id)
-            key = response_key(event.data) if self.pending else None
-            is_response = key is not None and self.pending.pop(key, None) is not None
-            items.append(
-                NewEvent(
-                    frame_body(event.data, event.event),
-                    EventKind.RESPONSE if is_response else EventKind.MESSAGE,
-                    event.id,
-                    key if is_response else None,
-                )
-            )
+                recent.append(upstream_id)
+            # The parser never yields CR in data, so the common single-line case needs no checks.
+            if b"\n" in data:
+                body = frame_body(data, event.event)
+            elif event.event is None:
+                body = b"data: %s\n\n" % data
+            else:
+                body = b"event: %s\ndata: %s\n\n" % (event.event, data)
+            key = response_key(data) if may_answer and pending else None
+            if key is not None and pending.pop(key, None) is not None:
+                items.append(NewEvent(body, response, upstream_id, key))
+            else:
+                items.append(NewEvent(body, message, upstream_id, None))
         return items
-
-    def _remember(self, upstream_id: bytes) -> None:
-        self._seen.add(upstream_id)
-        self._seen_order.append(upstream_id)
-        if len(self._seen_order) > SEEN_IDS:
-            self._seen.discard(self._seen_order.popleft())
 
     async def _append(self, items: list[NewEvent]) -> None:
         if not items:
@@ -278,6 +320,7 @@ class Pump:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue
             if response.status == 200 and response.content_type == _SSE:
+                self._seen = set(self._recent)  # what a replay may repeat
                 outcomes.labels("resumed").inc()
                 log.info(
                     "session %s stream %d: upstream stream resumed after %s",

@@ -33,7 +33,7 @@ from typing import Final
 
 from mcpresume.cursor import encode_cursor
 from mcpresume.resume import SessionView, StreamView
-from mcpresume.sse import encode_frame, priming_frame
+from mcpresume.sse import priming_frame
 from mcpresume.window import Event, EventKind, Evicted, Window, WindowLimits
 
 # A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
@@ -66,7 +66,7 @@ class StreamState:
     pending_responses: set[str] = field(default_factory=set)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
 class NewEvent:
     """An upstream event about to be appended: its serialized body, its kind and its upstream id."""
 
@@ -181,25 +181,33 @@ class SessionState:
         self._after_append(priming, now)
         return priming
 
-    def append(self, stream: int, items: Iterable[NewEvent], now: float) -> tuple[list[Event], Evicted]:
-        """Append upstream events to a live stream (events for an ended stream are dropped)."""
+    def append(self, stream: int, items: Sequence[NewEvent], now: float) -> tuple[list[Event], Evicted]:
+        """Append upstream events to a live stream (events for an ended stream are dropped).
+
+        Hot path (every upstream event passes here): the cursor prefix is built once per call, the frames
+        with one %-format each, and the window's limits enforced once for the whole batch."""
         state = self.streams.get(stream)
-        appended: list[Event] = []
-        evicted = Evicted()
-        if state is None or not state.live:
-            return appended, evicted
+        if state is None or not state.live or not items:
+            return [], Evicted()
+        prefix = b"id: %s-%d-" % (self.epoch.encode(), stream)
+        seq = self.next_seq
+        appended = []
         for item in items:
-            seq = self.next_seq
-            self.next_seq += 1
-            frame = encode_frame(encode_cursor(self.epoch, stream, seq), item.body)
-            event = Event(seq, stream, frame, item.kind, item.upstream_id, now)
-            state.last_seq = event.seq
-            if item.upstream_id:
-                state.last_upstream_id = item.upstream_id
+            appended.append(
+                Event(seq, stream, b"%s%d\n%s" % (prefix, seq, item.body), item.kind, item.upstream_id, now)
+            )
+            seq += 1
             if item.response_key is not None:
                 state.pending_responses.discard(item.response_key)
-            appended.append(event)
-            evicted.merge(self._after_append(event, now))
+            if item.upstream_id:
+                state.last_upstream_id = item.upstream_id
+        self.next_seq = seq
+        state.last_seq = seq - 1
+        self.version += 1
+        self.last_active = now
+        evicted = self.window.extend(appended, now)
+        if evicted:
+            self._forget_gone_streams()
         return appended, evicted
 
     def _after_append(self, event: Event, now: float) -> Evicted:

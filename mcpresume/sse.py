@@ -67,7 +67,9 @@ _FAILED: Final = 2  # EventTooLarge was raised; unusable
 _CLOSED: Final = 3
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
+# object.__setattr__), and one is built per upstream event on the hot path. Treat it as immutable.
+@dataclass(slots=True)
 class SSEEvent:
     """One dispatched event block, as raw bytes."""
 

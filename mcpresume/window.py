@@ -128,6 +128,17 @@ class Window:
         self.bytes += len(event.body)
         return self._enforce(now)
 
+    def extend(self, events: list[Event], now: float) -> Evicted:
+        """Append a batch of one stream's events (seqs above every retained one); enforce the limits once."""
+        stream = events[0].stream
+        per_stream = self._by_stream.get(stream)
+        if per_stream is None:
+            per_stream = self._by_stream[stream] = deque()
+        self._order.extend(events)
+        per_stream.extend(events)
+        self.bytes += sum(len(event.body) for event in events)
+        return self._enforce(now)
+
     def expire(self, now: float) -> Evicted:
         return self._enforce(now)
 
