@@ -106,7 +106,7 @@ class ResponseHint:
             self._carry = any(mark in tail for mark in _RESPONSE_MARKS)
         else:
             self._carry = hit
-        self._edge = chunk[-7:]  # len('"result"') - 1
+        self._edge = (self._edge + chunk[-7:])[-7:]  # len('"result"') - 1, even across tiny reads
         return hit
 
 

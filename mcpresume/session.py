@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from heapq import merge
 from typing import Final
 
 from mcpresume.cursor import encode_cursor
@@ -142,7 +141,7 @@ class SessionState:
         # Per stream, the highest seq some client was sent: what overflow=pause protects, and what an
         # eviction of "undelivered" events is counted against.
         self.delivered: dict[int, int] = {}
-        self.window = Window(limits, self._is_delivered)
+        self.window = Window(limits, self.delivered)
         self.streams: dict[int, StreamState] = {}
         self.next_seq = 1
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
@@ -192,10 +191,11 @@ class SessionState:
         prefix = b"id: %s-%d-" % (self.epoch.encode(), stream)
         seq = self.next_seq
         appended = []
+        size = 0
         for item in items:
-            appended.append(
-                Event(seq, stream, b"%s%d\n%s" % (prefix, seq, item.body), item.kind, item.upstream_id, now)
-            )
+            frame = b"%s%d\n%s" % (prefix, seq, item.body)
+            size += len(frame)
+            appended.append(Event(seq, stream, frame, item.kind, item.upstream_id, now))
             seq += 1
             if item.response_key is not None:
                 state.pending_responses.discard(item.response_key)
@@ -205,7 +205,7 @@ class SessionState:
         state.last_seq = seq - 1
         self.version += 1
         self.last_active = now
-        evicted = self.window.extend(appended, now)
+        evicted = self.window.extend(appended, now, size)
         if evicted:
             self._forget_gone_streams()
         return appended, evicted
@@ -271,10 +271,7 @@ class SessionState:
         for number in streams:
             if number not in self.streams or window.evicted_through(number) > after:
                 return ReadResult((), complete=False, gap=True, version=self.version)
-        if len(streams) == 1:
-            candidates: Iterable[Event] = window.after(streams[0], after)
-        else:
-            candidates = merge(*(window.after(n, after) for n in streams), key=lambda e: e.seq)
+        candidates = window.after_any(tuple(streams), after)
         events: list[Event] = []
         size = 0
         truncated = False

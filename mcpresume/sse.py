@@ -38,6 +38,7 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -65,6 +66,13 @@ _OPEN: Final = 0
 _FAILED_UNREPORTED: Final = 1  # overflow seen, events returned first; the next call raises
 _FAILED: Final = 2  # EventTooLarge was raised; unusable
 _CLOSED: Final = 3
+
+# A whole event as servers write it: optional id and event lines (an id before or after the event line,
+# the last one wins), one "data: " line, the blank line. The id may not hold NUL (WHATWG ignores such an
+# id; the line parser does that). Anything this does not match is left to the line parser.
+_CANONICAL: Final = re.compile(
+    rb"(?:id: ([^\n\x00]*)\n)?(?:event: ([^\n]*)\n)?(?:id: ([^\n\x00]*)\n)?data: ([^\n]*)\n\n"
+)
 
 
 # Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
@@ -170,6 +178,71 @@ class SSEParser:
             # CRLF first, so a pair becomes one LF rather than two.
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
+        if self._at_boundary():
+            return self._blocks(chunk)
+        # Finish the event the previous chunk left open with the line parser, then take the fast path.
+        if not self._partial and chunk[:1] == b"\n":
+            end = 1  # the previous chunk ended its last line; this LF is the blank line
+        else:
+            end = chunk.find(b"\n\n")
+            if end < 0:
+                return self._lines(chunk)
+            end += 2
+        events = self._lines(chunk[:end])
+        if end == len(chunk) or self._state != _OPEN or not self._at_boundary():
+            return events
+        try:
+            events.extend(self._blocks(chunk[end:]))
+        except EventTooLarge:
+            if not events:
+                raise
+            self._state = _FAILED_UNREPORTED
+        return events
+
+    def _at_boundary(self) -> bool:
+        """Between events: nothing of a line or an event is held."""
+        return (
+            not self._partial
+            and self._size == 0
+            and not self._has_data
+            and self._id is None
+            and (self._event is None and self._retry is None)
+        )
+
+    def _blocks(self, chunk: bytes) -> list[SSEEvent]:
+        """The fast path, from an event boundary: whole canonical events (``[id][event][id] data`` lines,
+        one data line, spelled as servers write them) are taken by one C-level regex match each; anything
+        else (comments, retry, several data lines, other spellings, the unfinished tail) goes through the
+        line-by-line parser, one block at a time, so the two paths give the same events."""
+        events: list[SSEEvent] = []
+        limit = self._max
+        match = _CANONICAL.match
+        pos = 0
+        while True:
+            found = match(chunk, pos)
+            # Size as the line parser counts it: each line and its LF, the blank line not included.
+            if found is not None and found.end() - pos - 1 <= limit:
+                ids = found[3] if found[3] is not None else found[1]
+                events.append(SSEEvent(found[4], found[2], ids, None, True))
+                pos = found.end()
+                continue
+            end = chunk.find(b"\n\n", pos)
+            piece = chunk[pos:] if end < 0 else chunk[pos : end + 2]
+            if not piece:
+                return events
+            try:
+                events.extend(self._lines(piece))
+            except EventTooLarge:
+                if not events:
+                    raise
+                self._state = _FAILED_UNREPORTED  # hand over what completed; raise on the next call
+                return events
+            if end < 0 or self._state != _OPEN:
+                return events
+            pos = end + 2
+
+    def _lines(self, chunk: bytes) -> list[SSEEvent]:
+        """The line-by-line parser (WHATWG "Interpreting an event stream"), on LF-only text."""
         lines = chunk.split(b"\n")
         tail = lines.pop()  # after the last LF: the unterminated start of the next line (maybe b"")
         if lines and self._partial:

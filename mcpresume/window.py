@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -94,16 +94,21 @@ _EMPTY: Final[tuple[Event, ...]] = ()
 
 
 class Window:
-    """Retained events of one session, in seq order, with a per-stream index."""
+    """Retained events of one session, in seq order.
 
-    __slots__ = ("_by_stream", "_evicted_through", "_order", "bytes", "delivered", "limits")
+    One deque for the whole session (an empty deque costs ~600 bytes, so none per stream); a stream's
+    events are found by walking back from the newest, which is what readers do: they follow the tail, and
+    seqs only grow, so the walk stops at the reader's position."""
 
-    def __init__(self, limits: WindowLimits, delivered: Callable[[Event], bool] | None = None) -> None:
+    __slots__ = ("_count", "_evicted_through", "_order", "bytes", "delivered", "limits")
+
+    def __init__(self, limits: WindowLimits, delivered: dict[int, int] | None = None) -> None:
         self.limits = limits
-        # Whether an event reached some client: only for counting undelivered evictions.
+        # Per stream, the highest seq some client was sent (owned by the session): only for counting
+        # evictions of events no client ever received.
         self.delivered = delivered
         self._order: deque[Event] = deque()
-        self._by_stream: dict[int, deque[Event]] = {}
+        self._count: dict[int, int] = {}  # events retained per stream
         self._evicted_through: dict[int, int] = {}
         self.bytes = 0
 
@@ -120,68 +125,82 @@ class Window:
 
     def append(self, event: Event, now: float) -> Evicted:
         """Append one event (its seq must exceed every retained seq) and enforce the limits."""
-        self._order.append(event)
-        per_stream = self._by_stream.get(event.stream)
-        if per_stream is None:
-            per_stream = self._by_stream[event.stream] = deque()
-        per_stream.append(event)
-        self.bytes += len(event.body)
-        return self._enforce(now)
+        return self.extend([event], now, len(event.body))
 
-    def extend(self, events: list[Event], now: float) -> Evicted:
-        """Append a batch of one stream's events (seqs above every retained one); enforce the limits once."""
+    def extend(self, events: list[Event], now: float, size: int | None = None) -> Evicted:
+        """Append a batch of one stream's events (seqs above every retained one, ``size`` their bytes if
+        known) and enforce the limits once for the batch."""
         stream = events[0].stream
-        per_stream = self._by_stream.get(stream)
-        if per_stream is None:
-            per_stream = self._by_stream[stream] = deque()
         self._order.extend(events)
-        per_stream.extend(events)
-        self.bytes += sum(len(event.body) for event in events)
+        self._count[stream] = self._count.get(stream, 0) + len(events)
+        self.bytes += sum(len(event.body) for event in events) if size is None else size
         return self._enforce(now)
 
     def expire(self, now: float) -> Evicted:
         return self._enforce(now)
 
     def _enforce(self, now: float) -> Evicted:
+        """Evict oldest-first until every limit holds (hot: inlined, one pass, no call per event)."""
         evicted = Evicted()
-        limits, order = self.limits, self._order
-        deadline = now - limits.ttl
+        order = self._order
+        limits = self.limits
+        max_events, max_bytes, deadline = limits.max_events, limits.max_bytes, now - limits.ttl
+        if len(order) <= max_events and self.bytes <= max_bytes and (not order or order[0].at > deadline):
+            return evicted
+        count, evicted_through, delivered = self._count, self._evicted_through, self.delivered
+        tallies: dict[EvictReason, list[int]] = {}
+        lost = [0, 0]
+        held = self.bytes
         while order:
             oldest = order[0]
             if oldest.at <= deadline:
                 reason = EvictReason.TTL
             elif len(order) <= 1:
                 break  # the newest event stays even when it alone is over max_bytes (see module doc)
-            elif len(order) > limits.max_events:
+            elif len(order) > max_events:
                 reason = EvictReason.COUNT
-            elif self.bytes > limits.max_bytes:
+            elif held > max_bytes:
                 reason = EvictReason.BYTES
             else:
                 break
-            self._pop_oldest()
-            evicted.add(reason, len(oldest.body), delivered=self._was_delivered(oldest))
+            order.popleft()
+            stream, size = oldest.stream, len(oldest.body)
+            left = count[stream] - 1
+            if left:
+                count[stream] = left
+            else:
+                del count[stream]
+            evicted_through[stream] = oldest.seq
+            held -= size
+            tally = tallies.get(reason)
+            if tally is None:
+                tally = tallies[reason] = [0, 0]
+            tally[0] += 1
+            tally[1] += size
+            if delivered is not None and oldest.seq > delivered.get(stream, 0):
+                lost[0] += 1
+                lost[1] += size
+        self.bytes = held
+        evicted.counts = tallies
+        evicted.undelivered = lost
         return evicted
-
-    def _was_delivered(self, event: Event) -> bool:
-        return self.delivered is None or self.delivered(event)
 
     def shed(self, max_bytes: int) -> Evicted:
         """Evict oldest-first until at most ``max_bytes`` are held (the global cap trims windows this way)."""
         evicted = Evicted()
-        while self._order and self.bytes > max_bytes:
-            event = self._pop_oldest()
-            evicted.add(EvictReason.GLOBAL_BYTES, len(event.body), delivered=self._was_delivered(event))
+        order, delivered = self._order, self.delivered
+        while order and self.bytes > max_bytes:
+            event = order.popleft()
+            left = self._count[event.stream] - 1
+            if left:
+                self._count[event.stream] = left
+            else:
+                del self._count[event.stream]
+            self._evicted_through[event.stream] = event.seq
+            self.bytes -= len(event.body)
+            sent = delivered is None or event.seq <= delivered.get(event.stream, 0)
+            evicted.add(EvictReason.GLOBAL_BYTES, len(event.body), delivered=sent)
         return evicted
-
-    def _pop_oldest(self) -> Event:
-        event = self._order.popleft()
-        per_stream = self._by_stream[event.stream]
-        per_stream.popleft()  # oldest-first eviction: the session's oldest is its stream's oldest
-        if not per_stream:
-            del self._by_stream[event.stream]
-        self._evicted_through[event.stream] = event.seq
-        self.bytes -= len(event.body)
-        return event
 
     def evicted_through(self, stream: int) -> int:
         """The highest evicted seq of ``stream`` (0 if none was evicted)."""
@@ -189,24 +208,26 @@ class Window:
 
     def forget_stream(self, stream: int) -> None:
         """Drop a finished stream's bookkeeping once it holds no events (keeps the window bounded)."""
-        if stream not in self._by_stream:
+        if stream not in self._count:
             self._evicted_through.pop(stream, None)
 
     def has_events(self, stream: int) -> bool:
-        return stream in self._by_stream
+        return stream in self._count
 
-    def after(self, stream: int, seq: int) -> Iterable[Event]:
+    def after(self, stream: int, seq: int) -> list[Event]:
         """The retained events of ``stream`` with a seq above ``seq``, in order."""
-        per_stream = self._by_stream.get(stream)
-        if not per_stream or per_stream[-1].seq <= seq:
-            return _EMPTY
-        if per_stream[0].seq > seq:
-            return per_stream
-        # Readers usually follow the tail, so scan from the right: O(events returned).
-        index = len(per_stream) - 1
-        while index > 0 and per_stream[index - 1].seq > seq:
-            index -= 1
-        return [per_stream[i] for i in range(index, len(per_stream))]
+        return self.after_any((stream,), seq)
+
+    def after_any(self, streams: tuple[int, ...] | frozenset[int], seq: int) -> list[Event]:
+        """The retained events of any of ``streams`` with a seq above ``seq``, in seq order."""
+        found: list[Event] = []
+        for event in reversed(self._order):
+            if event.seq <= seq:
+                break
+            if event.stream in streams:
+                found.append(event)
+        found.reverse()
+        return found
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self._order)
