@@ -148,19 +148,19 @@ class Window:
         if len(order) <= max_events and self.bytes <= max_bytes and (not order or order[0].at > deadline):
             return evicted
         count, evicted_through, delivered = self._count, self._evicted_through, self.delivered
-        tallies: dict[EvictReason, list[int]] = {}
-        lost = [0, 0]
+        # Tallies in locals (an Enum's hash is a Python call): [events, bytes] for ttl, count, bytes.
+        by_ttl, by_count, by_bytes, lost = [0, 0], [0, 0], [0, 0], [0, 0]
         held = self.bytes
         while order:
             oldest = order[0]
             if oldest.at <= deadline:
-                reason = EvictReason.TTL
+                tally = by_ttl
             elif len(order) <= 1:
                 break  # the newest event stays even when it alone is over max_bytes (see module doc)
             elif len(order) > max_events:
-                reason = EvictReason.COUNT
+                tally = by_count
             elif held > max_bytes:
-                reason = EvictReason.BYTES
+                tally = by_bytes
             else:
                 break
             order.popleft()
@@ -172,16 +172,19 @@ class Window:
                 del count[stream]
             evicted_through[stream] = oldest.seq
             held -= size
-            tally = tallies.get(reason)
-            if tally is None:
-                tally = tallies[reason] = [0, 0]
             tally[0] += 1
             tally[1] += size
             if delivered is not None and oldest.seq > delivered.get(stream, 0):
                 lost[0] += 1
                 lost[1] += size
         self.bytes = held
-        evicted.counts = tallies
+        for reason, tally in (
+            (EvictReason.TTL, by_ttl),
+            (EvictReason.COUNT, by_count),
+            (EvictReason.BYTES, by_bytes),
+        ):
+            if tally[0]:
+                evicted.counts[reason] = tally
         evicted.undelivered = lost
         return evicted
 
