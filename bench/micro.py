@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from mcpresume.pump import Pump, PumpJob, PumpSettings, ResponseHint
+from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.session import SessionState, StreamOrigin
 from mcpresume.window import WindowLimits
 
@@ -26,7 +26,11 @@ def upstream_bytes(size: int = 256) -> bytes:
     frames = []
     for k in range(EVENTS):
         head = f"event: message\nid: 7-{k}\ndata: ".encode()
-        body = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 7, "progress": k}}
+        body = {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": 7, "progress": k},
+        }
         data = orjson.dumps(body)
         pad = size - len(head) - len(data) - 2
         if pad > 0:
@@ -58,9 +62,8 @@ def run() -> float:
     position = priming.seq
     sent = 0
     start = time.perf_counter()
-    hint = ResponseHint()
     for chunk in chunks:
-        items = pump._events(parser.feed(chunk), hint.scan(chunk))
+        items = pump._events(parser.feed(chunk))
         for begin in range(0, len(items), pump.step):
             session.append(priming.stream, items[begin : begin + pump.step], 0.0)
             result = session.read([priming.stream], position)

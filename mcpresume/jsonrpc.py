@@ -1,10 +1,11 @@
 """Just enough JSON-RPC to route a message (pure).
 
 The proxy parses client POST bodies (small, and it must know the request ids and whether this is an
-``initialize``) but never parses upstream events it does not need to. It must only
-recognise the JSON-RPC response that completes a POST stream. A response must hold a ``"result"`` or an
-``"error"`` key, so only events whose data contains one of those byte strings are parsed (STYLE.md: no
-per-event JSON parse unless a decision needs it); progress notifications, the bulk of a stream, are not.
+``initialize``) but never parses upstream events it does not need to. It must only recognise the
+JSON-RPC response that completes a POST stream: an event that starts like a notification is not one (one
+prefix test), and a response must hold a ``"result"`` or an ``"error"`` key, so only events whose data
+contains one of those byte strings are parsed (STYLE.md: no per-event JSON parse unless a decision needs
+it); progress notifications, the bulk of a stream, never are.
 """
 
 from __future__ import annotations
@@ -83,8 +84,16 @@ def parse_client_body(body: bytes) -> ClientMessage:
     return ClientMessage(tuple(methods), tuple(ids), is_batch)
 
 
+# How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the
+# Python SDK with pydantic): a top-level "method" member, so certainly not a response. Checked first:
+# progress notifications are most of a stream's events.
+_REQUEST_OR_NOTIFICATION: Final = b'{"jsonrpc":"2.0","method":'
+
+
 def response_key(data: bytes) -> str | None:
     """If an SSE event's data is a JSON-RPC response, the key of the id it answers; else None."""
+    if data.startswith(_REQUEST_OR_NOTIFICATION):
+        return None
     if b'"result"' not in data and b'"error"' not in data and b"\\u" not in data:
         return None  # no member named result or error, even written with a JSON escape: not a response
     try:

@@ -43,7 +43,7 @@ log = logging.getLogger("mcpresume.pump")
 # Events appended per store call, at most (and never more than half the window). An upstream read can hold
 # hundreds of small events; appending them in slices lets a pump wait for a reading client between slices
 # instead of evicting under it.
-APPEND_SLICE: Final = 64
+APPEND_SLICE: Final = 256
 # Upstream ids remembered per stream to drop replayed events. A resume replays what follows the last id,
 # so only a replay that overlaps what was already read matters; 4096 ids cover any sane overlap.
 SEEN_IDS: Final = 4096
@@ -74,40 +74,6 @@ class PumpSettings:
     resume_attempts: int
     pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
-
-
-# A JSON-RPC response holds a "result" or an "error" member, maybe spelled with a JSON escape.
-_RESPONSE_MARKS: Final = (b'"result"', b'"error"', b"\\u")
-
-
-class ResponseHint:
-    """Whether a chunk may complete a JSON-RPC response, from a few C-speed scans of the whole chunk
-    instead of one look per event (most events of a stream are progress notifications, not responses).
-
-    Conservative: a "maybe" is always safe (each event is then checked exactly). It carries over the
-    unfinished event at the chunk's end (its first bytes came earlier) and the last bytes of the chunk (a
-    mark split across two reads), and gives up on CR line endings (it only knows LF blank lines)."""
-
-    __slots__ = ("_carry", "_edge")
-
-    def __init__(self) -> None:
-        self._carry = False  # the event still being read may be a response
-        self._edge = b""  # the previous chunk's last bytes
-
-    def scan(self, chunk: bytes) -> bool:
-        if b"\r" in chunk:
-            self._carry = True
-            return True
-        seam = self._edge + chunk[:7]
-        hit = self._carry or any(mark in chunk or mark in seam for mark in _RESPONSE_MARKS)
-        boundary = chunk.rfind(b"\n\n")
-        if boundary >= 0:
-            tail = chunk[boundary + 2 :]
-            self._carry = any(mark in tail for mark in _RESPONSE_MARKS)
-        else:
-            self._carry = hit
-        self._edge = (self._edge + chunk[-7:])[-7:]  # len('"result"') - 1, even across tiny reads
-        return hit
 
 
 class _End(enum.Enum):
@@ -179,7 +145,6 @@ class Pump:
         self.retry_ms: int | None = None
         self.attempts = 0  # resume attempts since the last progress
         self.failure = "the upstream closed the stream before the response"
-        self._hint = ResponseHint()
         # Upstream ids of the last SEEN_IDS events appended (cheap to keep: no hashing per event), and, from
         # the last resume on, those ids as a set: what an upstream replay is checked against.
         self._recent: deque[bytes] = deque(maxlen=SEEN_IDS)
@@ -206,10 +171,8 @@ class Pump:
     async def _read(self, response: aiohttp.ClientResponse) -> _End:
         parser = SSEParser(self.settings.max_event_bytes)
         try:
-            self._hint = ResponseHint()  # a new connection starts at an event boundary
             async for chunk in response.content.iter_any():
-                may_answer = bool(self.pending) and self._hint.scan(chunk)
-                await self._append(self._events(parser.feed(chunk), may_answer))
+                await self._append(self._events(parser.feed(chunk)))
                 if self.job.request_ids and not self.pending:
                     return _End.COMPLETE
             if parser.close():
@@ -228,10 +191,10 @@ class Pump:
         finally:
             response.release()
 
-    def _events(self, parsed: Sequence[SSEEvent], may_answer: bool = True) -> list[NewEvent]:
-        """Upstream events -> events to append. Hot path: one pass, no per-event look for the response unless
-        the chunk may hold it (``may_answer``), and upstream ids checked against the ones seen only after a
-        resume (a replay)."""
+    def _events(self, parsed: Sequence[SSEEvent]) -> list[NewEvent]:
+        """Upstream events -> events to append. Hot path: one pass, the response looked for cheaply (see
+        jsonrpc.response_key), and upstream ids checked against the ones seen only after a resume (a
+        replay)."""
         items: list[NewEvent] = []
         pending, seen, recent = self.pending, self._seen, self._recent
         message, response = EventKind.MESSAGE, EventKind.RESPONSE
@@ -256,7 +219,7 @@ class Pump:
                 body = b"data: %s\n\n" % data
             else:
                 body = b"event: %s\ndata: %s\n\n" % (event.event, data)
-            key = response_key(data) if may_answer and pending else None
+            key = response_key(data) if pending else None
             if key is not None and pending.pop(key, None) is not None:
                 items.append(NewEvent(body, response, upstream_id, key))
             else:

@@ -274,3 +274,12 @@ def test_response_with_escaped_member_name_is_a_response() -> None:
     raw = b'{"jsonrpc":"2.0","id":1,"res\\u0075lt":{}}'
     assert orjson.loads(raw) == {"jsonrpc": "2.0", "id": 1, "result": {}}
     assert response_key(raw) == "n:1"
+
+
+def test_an_event_serialized_as_a_notification_is_never_taken_for_a_response() -> None:
+    """The cheap first test: a top-level "method" (as the SDKs write it) is a request or notification."""
+    note = b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":{"result":1,"error":2}}}'
+    assert response_key(note) is None
+    request = b'{"jsonrpc":"2.0","method":"sampling/createMessage","id":3,"params":{}}'
+    assert response_key(request) is None
+    assert response_key(b'{"jsonrpc":"2.0","id":3,"result":{"method":"x"}}') == request_key(3)
