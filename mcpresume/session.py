@@ -25,9 +25,8 @@ store implement "wait for news after what I last read" without a lost wake-up.
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from mcpresume.cursor import encode_cursor
@@ -62,7 +61,6 @@ class StreamState:
     # The upstream's own view of this stream, kept for upstream-side resumption; never shown to clients.
     last_upstream_id: bytes | None = None
     upstream_retry_ms: int | None = None
-    pending_responses: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -153,7 +151,9 @@ class SessionState:
         self.standalone: int | None = None  # the live standalone GET stream, if any
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
         self.readers: dict[int, tuple[tuple[int, ...], int]] = {}
-        self._requests: OrderedDict[str, int] = OrderedDict()
+        # request id key -> stream (or a marker), oldest first (a dict keeps insertion order; an OrderedDict
+        # would cost ~150 bytes more per session for nothing).
+        self._requests: dict[str, int] = {}
         # Claimed requests the upstream has not answered yet: they will open streams, so they count against
         # max_streams_per_session as much as live streams do.
         self.in_flight = 0
@@ -165,9 +165,7 @@ class SessionState:
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(
-            number, origin, tuple(request_keys), seq, seq, pending_responses=set(request_keys)
-        )
+        self.streams[number] = StreamState(number, origin, tuple(request_keys), seq, seq)
         if any(self._requests.get(key) == _PENDING for key in request_keys):
             self.in_flight = max(0, self.in_flight - 1)
         for key in request_keys:
@@ -197,8 +195,6 @@ class SessionState:
             size += len(frame)
             appended.append(Event(seq, stream, frame, item.kind, item.upstream_id, now))
             seq += 1
-            if item.response_key is not None:
-                state.pending_responses.discard(item.response_key)
             if item.upstream_id:
                 state.last_upstream_id = item.upstream_id
         self.next_seq = seq
@@ -324,10 +320,11 @@ class SessionState:
             self.in_flight = max(0, self.in_flight - 1)
 
     def _remember_request(self, key: str, stream: int) -> None:
-        self._requests[key] = stream
-        self._requests.move_to_end(key)
-        while len(self._requests) > MAX_REQUEST_IDS:
-            _, forgotten = self._requests.popitem(last=False)
+        requests = self._requests
+        requests.pop(key, None)  # re-inserted: now the newest
+        requests[key] = stream
+        while len(requests) > MAX_REQUEST_IDS:
+            forgotten = requests.pop(next(iter(requests)))
             if forgotten == _PENDING:  # forgotten while in flight: stop counting it (bounded, not exact)
                 self.in_flight = max(0, self.in_flight - 1)
 

@@ -26,7 +26,6 @@ The window never reads the clock: ``now`` is passed in.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -96,7 +95,7 @@ _EMPTY: Final[tuple[Event, ...]] = ()
 class Window:
     """Retained events of one session, in seq order.
 
-    One deque for the whole session (an empty deque costs ~600 bytes, so none per stream); a stream's
+    One list for the whole session (no container per stream: most sessions hold a few events); a stream's
     events are found by walking back from the newest, which is what readers do: they follow the tail, and
     seqs only grow, so the walk stops at the reader's position."""
 
@@ -107,7 +106,9 @@ class Window:
         # Per stream, the highest seq some client was sent (owned by the session): only for counting
         # evictions of events no client ever received.
         self.delivered = delivered
-        self._order: deque[Event] = deque()
+        # A list, not a deque: an empty deque allocates a 64-slot block (~600 bytes) and most sessions hold
+        # a handful of events; evictions leave from the front in one slice deletion per batch.
+        self._order: list[Event] = []
         self._count: dict[int, int] = {}  # events retained per stream
         self._evicted_through: dict[int, int] = {}
         self.bytes = 0
@@ -151,19 +152,22 @@ class Window:
         # Tallies in locals (an Enum's hash is a Python call): [events, bytes] for ttl, count, bytes.
         by_ttl, by_count, by_bytes, lost = [0, 0], [0, 0], [0, 0], [0, 0]
         held = self.bytes
-        while order:
-            oldest = order[0]
+        total = len(order)
+        gone = 0  # events evicted: order[:gone], removed in one slice deletion at the end
+        while gone < total:
+            oldest = order[gone]
+            left_after = total - gone
             if oldest.at <= deadline:
                 tally = by_ttl
-            elif len(order) <= 1:
+            elif left_after <= 1:
                 break  # the newest event stays even when it alone is over max_bytes (see module doc)
-            elif len(order) > max_events:
+            elif left_after > max_events:
                 tally = by_count
             elif held > max_bytes:
                 tally = by_bytes
             else:
                 break
-            order.popleft()
+            gone += 1
             stream, size = oldest.stream, len(oldest.body)
             left = count[stream] - 1
             if left:
@@ -177,6 +181,7 @@ class Window:
             if delivered is not None and oldest.seq > delivered.get(stream, 0):
                 lost[0] += 1
                 lost[1] += size
+        del order[:gone]
         self.bytes = held
         for reason, tally in (
             (EvictReason.TTL, by_ttl),
@@ -191,18 +196,21 @@ class Window:
     def shed(self, max_bytes: int) -> Evicted:
         """Evict oldest-first until at most ``max_bytes`` are held (the global cap trims windows this way)."""
         evicted = Evicted()
-        order, delivered = self._order, self.delivered
-        while order and self.bytes > max_bytes:
-            event = order.popleft()
-            left = self._count[event.stream] - 1
+        order, delivered, count = self._order, self.delivered, self._count
+        gone = 0
+        while gone < len(order) and self.bytes > max_bytes:
+            event = order[gone]
+            gone += 1
+            left = count[event.stream] - 1
             if left:
-                self._count[event.stream] = left
+                count[event.stream] = left
             else:
-                del self._count[event.stream]
+                del count[event.stream]
             self._evicted_through[event.stream] = event.seq
             self.bytes -= len(event.body)
             sent = delivered is None or event.seq <= delivered.get(event.stream, 0)
             evicted.add(EvictReason.GLOBAL_BYTES, len(event.body), delivered=sent)
+        del order[:gone]
         return evicted
 
     def evicted_through(self, stream: int) -> int:

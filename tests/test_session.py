@@ -75,7 +75,7 @@ def test_open_stream_appends_a_priming_event_with_the_cursor_and_retry() -> None
     assert list(session.read([1], 0).events) == [priming]
     state = session.streams[1]
     assert state.origin is StreamOrigin.POST and state.live
-    assert state.request_keys == ("n:1",) and state.pending_responses == {"n:1"}
+    assert state.request_keys == ("n:1",)
     assert (state.first_seq, state.last_seq) == (1, 1)
     assert session.last_active == 3.0
     assert session.version == 1
@@ -119,7 +119,6 @@ def test_append_frames_each_event_with_its_cursor() -> None:
     state = session.streams[stream]
     assert state.last_seq == 4
     assert state.last_upstream_id == b"up-1"  # the last *non-empty* upstream id
-    assert state.pending_responses == set()
     assert session.version > version and session.last_active == 5.0  # readers waiting on it wake up
 
 
