@@ -216,9 +216,9 @@ class Pump:
             if b"\n" in data:
                 body = frame_body(data, event.event)
             elif event.event is None:
-                body = b"data: %s\n\n" % data
+                body = b"".join((b"data: ", data, b"\n\n"))
             else:
-                body = b"event: %s\ndata: %s\n\n" % (event.event, data)
+                body = b"".join((b"event: ", event.event, b"\ndata: ", data, b"\n\n"))
             key = response_key(data) if pending else None
             if key is not None and pending.pop(key, None) is not None:
                 items.append(NewEvent(body, response, upstream_id, key))
