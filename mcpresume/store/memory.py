@@ -42,8 +42,10 @@ class MemoryStore:
         self.max_total_bytes = max_total_bytes
         self._sessions: dict[str, SessionState] = {}
         self._total_bytes = 0
-        self._changed: dict[str, asyncio.Future[None]] = {}
-        self._readers_moved: dict[str, asyncio.Future[None]] = {}
+        # Parked waiters per session: each has a future of its own, so a waiter that times out cancels only
+        # its own, and a change wakes each waiter in one hop (no shield in between).
+        self._changed: dict[str, list[asyncio.Future[None]]] = {}
+        self._readers_moved: dict[str, list[asyncio.Future[None]]] = {}
 
     async def start(self) -> None:
         return None
@@ -58,22 +60,28 @@ class MemoryStore:
     # -- wake-ups ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _resolve(futures: dict[str, asyncio.Future[None]], session_id: str) -> None:
-        future = futures.pop(session_id, None)
-        if future is not None and not future.done():
-            future.set_result(None)
+    def _resolve(waiters: dict[str, list[asyncio.Future[None]]], session_id: str) -> None:
+        for future in waiters.pop(session_id, ()):
+            if not future.done():
+                future.set_result(None)
 
     @staticmethod
-    async def _await(futures: dict[str, asyncio.Future[None]], session_id: str, timeout: float) -> bool:
-        future = futures.get(session_id)
-        if future is None:
-            future = futures[session_id] = asyncio.get_running_loop().create_future()
+    async def _await(waiters: dict[str, list[asyncio.Future[None]]], session_id: str, timeout: float) -> bool:
+        future = asyncio.get_running_loop().create_future()
+        parked = waiters.setdefault(session_id, [])
+        parked.append(future)
         try:
-            # shield: one waiter timing out must not cancel the future other waiters of the session share
             async with asyncio.timeout(timeout):
-                await asyncio.shield(future)
+                await future
         except TimeoutError:
             return False
+        finally:
+            if not future.done():
+                future.cancel()
+            if parked and future in parked:
+                parked.remove(future)
+                if not parked and waiters.get(session_id) is parked:
+                    del waiters[session_id]
         return True
 
     def _notify(self, session_id: str) -> None:
