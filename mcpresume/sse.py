@@ -221,11 +221,13 @@ class SSEParser:
         while True:
             found = match(chunk, pos)
             # Size as the line parser counts it: each line and its LF, the blank line not included.
-            if found is not None and found.end() - pos - 1 <= limit:
-                ids = found[3] if found[3] is not None else found[1]
-                events.append(SSEEvent(found[4], found[2], ids, None, True))
-                pos = found.end()
-                continue
+            if found is not None:
+                end = found.end()
+                if end - pos - 1 <= limit:
+                    first_id, event, last_id, data = found.groups()
+                    events.append(SSEEvent(data, event, first_id if last_id is None else last_id, None, True))
+                    pos = end
+                    continue
             end = chunk.find(b"\n\n", pos)
             piece = chunk[pos:] if end < 0 else chunk[pos : end + 2]
             if not piece:
