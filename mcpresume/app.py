@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from mcpresume.config import Settings
+from mcpresume.context import ProxyContext, log_id
 from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
-from mcpresume.proxy import Proxy, ProxyContext, log_id
+from mcpresume.proxy import Proxy
 from mcpresume.store import SessionStore
 from mcpresume.store.memory import MemoryStore
 from mcpresume.upstream import Upstream

@@ -15,12 +15,19 @@ then gets an honest 409, never a silent gap).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
+from mcpresume.context import ProxyContext, log_id
+from mcpresume.errors import TooManyAttachments
+from mcpresume.headers import SESSION_HEADER
 from mcpresume.store import SessionStore
+
+log = logging.getLogger("mcpresume.proxy")
 
 # How long an attachment waits for news before writing an SSE comment. The comment keeps idle streams
 # alive through load balancers (the design note's 60 s idle timeout) and shows a vanished client early.
@@ -57,7 +64,6 @@ async def follow(
     *,
     replay_through: int,
     stall_timeout: float,
-    clock: Callable[[], float],
     reader: int | None = None,
 ) -> AttachOutcome:
     """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves.
@@ -103,3 +109,100 @@ async def follow(
         return outcome
     finally:
         await store.remove_reader(session_id, reader)
+
+
+async def attach_view(
+    ctx: ProxyContext,
+    request: web.Request,
+    session_id: str,
+    streams: Sequence[int],
+    after: int,
+    headers: Sequence[tuple[str, str]],
+    preface: bytes,
+    *,
+    replay_through: int = 0,
+    reader: int | None = None,
+    reserved: bool = False,
+) -> web.StreamResponse:
+    """Serve a client view of ``streams`` after seq ``after``, counted against max_attached_per_session
+    (``reserved``: the caller already counted it, before forwarding the request the view is for)."""
+    if reserved:
+        return await serve_view(
+            ctx, request, session_id, streams, after, headers, preface, replay_through, reader
+        )
+    store, limit = ctx.store, ctx.settings.max_attached_per_session
+    if not await store.attach(session_id, ctx.clock(), limit):
+        if reader is not None:
+            await store.remove_reader(session_id, reader)
+        error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
+        return ctx.reject(request, error)
+    try:
+        return await serve_view(
+            ctx, request, session_id, streams, after, headers, preface, replay_through, reader
+        )
+    finally:
+        await store.detach(session_id, ctx.clock())
+
+
+async def serve_view(
+    ctx: ProxyContext,
+    request: web.Request,
+    session_id: str,
+    streams: Sequence[int],
+    after: int,
+    headers: Sequence[tuple[str, str]],
+    preface: bytes,
+    replay_through: int,
+    reader: int | None,
+) -> web.StreamResponse:
+    """The SSE response of one view: headers, the preface, then ``follow`` until the stream completes."""
+    stall_timeout = ctx.settings.stall_timeout
+    response = web.StreamResponse(status=200)
+    for name, value in headers:
+        response.headers.add(name, value)
+    response.headers[SESSION_HEADER] = session_id
+    try:
+        await response.prepare(request)
+        if preface:
+            await write_bounded(response, preface, stall_timeout)
+    except (ConnectionError, Stalled) as exc:
+        if reader is not None:
+            await ctx.store.remove_reader(session_id, reader)
+        log.info(
+            "session %s: client left before the stream started (%s)", log_id(session_id), type(exc).__name__
+        )
+        return response
+    metrics = ctx.metrics
+    metrics.open_streams.inc()
+    try:
+        outcome = await follow(
+            response,
+            ctx.store,
+            session_id,
+            streams,
+            after,
+            replay_through=replay_through,
+            stall_timeout=stall_timeout,
+            reader=reader,
+        )
+    finally:
+        metrics.open_streams.dec()
+    metrics.replayed_events.inc(outcome.replayed)
+    if outcome.reason == "stalled":
+        # The client took no write for stall_timeout: detach it (its events stay in the window for its
+        # re-attach). Its socket buffer is full, so nothing more can reach it; the retry hint it needs came
+        # with the stream's first event. Abort, so aiohttp does not wait on it to finish the body.
+        metrics.backpressure_detaches.inc()
+        if request.transport is not None:
+            request.transport.abort()
+    if outcome.reason != "complete":
+        log.info(
+            "session %s: client view closed: %s after %d events",
+            log_id(session_id),
+            outcome.reason,
+            outcome.sent,
+        )
+    if outcome.complete:
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+    return response

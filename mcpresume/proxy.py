@@ -23,24 +23,18 @@ stable, and is logged in one line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import Stalled, follow, write_bounded
-from mcpresume.config import Settings
+from mcpresume.attach import attach_view
+from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
     BadSessionId,
-    BodyTimeout,
-    BodyTooLarge,
     CursorOutOfWindow,
     DuplicateRequest,
     HeadersTooLarge,
@@ -52,58 +46,26 @@ from mcpresume.errors import (
     TooManySessions,
     TooManyStreams,
     UpstreamBadResponse,
-    jsonrpc_error_body,
 )
+from mcpresume.forward import SSE, body_stream, passthrough, read_body, relay, upstream_headers
 from mcpresume.headers import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SSE_RESPONSE_HEADERS,
     end_to_end,
-    forwarded,
     header_bytes,
     valid_session_id,
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, parse_client_body
-from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
+from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, decide
 from mcpresume.session import ClaimOutcome, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
-from mcpresume.store import SessionStore
-from mcpresume.upstream import Upstream
 
 log = logging.getLogger("mcpresume.proxy")
 
-_SSE = "text/event-stream"
-_REQUEST_ANSWERS = frozenset({"application/json", _SSE})
-
-
-def log_id(session_id: str) -> str:
-    """A short, stable hash of a session id: full session ids stay out of logs (they are bearer-like)."""
-    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:10]
-
-
-@dataclass
-class ProxyContext:
-    """Everything the handlers share, built once in ``app.build_app`` (no module-level state)."""
-
-    settings: Settings
-    store: SessionStore
-    metrics: Metrics
-    upstream: Upstream
-    clock: Callable[[], float]
-    pumps: Pumps = field(default_factory=Pumps)
-    draining: bool = False
-    drain_deadline: float = 0.0  # on the event loop's clock
-
-    def start_draining(self) -> None:
-        if not self.draining:
-            self.draining = True
-            self.drain_deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout
-
-    def drain_remaining(self) -> float:
-        return max(0.0, self.drain_deadline - asyncio.get_running_loop().time())
+_REQUEST_ANSWERS = frozenset({"application/json", SSE})
 
 
 class Proxy:
@@ -122,7 +84,7 @@ class Proxy:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
-                response = await self._passthrough(request, await self._body_stream(request))
+                response = await passthrough(self.ctx, request, body_stream(request))
             elif request.method == "POST":
                 response = await self._mcp_post(request)
             elif request.method == "GET":
@@ -130,9 +92,9 @@ class Proxy:
             elif request.method == "DELETE":
                 response = await self._mcp_delete(request)
             else:
-                response = await self._passthrough(request, await self._body_stream(request))
+                response = await passthrough(self.ctx, request, body_stream(request))
         except ProxyError as error:
-            response = self._reject(request, error, None)
+            response = self.ctx.reject(request, error, None)
         self.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
 
@@ -154,113 +116,20 @@ class Proxy:
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
 
-    def _reject(self, request: web.Request, error: ProxyError, request_id: Any) -> web.Response:
-        session = request.headers.get(SESSION_HEADER)
-        log.warning(
-            "%s %s -> %d %s: %s%s",
-            request.method,
-            request.path,
-            error.status,
-            error.reason,
-            error.message,
-            f" (session {log_id(session)})" if session else "",
-        )
-        if error.reason.startswith("upstream_"):
-            self.metrics.upstream_errors.labels(error.reason).inc()
-        return web.Response(
-            status=error.status,
-            body=orjson.dumps(jsonrpc_error_body(error, request_id)),
-            content_type="application/json",
-        )
-
-    # -- plain forwarding --------------------------------------------------------------------------------
-
-    def _upstream_headers(self, request: web.Request) -> list[tuple[str, str]]:
-        headers = end_to_end(request.headers.items(), request=True)
-        peer = request.transport.get_extra_info("peername") if request.transport else None
-        client_ip = peer[0] if isinstance(peer, tuple) else None
-        return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
-
-    async def _body_stream(self, request: web.Request) -> AsyncIterator[bytes] | None:
-        if not request.body_exists:
-            return None
-
-        async def chunks() -> AsyncIterator[bytes]:
-            async for chunk in request.content.iter_any():
-                yield chunk
-
-        return chunks()
-
-    async def _passthrough(
-        self, request: web.Request, body: bytes | AsyncIterator[bytes] | None
-    ) -> web.StreamResponse:
-        """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
-        headers = self._upstream_headers(request)
-        if isinstance(body, AsyncIterator) and request.content_length is not None:
-            headers.append(("Content-Length", str(request.content_length)))
-        upstream = await self.upstream.request(request.method, request.path_qs, headers, body)
-        return await self._relay(request, upstream)
-
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-        try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for name, value in end_to_end(upstream.headers.items(), request=False):
-                response.headers.add(name, value)
-            is_sse = upstream.content_type == _SSE
-            if is_sse:
-                for name, value in SSE_RESPONSE_HEADERS[1:]:
-                    response.headers[name] = value
-            elif upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
-            if is_sse:
-                self.metrics.open_streams.inc()
-            try:
-                async for chunk in upstream.content.iter_any():
-                    await write_bounded(response, chunk, self.settings.stall_timeout)
-                await response.write_eof()
-            except (aiohttp.ClientError, OSError) as exc:
-                log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)
-            finally:
-                if is_sse:
-                    self.metrics.open_streams.dec()
-            return response
-        finally:
-            upstream.release()
-
-    # -- the MCP endpoint --------------------------------------------------------------------------------
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
-        body = bytearray()
-        try:
-            async with asyncio.timeout(self.settings.body_timeout):
-                async for chunk in request.content.iter_any():
-                    body += chunk
-                    if len(body) > limit:
-                        raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
-        except TimeoutError:
-            raise BodyTimeout(
-                f"the request body did not arrive within {self.settings.body_timeout} s"
-            ) from None
-        return bytes(body)
-
     def _is_modern(self, request: web.Request, message: ClientMessage | None) -> bool:
         version = request.headers.get(PROTOCOL_VERSION_HEADER)
         return version in MODERN_VERSIONS or (message is not None and message.is_discover)
 
     async def _mcp_post(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_body(request)
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         message = parse_client_body(body)
         session_id = request.headers.get(SESSION_HEADER)
         if self._is_modern(request, message):
-            return await self._passthrough(request, body)
+            return await passthrough(self.ctx, request, body)
         if session_id is None:
             if message.is_initialize:
                 return await self._initialize(request, body, message)
-            return await self._passthrough(request, body)
+            return await passthrough(self.ctx, request, body)
         if not await self.store.has_session(session_id):
             # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
             # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
@@ -301,7 +170,8 @@ class Proxy:
             if isinstance(opened, web.Response):
                 return opened
             if isinstance(opened, _Opened):
-                return await self._attach(
+                return await attach_view(
+                    self.ctx,
                     request,
                     opened.session_id,
                     [opened.stream],
@@ -311,7 +181,7 @@ class Proxy:
                     reader=opened.reader,
                     reserved=reserved,
                 )
-            return await self._relay(request, opened)
+            return await relay(self.ctx, request, opened)
         finally:
             if reserved and session_id is not None:
                 await self.store.detach(session_id, self.ctx.clock())
@@ -330,7 +200,7 @@ class Proxy:
             return None
         await self.store.release(session_id, message.request_keys)  # the same id may come back
         error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
-        return self._reject(request, error, message.first_id)
+        return self.ctx.reject(request, error, message.first_id)
 
     async def _forward_claimed(
         self,
@@ -346,7 +216,7 @@ class Proxy:
             return opened
         if session_id is not None and message.request_keys:
             await self.store.release(session_id, message.request_keys)
-        return self._reject(request, opened, message.first_id)
+        return self.ctx.reject(request, opened, message.first_id)
 
     async def _forward_shielded(
         self,
@@ -393,9 +263,7 @@ class Proxy:
         adopt: bool,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         try:
-            upstream = await self.upstream.request(
-                "POST", request.path_qs, self._upstream_headers(request), body
-            )
+            upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
         except ProxyError as error:
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
@@ -421,7 +289,7 @@ class Proxy:
             return UpstreamBadResponse(
                 f"the upstream answered a request with {content_type!r}", content_type=content_type
             )
-        if upstream.content_type != _SSE:
+        if upstream.content_type != SSE:
             if keys:
                 await self.store.settle(sid, keys)  # answered: a re-send is refused, never forwarded again
             return upstream
@@ -486,7 +354,7 @@ class Proxy:
             return None
         if claim.outcome is ClaimOutcome.LIMITED:
             error = TooManyStreams(f"the session already has {limit} live streams", limit=limit)
-            return self._reject(request, error, message.first_id)
+            return self.ctx.reject(request, error, message.first_id)
         return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
 
     async def _duplicate(
@@ -502,8 +370,8 @@ class Proxy:
         if outcome is ClaimOutcome.ATTACH and stream is not None:
             view = await self.store.view(session_id, stream)
             if view is not None and view.stream is not None:
-                return await self._attach(
-                    request, session_id, [stream], view.stream.first_seq - 1, _SSE_HEADERS, b""
+                return await attach_view(
+                    self.ctx, request, session_id, [stream], view.stream.first_seq - 1, _SSE_HEADERS, b""
                 )
         if outcome in (ClaimOutcome.ATTACH, ClaimOutcome.GONE):
             error: ProxyError = CursorOutOfWindow(
@@ -517,7 +385,7 @@ class Proxy:
             )
         else:
             error = DuplicateRequest("request ids of this batch were seen before, on different requests")
-        return self._reject(request, error, message.first_id)
+        return self.ctx.reject(request, error, message.first_id)
 
     # -- resumption --------------------------------------------------------------------------------------
 
@@ -545,12 +413,12 @@ class Proxy:
     async def _mcp_get(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None or self._is_modern(request, None):
-            return await self._passthrough(request, None)
+            return await passthrough(self.ctx, request, None)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
         if cursor_header is not None:
             decision, newest = await self._decide(session_id, cursor_header)
             if not isinstance(decision, ReAttach):
-                return self._reject(request, decision, None)
+                return self.ctx.reject(request, decision, None)
             log.info(
                 "session %s re-attaches to stream %d after %d",
                 log_id(session_id),
@@ -558,7 +426,8 @@ class Proxy:
                 decision.after,
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            return await self._attach(
+            return await attach_view(
+                self.ctx,
                 request,
                 session_id,
                 [decision.stream],
@@ -568,7 +437,7 @@ class Proxy:
                 replay_through=newest,
             )
         if not await self.store.has_session(session_id):
-            return await self._passthrough(request, None)
+            return await passthrough(self.ctx, request, None)
         return await self._standalone(request, session_id)
 
     async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
@@ -579,18 +448,24 @@ class Proxy:
             if view is not None and view.stream is not None:
                 # One upstream GET per session: a second client view joins the live stream at its head.
                 preface = encode_retry(self.settings.retry_ms)
-                return await self._attach(
-                    request, session_id, [stream], view.stream.last_seq, _SSE_HEADERS, preface
+                return await attach_view(
+                    self.ctx, request, session_id, [stream], view.stream.last_seq, _SSE_HEADERS, preface
                 )
-        upstream = await self.upstream.request("GET", request.path_qs, self._upstream_headers(request), None)
-        if upstream.status != 200 or upstream.content_type != _SSE:
-            return await self._relay(request, upstream)
+        upstream = await self.upstream.request("GET", request.path_qs, upstream_headers(request), None)
+        if upstream.status != 200 or upstream.content_type != SSE:
+            return await relay(self.ctx, request, upstream)
         opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
         if opened is None:
-            return await self._relay(request, upstream)
+            return await relay(self.ctx, request, upstream)
         self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
-        return await self._attach(
-            request, session_id, [opened.number], opened.priming_seq - 1, _client_headers(upstream), b""
+        return await attach_view(
+            self.ctx,
+            request,
+            session_id,
+            [opened.number],
+            opened.priming_seq - 1,
+            _client_headers(upstream),
+            b"",
         )
 
     async def _post_with_cursor(
@@ -600,7 +475,7 @@ class Proxy:
         forwarded; then this response carries the old stream's tail and the new request's events."""
         decision, newest = await self._decide(session_id, cursor_header)
         if not isinstance(decision, ReAttach):
-            return self._reject(request, decision, message.first_id)
+            return self.ctx.reject(request, decision, message.first_id)
         refused = await self._claim_and_reserve(request, session_id, message)
         if refused is not None:
             return refused
@@ -615,7 +490,8 @@ class Proxy:
             else:
                 opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            return await self._attach(
+            return await attach_view(
+                self.ctx,
                 request,
                 session_id,
                 streams,
@@ -628,113 +504,15 @@ class Proxy:
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
-    # -- attaching ---------------------------------------------------------------------------------------
-
-    async def _attach(
-        self,
-        request: web.Request,
-        session_id: str,
-        streams: Sequence[int],
-        after: int,
-        headers: Sequence[tuple[str, str]],
-        preface: bytes,
-        *,
-        replay_through: int = 0,
-        reader: int | None = None,
-        reserved: bool = False,
-    ) -> web.StreamResponse:
-        """Serve a client view; ``reserved``: the caller already counted it (before forwarding)."""
-        if reserved:
-            return await self._serve_view(
-                request, session_id, streams, after, headers, preface, replay_through, reader
-            )
-        limit = self.settings.max_attached_per_session
-        if not await self.store.attach(session_id, self.ctx.clock(), limit):
-            if reader is not None:
-                await self.store.remove_reader(session_id, reader)
-            error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
-            return self._reject(request, error, None)
-        try:
-            return await self._serve_view(
-                request, session_id, streams, after, headers, preface, replay_through, reader
-            )
-        finally:
-            await self.store.detach(session_id, self.ctx.clock())
-
-    async def _serve_view(
-        self,
-        request: web.Request,
-        session_id: str,
-        streams: Sequence[int],
-        after: int,
-        headers: Sequence[tuple[str, str]],
-        preface: bytes,
-        replay_through: int,
-        reader: int | None,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200)
-        for name, value in headers:
-            response.headers.add(name, value)
-        response.headers[SESSION_HEADER] = session_id
-        try:
-            await response.prepare(request)
-            if preface:
-                await write_bounded(response, preface, self.settings.stall_timeout)
-        except (ConnectionError, Stalled) as exc:
-            if reader is not None:
-                await self.store.remove_reader(session_id, reader)
-            log.info(
-                "session %s: client left before the stream started (%s)",
-                log_id(session_id),
-                type(exc).__name__,
-            )
-            return response
-        self.metrics.open_streams.inc()
-        try:
-            outcome = await follow(
-                response,
-                self.store,
-                session_id,
-                streams,
-                after,
-                replay_through=replay_through,
-                stall_timeout=self.settings.stall_timeout,
-                clock=self.ctx.clock,
-                reader=reader,
-            )
-        finally:
-            self.metrics.open_streams.dec()
-        self.metrics.replayed_events.inc(outcome.replayed)
-        if outcome.reason == "stalled":
-            # The client took no write for stall_timeout: detach it (its events stay in the window for its
-            # re-attach). Its socket buffer is full, so nothing more can reach it; the retry hint it needs
-            # came with the stream's first event. Abort, so aiohttp does not wait on it to finish the body.
-            self.metrics.backpressure_detaches.inc()
-            if request.transport is not None:
-                request.transport.abort()
-        if outcome.reason != "complete":
-            log.info(
-                "session %s: client view closed: %s after %d events",
-                log_id(session_id),
-                outcome.reason,
-                outcome.sent,
-            )
-        if outcome.complete:
-            with contextlib.suppress(ConnectionError):
-                await response.write_eof()
-        return response
-
     # -- session end -------------------------------------------------------------------------------------
 
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
-        upstream = await self.upstream.request(
-            "DELETE", request.path_qs, self._upstream_headers(request), None
-        )
+        upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
         if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))
-        return await self._relay(request, upstream)
+        return await relay(self.ctx, request, upstream)
 
     async def _drop_session(self, session_id: str) -> None:
         self.ctx.pumps.cancel_session(session_id)

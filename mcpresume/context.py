@@ -1,0 +1,75 @@
+"""What every handler shares: the context built once per application, and how the proxy says no.
+
+``ProxyContext`` holds the settings, the store, the metrics, the upstream client, the clock and the pump
+registry (no module-level state: ``app.build_app`` builds one per application). ``reject`` is the one way
+a refusal is made: a JSON-RPC error body with the stable reason, one log line, the metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from mcpresume.config import Settings
+from mcpresume.errors import ProxyError, jsonrpc_error_body
+from mcpresume.headers import SESSION_HEADER
+from mcpresume.metrics import Metrics
+from mcpresume.pump import Pumps
+from mcpresume.store import SessionStore
+from mcpresume.upstream import Upstream
+
+log = logging.getLogger("mcpresume.proxy")
+
+
+def log_id(session_id: str) -> str:
+    """A short, stable hash of a session id: full session ids stay out of logs (they are bearer-like)."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+
+
+@dataclass
+class ProxyContext:
+    """Everything the handlers share, built once in ``app.build_app`` (no module-level state)."""
+
+    settings: Settings
+    store: SessionStore
+    metrics: Metrics
+    upstream: Upstream
+    clock: Callable[[], float]
+    pumps: Pumps = field(default_factory=Pumps)
+    draining: bool = False
+    drain_deadline: float = 0.0  # on the event loop's clock
+
+    def start_draining(self) -> None:
+        if not self.draining:
+            self.draining = True
+            self.drain_deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout
+
+    def drain_remaining(self) -> float:
+        return max(0.0, self.drain_deadline - asyncio.get_running_loop().time())
+
+    def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
+        """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""
+        session = request.headers.get(SESSION_HEADER)
+        log.warning(
+            "%s %s -> %d %s: %s%s",
+            request.method,
+            request.path,
+            error.status,
+            error.reason,
+            error.message,
+            f" (session {log_id(session)})" if session else "",
+        )
+        if error.reason.startswith("upstream_"):
+            self.metrics.upstream_errors.labels(error.reason).inc()
+        return web.Response(
+            status=error.status,
+            body=orjson.dumps(jsonrpc_error_body(error, request_id)),
+            content_type="application/json",
+        )

@@ -1,0 +1,103 @@
+"""Plain forwarding: requests the proxy passes through as they are, and answers it relays as they come.
+
+Used for every path other than the MCP endpoint (OAuth discovery, authorization endpoints), for the
+2026-07-28 era (no sessions: a client disconnect cancels the upstream request, as that revision says),
+and for answers the proxy does not keep (JSON, 202, upstream errors). Bodies stream both ways; an SSE
+answer is relayed chunk by chunk with the no-buffering headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from mcpresume.attach import write_bounded
+from mcpresume.context import ProxyContext
+from mcpresume.errors import BodyTimeout, BodyTooLarge
+from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
+
+log = logging.getLogger("mcpresume.proxy")
+
+SSE = "text/event-stream"
+
+
+def upstream_headers(request: web.Request) -> list[tuple[str, str]]:
+    """The client's end-to-end headers, plus ``X-Forwarded-*`` for this hop."""
+    headers = end_to_end(request.headers.items(), request=True)
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    client_ip = peer[0] if isinstance(peer, tuple) else None
+    return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
+
+
+def body_stream(request: web.Request) -> AsyncIterator[bytes] | None:
+    """The request body as it arrives (never read whole), or None without one."""
+    if not request.body_exists:
+        return None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        async for chunk in request.content.iter_any():
+            yield chunk
+
+    return chunks()
+
+
+async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
+    """A bounded request body: over ``limit`` bytes is 413, slower than ``timeout`` seconds is 408."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_any():
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge(f"request body over {limit} bytes", limit=limit)
+    except TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {timeout} s") from None
+    return bytes(body)
+
+
+async def passthrough(
+    ctx: ProxyContext, request: web.Request, body: bytes | AsyncIterator[bytes] | None
+) -> web.StreamResponse:
+    """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
+    headers = upstream_headers(request)
+    if isinstance(body, AsyncIterator) and request.content_length is not None:
+        headers.append(("Content-Length", str(request.content_length)))
+    upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
+    return await relay(ctx, request, upstream)
+
+
+async def relay(
+    ctx: ProxyContext, request: web.Request, upstream: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    """Stream an upstream answer to the client as it arrives, end-to-end headers only."""
+    try:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in end_to_end(upstream.headers.items(), request=False):
+            response.headers.add(name, value)
+        is_sse = upstream.content_type == SSE
+        if is_sse:
+            for name, value in SSE_RESPONSE_HEADERS[1:]:
+                response.headers[name] = value
+        elif upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        if is_sse:
+            ctx.metrics.open_streams.inc()
+        try:
+            async for chunk in upstream.content.iter_any():
+                await write_bounded(response, chunk, ctx.settings.stall_timeout)
+            await response.write_eof()
+        except (aiohttp.ClientError, OSError) as exc:
+            log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)
+        finally:
+            if is_sse:
+                ctx.metrics.open_streams.dec()
+        return response
+    finally:
+        upstream.release()
