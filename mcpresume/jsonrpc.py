@@ -87,12 +87,12 @@ def parse_client_body(body: bytes) -> ClientMessage:
 # How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the
 # Python SDK with pydantic): a top-level "method" member, so certainly not a response. Checked first:
 # progress notifications are most of a stream's events.
-_REQUEST_OR_NOTIFICATION: Final = b'{"jsonrpc":"2.0","method":'
+NOTIFICATION_PREFIX: Final = b'{"jsonrpc":"2.0","method":'
 
 
 def response_key(data: bytes) -> str | None:
     """If an SSE event's data is a JSON-RPC response, the key of the id it answers; else None."""
-    if data.startswith(_REQUEST_OR_NOTIFICATION):
+    if data.startswith(NOTIFICATION_PREFIX):
         return None
     if b'"result"' not in data and b'"error"' not in data and b"\\u" not in data:
         return None  # no member named result or error, even written with a JSON escape: not a response

@@ -30,7 +30,7 @@ import aiohttp
 
 from mcpresume.errors import SERVER_ERROR, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
-from mcpresume.jsonrpc import error_response, request_key, response_key
+from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_key
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEEvent, SSEParser, frame_body
@@ -198,12 +198,13 @@ class Pump:
         items: list[NewEvent] = []
         pending, seen, recent = self.pending, self._seen, self._recent
         message, response = EventKind.MESSAGE, EventKind.RESPONSE
+        last_id = self.last_id
         for event in parsed:
             upstream_id = event.id
             if event.retry is not None:
                 self.retry_ms = event.retry
             if upstream_id:
-                self.last_id = upstream_id
+                last_id = upstream_id
             data = event.data
             if not data:
                 continue  # priming, or an id/retry-only event: the proxy sends its own
@@ -213,17 +214,21 @@ class Pump:
                     continue  # an upstream replay of an event already appended
                 recent.append(upstream_id)
             # The parser never yields CR in data, so the common single-line case needs no checks.
+            name = event.event
             if b"\n" in data:
-                body = frame_body(data, event.event)
-            elif event.event is None:
+                body = frame_body(data, name)
+            elif name is None:
                 body = b"".join((b"data: ", data, b"\n\n"))
             else:
-                body = b"".join((b"event: ", event.event, b"\ndata: ", data, b"\n\n"))
-            key = response_key(data) if pending else None
-            if key is not None and pending.pop(key, None) is not None:
-                items.append(NewEvent(body, response, upstream_id, key))
-            else:
-                items.append(NewEvent(body, message, upstream_id, None))
+                body = b"".join((b"event: ", name, b"\ndata: ", data, b"\n\n"))
+            # A notification (the bulk of a stream) is recognised by its first bytes, without a call.
+            if pending and not data.startswith(NOTIFICATION_PREFIX):
+                key = response_key(data)
+                if key is not None and pending.pop(key, None) is not None:
+                    items.append(NewEvent(body, response, upstream_id, key))
+                    continue
+            items.append(NewEvent(body, message, upstream_id, None))
+        self.last_id = last_id
         return items
 
     async def _append(self, items: list[NewEvent]) -> None:
