@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from mcpresume.attach import write_bounded
+from mcpresume.attach import Stalled, write_bounded
 from mcpresume.context import ProxyContext
 from mcpresume.errors import BodyTimeout, BodyTooLarge
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
@@ -95,6 +95,11 @@ async def relay(
             await response.write_eof()
         except (aiohttp.ClientError, OSError) as exc:
             log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)
+        except Stalled:
+            # The client took nothing for stall_timeout: cut it off, the upstream request with it.
+            ctx.metrics.backpressure_detaches.inc()
+            if request.transport is not None:
+                request.transport.abort()
         finally:
             if is_sse:
                 ctx.metrics.open_streams.dec()

@@ -34,6 +34,7 @@ from mcpresume.attach import attach_view
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
+    SERVER_ERROR,
     BadSessionId,
     CursorOutOfWindow,
     DuplicateRequest,
@@ -45,6 +46,7 @@ from mcpresume.errors import (
     TooManyAttachments,
     TooManySessions,
     TooManyStreams,
+    UnknownSession,
     UpstreamBadResponse,
 )
 from mcpresume.forward import SSE, body_stream, passthrough, read_body, relay, upstream_headers
@@ -57,11 +59,12 @@ from mcpresume.headers import (
     header_bytes,
     valid_session_id,
 )
-from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, parse_client_body
+from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, decide
-from mcpresume.session import ClaimOutcome, StreamOrigin
+from mcpresume.session import ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
+from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -210,12 +213,10 @@ class Proxy:
         session_id: str | None,
         adopt: bool,
     ) -> _Opened | aiohttp.ClientResponse | web.Response:
-        """Forward; on failure release the claim (the request never ran) and answer with the error."""
+        """Forward; on failure answer with the error (the forward released or settled the claim)."""
         opened = await self._forward_shielded(request, body, message, session_id, adopt)
         if not isinstance(opened, ProxyError):
             return opened
-        if session_id is not None and message.request_keys:
-            await self.store.release(session_id, message.request_keys)
         return self.ctx.reject(request, opened, message.first_id)
 
     async def _forward_shielded(
@@ -262,16 +263,19 @@ class Proxy:
         session_id: str | None,
         adopt: bool,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
+        keys = message.request_keys
         try:
             upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
         except ProxyError as error:
+            # Here, in the shielded task, so it happens even when the client left: the request never ran.
+            if session_id is not None and keys:
+                await self.store.release(session_id, keys)
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
             await self._drop_session(session_id)
             return upstream
-        keys = message.request_keys
         if not (200 <= upstream.status < 300) or sid is None:
             if session_id is not None and keys:
                 await self.store.release(session_id, keys)  # refused: the same id may be sent again
@@ -286,6 +290,8 @@ class Proxy:
             # Spec: a POST with a request is answered with application/json or text/event-stream.
             content_type = upstream.content_type
             upstream.release()
+            if session_id is not None:
+                await self.store.settle(session_id, keys)  # it ran upstream: never forward it again
             return UpstreamBadResponse(
                 f"the upstream answered a request with {content_type!r}", content_type=content_type
             )
@@ -442,6 +448,16 @@ class Proxy:
 
     async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
         """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
+        limit = self.settings.max_attached_per_session
+        if not await self.store.attach(session_id, self.ctx.clock(), limit):
+            error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
+            return self.ctx.reject(request, error)  # before any upstream GET is opened for it
+        try:
+            return await self._standalone_view(request, session_id)
+        finally:
+            await self.store.detach(session_id, self.ctx.clock())
+
+    async def _standalone_view(self, request: web.Request, session_id: str) -> web.StreamResponse:
         stream = await self.store.standalone_stream(session_id)
         if stream is not None:
             view = await self.store.view(session_id, stream)
@@ -449,14 +465,24 @@ class Proxy:
                 # One upstream GET per session: a second client view joins the live stream at its head.
                 preface = encode_retry(self.settings.retry_ms)
                 return await attach_view(
-                    self.ctx, request, session_id, [stream], view.stream.last_seq, _SSE_HEADERS, preface
+                    self.ctx,
+                    request,
+                    session_id,
+                    [stream],
+                    view.stream.last_seq,
+                    _SSE_HEADERS,
+                    preface,
+                    reserved=True,
                 )
         upstream = await self.upstream.request("GET", request.path_qs, upstream_headers(request), None)
+        if upstream.status == 404:
+            await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
         if upstream.status != 200 or upstream.content_type != SSE:
             return await relay(self.ctx, request, upstream)
         opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
         if opened is None:
             return await relay(self.ctx, request, upstream)
+        reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
         self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
         return await attach_view(
             self.ctx,
@@ -466,6 +492,8 @@ class Proxy:
             opened.priming_seq - 1,
             _client_headers(upstream),
             b"",
+            reader=reader,
+            reserved=True,
         )
 
     async def _post_with_cursor(
@@ -486,9 +514,17 @@ class Proxy:
             streams = [decision.stream]
             if isinstance(opened, _Opened):
                 streams.append(opened.stream)
-                await self.store.remove_reader(session_id, opened.reader)  # this view registers its own
+            elif opened.status == 200 and opened.content_type == "application/json":
+                streams.append(await self._retain_answer(session_id, message, opened))
+            elif opened.status == 202:
+                opened.release()  # notifications only: the view carries the old stream's tail alone
             else:
-                opened.release()  # a 202 for notifications, or a JSON answer the old stream's view replaces
+                return await relay(self.ctx, request, opened)  # an upstream error is the answer
+            # This view's reader covers both streams, registered before anything is written, so no burst
+            # of the new stream can be evicted under it; the new stream's own first reader is then dropped.
+            reader = await self.store.add_reader(session_id, streams, decision.after)
+            if isinstance(opened, _Opened):
+                await self.store.remove_reader(session_id, opened.reader)
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
             return await attach_view(
                 self.ctx,
@@ -499,10 +535,36 @@ class Proxy:
                 _SSE_HEADERS,
                 preface,
                 replay_through=newest,
+                reader=reader,
                 reserved=True,
             )
         finally:
             await self.store.detach(session_id, self.ctx.clock())
+
+    async def _retain_answer(
+        self, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse
+    ) -> int:
+        """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
+        reaches this client in the view and stays resumable like any response."""
+        try:
+            answer = await upstream.content.read(self.settings.max_event_bytes + 1)
+        finally:
+            upstream.release()
+        now = self.ctx.clock()
+        opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now)
+        if opened is None:
+            raise UnknownSession("the session ended while its request was forwarded")
+        if len(answer) <= self.settings.max_event_bytes:
+            # JSON allows raw CR/LF only as whitespace between tokens: drop them, one data line.
+            body = frame_body(answer.replace(b"\r", b"").replace(b"\n", b""))
+        else:  # not deliverable as one SSE event: say so rather than truncate it
+            data = {"reason": "event_too_large"}
+            body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
+        await self.store.append(
+            session_id, opened.number, [NewEvent(body, EventKind.RESPONSE, None, None)], now
+        )
+        await self.store.end_stream(session_id, opened.number, now)
+        return opened.number
 
     # -- session end -------------------------------------------------------------------------------------
 

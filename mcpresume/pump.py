@@ -144,6 +144,7 @@ class Pump:
         self.last_id: bytes | None = None
         self.retry_ms: int | None = None
         self.attempts = 0  # resume attempts since the last progress
+        self._paused_out = False  # overflow = pause already waited session_ttl once
         self.failure = "the upstream closed the stream before the response"
         # Upstream ids of the last SEEN_IDS events appended (cheap to keep: no hashing per event), and, from
         # the last resume on, those ids as a set: what an upstream replay is checked against.
@@ -249,12 +250,13 @@ class Pump:
         wait while appending would evict what no client ever received: the pump stops reading, so TCP
         backpressure reaches the upstream, until a client reads or session_ttl passes."""
         store, sid, settings = self.store, self.job.session_id, self.settings
-        if settings.pause:
+        if settings.pause and not self._paused_out:
             pause = settings.session_ttl
             if await store.wait_for_room(
                 sid, count, size, pause, keep_undelivered=True, stream=self.job.stream
             ):
                 return
+            self._paused_out = True  # paused for session_ttl with nobody reading: evict from now on
         elif await store.wait_for_room(sid, count, size, settings.stall_timeout):
             return
         dropped = await store.drop_lagging_readers(sid, count, size)

@@ -107,6 +107,7 @@ class SessionState:
     """All the proxy holds for one session."""
 
     __slots__ = (
+        "_next_reader",
         "_requests",
         "attached",
         "delivered",
@@ -151,6 +152,7 @@ class SessionState:
         self.standalone: int | None = None  # the live standalone GET stream, if any
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
         self.readers: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._next_reader = 0
         # request id key -> stream (or a marker), oldest first (a dict keeps insertion order; an OrderedDict
         # would cost ~150 bytes more per session for nothing).
         self._requests: dict[str, int] = {}
@@ -201,8 +203,8 @@ class SessionState:
                 state.last_upstream_id = item.upstream_id
         self.next_seq = seq
         state.last_seq = seq - 1
-        self.version += 1
-        self.last_active = now
+        self.version += 1  # not last_active: upstream traffic is not client activity (an idle session with
+        # a chatty standalone stream must still expire)
         evicted = self.window.extend(appended, now, size)
         if evicted:
             self._forget_gone_streams()
@@ -236,7 +238,15 @@ class SessionState:
 
     def _forget_gone_streams(self) -> None:
         window = self.window
-        for number in [n for n, s in self.streams.items() if not s.live and not window.has_events(n)]:
+        # A stream a registered reader still follows is kept (ended, empty) until that reader is done: a
+        # POST + Last-Event-ID view follows the old stream and the new one, and the old one leaving the
+        # window must read as "complete", not as a gap.
+        followed = {n for streams, _ in self.readers.values() for n in streams} if self.readers else ()
+        for number in [
+            n
+            for n, s in self.streams.items()
+            if not s.live and not window.has_events(n) and n not in followed
+        ]:
             del self.streams[number]
             window.forget_stream(number)
             self.delivered.pop(number, None)
@@ -355,9 +365,11 @@ class SessionState:
     # -- readers (flow control) --------------------------------------------------------------------------
 
     def add_reader(self, streams: Sequence[int], position: int) -> int:
-        token = max(self.readers, default=0) + 1
-        self.readers[token] = (tuple(streams), position)
-        return token
+        # Monotonic, never reused: a view whose reader was dropped for lagging must not move or remove the
+        # reader of the view that replaced it.
+        self._next_reader += 1
+        self.readers[self._next_reader] = (tuple(streams), position)
+        return self._next_reader
 
     def move_reader(self, token: int, position: int) -> None:
         """A reader sent everything of its streams up to ``position``."""
@@ -366,7 +378,7 @@ class SessionState:
             return  # dropped for lagging (see drop_lagging_readers): its view ends at its next read
         self.readers[token] = (reader[0], position)
         for stream in reader[0]:
-            if self.delivered.get(stream, 0) < position:
+            if stream in self.streams and self.delivered.get(stream, 0) < position:
                 self.delivered[stream] = position
 
     def remove_reader(self, token: int) -> None:

@@ -504,12 +504,11 @@ async def test_upstream_answering_a_request_with_html_is_502_with_the_request_id
         assert answer["error"]["data"]["reason"] == "upstream_bad_response"
         assert answer["error"]["data"]["content_type"] == "text/html"
         assert count(proxy.ctx.metrics.upstream_errors, "upstream_bad_response") == 1
-        # The claim was released: re-sending the same id is forwarded again (and refused the same way),
-        # not answered as a duplicate.
+        # The upstream did run it: re-sending the same id is refused, never forwarded twice (DESIGN.md #8).
         async with http.post(client.url, data=body, headers=client.headers()) as response:
-            assert response.status == 502
-            assert (await error_of(response))["data"]["reason"] == "upstream_bad_response"
-        assert upstream.calls == ["echo", "html", "html"]
+            assert response.status == 409
+            assert (await error_of(response))["data"]["reason"] == "duplicate_request"
+        assert upstream.calls == ["echo", "html"]
         _, answer = await call_tool(client, "echo", {"text": "after"})
         assert "result" in answer
         await works(http, proxy.url)
@@ -607,6 +606,9 @@ async def test_total_window_cap_trims_idle_least_recent_first_and_attached_last(
     for sid, now in (("attached", 0.0), ("idle-old", 1.0), ("idle-recent", 2.0)):
         evicted = await store.append(sid, streams[sid], [item] * 3, now)
         assert not evicted
+        if sid != "attached":  # a client came and went at `now`: the session's last activity
+            assert await store.attach(sid, now)
+            await store.detach(sid, now)
     assert (await store.stats()).window_bytes <= cap
 
     trimmed_at: dict[str, int] = {}  # the append at which each session first lost an event

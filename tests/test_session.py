@@ -119,7 +119,8 @@ def test_append_frames_each_event_with_its_cursor() -> None:
     state = session.streams[stream]
     assert state.last_seq == 4
     assert state.last_upstream_id == b"up-1"  # the last *non-empty* upstream id
-    assert session.version > version and session.last_active == 5.0  # readers waiting on it wake up
+    # Readers waiting on it wake up; the idle clock does not move (upstream traffic is not client activity).
+    assert session.version > version and session.last_active == 0.0
 
 
 def test_append_reports_evictions() -> None:
@@ -566,7 +567,6 @@ class ResumeMachine(RuleBasedStateMachine):
         assert cursor_of(event) == encode_cursor(EPOCH, event.stream, event.seq)
         self.history.append(Ref(event))
         self.streams[event.stream].last_seq = event.seq
-        self.last_active = self.now
         self.enforce()
 
     def forgotten(self, stream: int) -> bool:
@@ -596,6 +596,7 @@ class ResumeMachine(RuleBasedStateMachine):
         priming = self.session.open_stream(origin, keys, self.now)
         assert priming.kind is EventKind.PRIMING
         self.streams[priming.stream] = RefStream(origin, priming.seq, priming.seq)
+        self.last_active = self.now  # a client request opened it; upstream events are not client activity
         self.record(priming)
 
     @rule(pick=st.integers(0, 1000), sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3))

@@ -466,9 +466,11 @@ async def test_a_pumping_post_stream_keeps_the_session(store: SessionStore) -> N
     assert dropped == [sid]
 
 
-async def test_activity_postpones_expiry(store: SessionStore) -> None:
+async def test_client_activity_postpones_expiry_upstream_traffic_does_not(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)  # a GET stream does not keep a session
-    await store.append(sid, stream, [msg()], now=50.0)
+    await store.attach(sid, now=50.0)  # a client comes and goes: that is activity
+    await store.detach(sid, now=50.0)
+    await store.append(sid, stream, [msg()], now=55.0)  # the server talking to nobody is not
     dropped, _ = await store.reap(now=50.0 + SESSION_TTL - 0.1)
     assert sid not in dropped
     view = await store.view(sid, stream)

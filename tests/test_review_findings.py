@@ -1,0 +1,316 @@
+"""Review findings: each test demonstrates a bug and is expected to fail until the bug is fixed.
+
+The upstream here is a small aiohttp app whose timing the test controls with gates (asyncio.Event), so
+nothing depends on fixed sleeps: waits are bounded polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from mcpresume.app import reap_once
+from mcpresume.session import NewEvent, StreamOrigin
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import EventKind, WindowLimits
+from tests.support.proxy import ManualClock, collect, running_proxy
+
+SESSION = "review-session-1"
+HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2025-11-25",
+}
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Bounded polling: wait until ``condition()`` holds, fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class GatedUpstream:
+    """``slow``: SSE, one progress event (with an upstream id), then waits on its gate, then the response.
+    ``json``: an application/json response. ``hang``: never sends headers (records that it was reached and
+    when the proxy gave up on it). ``fail``: a 500 with a JSON-RPC error body."""
+
+    gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    reached: dict[int, asyncio.Event] = field(default_factory=dict)
+    abandoned: dict[int, asyncio.Event] = field(default_factory=dict)
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    pushes: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)  # notifications for the GET stream
+
+    def gate(self, request_id: int) -> asyncio.Event:
+        return self.gates.setdefault(request_id, asyncio.Event())
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and "Last-Event-ID" not in request.headers:
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            while True:
+                await stream.write(b"data: " + await self.pushes.get() + b"\n\n")
+        if request.method != "POST":
+            return web.Response(status=405)
+        message = orjson.loads(await request.read())
+        method, request_id = message.get("method"), message.get("id")
+        if request_id is None:
+            return web.Response(status=202)
+        self.calls.append((method, request_id))
+        if method == "initialize":
+            result = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "serverInfo": {"name": "g", "version": "1"},
+            }
+            return web.json_response(
+                {"jsonrpc": "2.0", "id": request_id, "result": result}, headers={"Mcp-Session-Id": SESSION}
+            )
+        if method == "json":
+            return web.json_response({"jsonrpc": "2.0", "id": request_id, "result": {"json": True}})
+        if method == "fail":
+            body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "boom"}}
+            return web.json_response(body, status=500)
+        if method == "hang":
+            self.reached.setdefault(request_id, asyncio.Event()).set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.abandoned.setdefault(request_id, asyncio.Event()).set()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
+        await response.write(b"id: u%d-1\ndata: " % request_id + orjson.dumps(progress) + b"\n\n")
+        await self.gate(request_id).wait()
+        done = {"jsonrpc": "2.0", "id": request_id, "result": {"done": True}}
+        await response.write(b"id: u%d-2\ndata: " % request_id + orjson.dumps(done) + b"\n\n")
+        return response
+
+
+def call(request_id: int, method: str) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": {}})
+
+
+def in_session(**extra: str) -> dict[str, str]:
+    return {**HEADERS, "Mcp-Session-Id": SESSION, **extra}
+
+
+async def initialize(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(url, data=call(1, "initialize"), headers=HEADERS) as response:
+        assert response.headers["Mcp-Session-Id"] == SESSION
+        await response.read()
+
+
+def response_ids(events: list) -> list[int]:
+    out = []
+    for event in events:
+        if event.data:
+            doc = orjson.loads(event.data)
+            if "result" in doc or "error" in doc:
+                out.append(doc["id"])
+    return out
+
+
+async def drop_after_first_progress(http: aiohttp.ClientSession, url: str, request_id: int) -> str:
+    """POST ``slow``, read its priming event and first progress, drop the connection; the last cursor."""
+    async with http.post(url, data=call(request_id, "slow"), headers=in_session()) as response:
+        assert response.status == 200
+        seen = await collect(response, limit=1)
+    cursor = seen[-1].id
+    assert cursor is not None
+    return cursor.decode()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def gated(
+    serve: Callable[[web.Application], Awaitable[str]],
+) -> AsyncIterator[tuple[GatedUpstream, str]]:
+    upstream = GatedUpstream()
+    url = await serve(upstream.app())
+    yield upstream, url
+    for gate in upstream.gates.values():
+        gate.set()
+
+
+# -- 1. POST + Last-Event-ID drops the new request's JSON answer ---
+
+
+# Regression: proxy._post_with_cursor releases an application/json answer to the new request unread: the
+# client never gets the response, and a re-send is refused as duplicate_request
+async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
+    upstream, upstream_url = gated
+    async with running_proxy(upstream_url) as proxy:
+        await initialize(http, proxy.url)
+        cursor = await drop_after_first_progress(http, proxy.url, 2)
+        upstream.gate(2).set()  # the old request completes while the client is away
+        headers = in_session(**{"Last-Event-ID": cursor})
+        async with http.post(proxy.url, data=call(3, "json"), headers=headers) as response:
+            assert response.status == 200
+            events = await collect(response)
+        assert ("json", 3) in upstream.calls  # the upstream ran request 3 ...
+        assert sorted(response_ids(events)) == [2, 3]  # ... so its answer must reach the client
+
+
+# Regression: proxy._post_with_cursor swallows an upstream error status for the new request (here 500) and
+# answers 200 with only the old stream's tail
+async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
+    upstream, upstream_url = gated
+    async with running_proxy(upstream_url) as proxy:
+        await initialize(http, proxy.url)
+        cursor = await drop_after_first_progress(http, proxy.url, 2)
+        upstream.gate(2).set()
+        headers = in_session(**{"Last-Event-ID": cursor})
+        async with http.post(proxy.url, data=call(3, "fail"), headers=headers) as response:
+            body = await response.read()
+        assert response.status == 500 or b"boom" in body
+
+
+# -- 2. A client that leaves while its request is forwarded leaks the claim when forwarding fails ---
+
+
+# Regression: proxy._abandoned ignores a ProxyError outcome: the request id stays claimed (_PENDING) and
+# in_flight stays counted forever, so the session is stuck at max_streams_per_session (429)
+async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> None:
+    upstream, upstream_url = gated
+    async with running_proxy(upstream_url, first_byte_timeout=0.5, max_streams_per_session=1) as proxy:
+        await initialize(http, proxy.url)
+        # The client sends a request and leaves while the proxy still waits for the upstream's headers.
+        post = asyncio.ensure_future(http.post(proxy.url, data=call(2, "hang"), headers=in_session()))
+        await asyncio.wait_for(upstream.reached.setdefault(2, asyncio.Event()).wait(), 5)
+        post.cancel()
+        # The proxy gives up on the upstream (first_byte_timeout): the request ends in UpstreamTimeout,
+        # which on the non-abandoned path releases the claim.
+        await asyncio.wait_for(upstream.abandoned.setdefault(2, asyncio.Event()).wait(), 5)
+        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        await until(lambda: session.in_flight == 0, timeout=2.0)
+        async with http.post(proxy.url, data=call(3, "json"), headers=in_session()) as response:
+            assert response.status == 200
+
+
+# -- 3. Reader tokens are reused: a stale view removes another view's reader --------------------------------
+
+
+# Regression: SessionState.add_reader reuses max(token)+1: after drop_lagging_readers, the dropped view's
+# token is handed to a new view, and the stale view's remove_reader/move_reader hits the new one
+async def test_dropped_reader_token_is_not_reused() -> None:
+    store = MemoryStore(WindowLimits(4, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+    await store.create_session("s", 0.0)
+    opened = await store.open_stream("s", StreamOrigin.GET, (), 0.0)
+    assert opened is not None
+    stalled = await store.add_reader("s", [opened.number], opened.priming_seq - 1)  # view A, never reads
+    events = [NewEvent(b"data: x\n\n", EventKind.MESSAGE) for _ in range(3)]
+    await store.append("s", opened.number, events, 0.0)
+    # A burst that does not fit: the pump drops A (A's follow() still holds its token, blocked in a write).
+    assert await store.drop_lagging_readers("s", 4, 40) == 1
+    fresh = await store.add_reader("s", [opened.number], 4)  # view B: the client re-attached
+    # A's write finally fails: its finally-clause removes "its" reader.
+    await store.remove_reader("s", stalled)
+    assert fresh in store._sessions["s"].readers  # B's flow-control registration must survive
+
+
+# -- 4. A POST + Last-Event-ID view closes early when the old stream is forgotten ---
+
+
+# Regression: SessionState.read reports a gap when one of a view's streams was forgotten (ended, all events
+# delivered then expired/evicted), so the POST+Last-Event-ID view closes before the new request's response
+async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(http, gated) -> None:
+    upstream, upstream_url = gated
+    clock = ManualClock()
+    async with running_proxy(upstream_url, clock=clock, window_ttl=10.0) as proxy:
+        await initialize(http, proxy.url)
+        cursor = await drop_after_first_progress(http, proxy.url, 2)
+        upstream.gate(2).set()
+        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        await until(lambda: not any(s.live for s in session.streams.values()))
+        headers = in_session(**{"Last-Event-ID": cursor})
+        async with http.post(proxy.url, data=call(3, "slow"), headers=headers) as response:
+            assert response.status == 200
+            events = []
+            from tests.support.proxy import sse_events
+
+            async for event in sse_events(response):
+                events.append(event)
+                if event.data and b"progress" in event.data:
+                    # The old tail (response 2) and the new stream's progress were delivered. Time passes:
+                    # every event so far leaves the window by TTL (all of them were delivered).
+                    clock.advance(11.0)
+                    await reap_once(proxy.ctx)
+                    upstream.gate(3).set()
+        assert response_ids(events) == [2, 3]
+
+
+# -- 5. Upstream traffic on the standalone stream keeps a client-less session alive forever ---
+
+
+# Regression: SessionState.append refreshes last_active, which the reaper and decide() use as 'idle since':
+# a session whose client left is never reaped while its standalone GET stream carries server messages
+async def test_session_without_client_expires_despite_standalone_traffic(http, gated) -> None:
+    upstream, upstream_url = gated
+    clock = ManualClock()
+    async with running_proxy(upstream_url, clock=clock, session_ttl=10.0, drain_timeout=0.5) as proxy:
+        await initialize(http, proxy.url)
+        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        async with http.get(proxy.url, headers=in_session()) as response:
+            assert response.status == 200
+            await collect(response, limit=0)  # the priming event; then the client goes away for good
+        await until(lambda: session.attached == 0)
+        note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {}})
+        for _ in range(3):  # a server that logs something every 6 s, to nobody
+            clock.advance(6.0)
+            if not await proxy.ctx.store.has_session(SESSION):
+                break  # reaped: its pump was cancelled, nothing more reaches it
+            before = session.version
+            upstream.pushes.put_nowait(note)
+            await until(lambda before=before: session.version != before)
+            await reap_once(proxy.ctx)
+        # 18 s with no client and no POST stream, session_ttl = 10 s: the session must be gone.
+        assert not await proxy.ctx.store.has_session(SESSION)
+
+
+# -- 6. overflow = pause waits session_ttl again for every slice, not once ----------------------------------
+
+
+# Regression: Pump._make_room pauses up to session_ttl before EVERY append slice once the window is full of
+# undelivered events: a stream whose client left is read one slice per session_ttl, holding the upstream
+# request and keeping the session from expiring for (events / slice) x session_ttl
+async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
+    from tests.support.scripted import SESSION as SCRIPTED
+    from tests.support.scripted import ScriptedUpstream
+
+    upstream = ScriptedUpstream(total=20)
+    url = await serve(upstream.app())
+    # window_events=2: append slices of one event; session_ttl=0.5 s: the pause a client-less stream gets.
+    async with running_proxy(
+        url, overflow="pause", window_events=2, session_ttl=0.5, drain_timeout=0.5
+    ) as proxy:
+        async with http.post(proxy.url, data=call(1, "initialize"), headers=HEADERS) as r:
+            await r.read()
+        headers = {**HEADERS, "Mcp-Session-Id": SCRIPTED}
+        async with http.post(proxy.url, data=call(2, "tools/call"), headers=headers) as response:
+            await collect(response, limit=0)  # the priming event; the client leaves
+        store = proxy.ctx.store
+        session = store._sessions[SCRIPTED]  # type: ignore[attr-defined]
+        # After one pause of session_ttl the pump should read on (evicting): 21 events in well under 4 s.
+        # With the bug it pauses ~19 times: ~9.5 s.
+        await until(lambda: not any(s.live for s in session.streams.values()), timeout=4.0)
