@@ -546,17 +546,22 @@ class Proxy:
     ) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
+        limit = self.settings.max_event_bytes
+        answer = bytearray()
         try:
-            answer = await upstream.content.read(self.settings.max_event_bytes + 1)
+            async for chunk in upstream.content.iter_any():  # the whole body, but never more than the limit
+                answer += chunk
+                if len(answer) > limit:
+                    break
         finally:
             upstream.release()
         now = self.ctx.clock()
         opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now)
         if opened is None:
             raise UnknownSession("the session ended while its request was forwarded")
-        if len(answer) <= self.settings.max_event_bytes:
+        if len(answer) <= limit:
             # JSON allows raw CR/LF only as whitespace between tokens: drop them, one data line.
-            body = frame_body(answer.replace(b"\r", b"").replace(b"\n", b""))
+            body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
         else:  # not deliverable as one SSE event: say so rather than truncate it
             data = {"reason": "event_too_large"}
             body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
