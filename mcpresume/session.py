@@ -156,8 +156,9 @@ class SessionState:
         # request id key -> stream (or a marker), oldest first (a dict keeps insertion order; an OrderedDict
         # would cost ~150 bytes more per session for nothing).
         self._requests: dict[str, int] = {}
-        # Claimed requests the upstream has not answered yet: they will open streams, so they count against
-        # max_streams_per_session as much as live streams do.
+        # Request ids claimed and not yet answered (each id of a batch counts): they will open streams, so
+        # they count against max_streams_per_session as much as live streams do. Kept exact by
+        # _remember_request and _forget_request, the only writers of the request map.
         self.in_flight = 0
 
     # -- streams -----------------------------------------------------------------------------------------
@@ -168,8 +169,6 @@ class SessionState:
         self.next_stream += 1
         seq = self.next_seq
         self.streams[number] = StreamState(number, origin, tuple(request_keys), seq, seq)
-        if any(self._requests.get(key) == _PENDING for key in request_keys):
-            self.in_flight = max(0, self.in_flight - 1)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
@@ -302,7 +301,6 @@ class SessionState:
                 return Claim(ClaimOutcome.LIMITED)
             for key in request_keys:
                 self._remember_request(key, _PENDING)
-            self.in_flight += 1
             return Claim(ClaimOutcome.NEW)
         if any(s is None for s in seen) or len(set(seen)) != 1:
             return Claim(ClaimOutcome.CONFLICT)
@@ -317,28 +315,29 @@ class SessionState:
 
     def release(self, request_keys: Sequence[str]) -> None:
         """Forget a claim whose request never reached the upstream (so a retry may be forwarded)."""
-        pending = [key for key in request_keys if self._requests.get(key) == _PENDING]
-        for key in pending:
-            del self._requests[key]
-        if pending:
-            self.in_flight = max(0, self.in_flight - 1)
+        for key in request_keys:
+            if self._requests.get(key) == _PENDING:
+                self._forget_request(key)
 
     def settle(self, request_keys: Sequence[str]) -> None:
         """A claim the upstream answered without a stream (application/json): seen, but nothing retained."""
-        pending = [key for key in request_keys if self._requests.get(key) == _PENDING]
-        for key in pending:
-            self._requests[key] = _ANSWERED
-        if pending:
-            self.in_flight = max(0, self.in_flight - 1)
+        for key in request_keys:
+            if self._requests.get(key) == _PENDING:
+                self._remember_request(key, _ANSWERED)
 
     def _remember_request(self, key: str, stream: int) -> None:
         requests = self._requests
-        requests.pop(key, None)  # re-inserted: now the newest
+        if key in requests:
+            self._forget_request(key)  # re-inserted: now the newest
         requests[key] = stream
+        if stream == _PENDING:
+            self.in_flight += 1
         while len(requests) > MAX_REQUEST_IDS:
-            forgotten = requests.pop(next(iter(requests)))
-            if forgotten == _PENDING:  # forgotten while in flight: stop counting it (bounded, not exact)
-                self.in_flight = max(0, self.in_flight - 1)
+            self._forget_request(next(iter(requests)))
+
+    def _forget_request(self, key: str) -> None:
+        if self._requests.pop(key) == _PENDING:
+            self.in_flight -= 1
 
     def view(self, stream: int, session_ttl: float) -> SessionView:
         """The facts the resume decision needs, for a cursor naming ``stream``."""

@@ -854,3 +854,31 @@ def test_pause_protects_only_the_appending_streams_undelivered_events() -> None:
     busy = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)  # evicts the GET stream's priming
     assert not session.room_for(1, 10, keep_undelivered=True, stream=unread.stream)
     assert session.room_for(1, 10, keep_undelivered=True, stream=busy.stream)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "open", "release", "settle"]),
+            st.lists(st.integers(0, 6), min_size=1, max_size=3),
+        ),
+        max_size=40,
+    )
+)
+def test_in_flight_counts_exactly_the_pending_request_ids(steps: list[tuple[str, list[int]]]) -> None:
+    """The stream limit counts requests in flight: the count never drifts, whatever the order of claims,
+    answers (a stream, a JSON answer) and releases, batches included."""
+    session = make_session()
+    for action, ids in steps:
+        keys = sorted({f"n:{i}" for i in ids})
+        if action == "claim":
+            session.claim(keys)
+        elif action == "open":
+            session.open_stream(StreamOrigin.POST, keys, now=0.0)
+        elif action == "release":
+            session.release(keys)
+        else:
+            session.settle(keys)
+        pending = sum(1 for value in session._requests.values() if value == 0)
+        assert session.in_flight == pending >= 0
