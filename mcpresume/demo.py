@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +38,9 @@ def say(text: str = "") -> None:
 
 
 async def run_demo(settings: Settings, *, once: bool = False) -> int:
+    # The bundled upstream and the SDK client log every request at INFO; the transcript says it better.
+    for name in ("mcp", "httpx2", "httpx", "uvicorn", "sse_starlette"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     async with serve_example_upstream() as upstream_url:
         proxy = await _start(settings, upstream_url)
         try:
