@@ -111,6 +111,18 @@ async def follow(
         await store.remove_reader(session_id, reader)
 
 
+async def reserve_view(
+    ctx: ProxyContext, request: web.Request, session_id: str, request_id: str | int | None = None
+) -> web.Response | None:
+    """Count one client view of the session against max_attached_per_session; the 429 answer if full.
+    The one place the limit is checked: a view counted here is uncounted with ``store.detach``."""
+    limit = ctx.settings.max_attached_per_session
+    if await ctx.store.attach(session_id, ctx.clock(), limit):
+        return None
+    error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
+    return ctx.reject(request, error, request_id)
+
+
 async def attach_view(
     ctx: ProxyContext,
     request: web.Request,
@@ -130,12 +142,12 @@ async def attach_view(
         return await serve_view(
             ctx, request, session_id, streams, after, headers, preface, replay_through, reader
         )
-    store, limit = ctx.store, ctx.settings.max_attached_per_session
-    if not await store.attach(session_id, ctx.clock(), limit):
+    store = ctx.store
+    refused = await reserve_view(ctx, request, session_id)
+    if refused is not None:
         if reader is not None:
             await store.remove_reader(session_id, reader)
-        error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
-        return ctx.reject(request, error)
+        return refused
     try:
         return await serve_view(
             ctx, request, session_id, streams, after, headers, preface, replay_through, reader

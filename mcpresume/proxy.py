@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import attach_view
+from mcpresume.attach import attach_view, reserve_view
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -43,7 +43,6 @@ from mcpresume.errors import (
     OriginNotAllowed,
     ProxyError,
     ShuttingDown,
-    TooManyAttachments,
     TooManySessions,
     TooManyStreams,
     UnknownSession,
@@ -198,12 +197,10 @@ class Proxy:
             refused = await self._claim(request, session_id, message)
             if refused is not None:
                 return refused
-        limit = self.settings.max_attached_per_session
-        if await self.store.attach(session_id, self.ctx.clock(), limit):
-            return None
-        await self.store.release(session_id, message.request_keys)  # the same id may come back
-        error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
-        return self.ctx.reject(request, error, message.first_id)
+        refused = await reserve_view(self.ctx, request, session_id, message.first_id)
+        if refused is not None:
+            await self.store.release(session_id, message.request_keys)  # the same id may come back
+        return refused
 
     async def _forward_claimed(
         self,
@@ -249,11 +246,11 @@ class Proxy:
             opened.release()
 
     async def _has_room(self) -> bool:
-        stats = await self.store.stats()
-        if stats.sessions < self.settings.max_sessions:
+        limit = self.settings.max_sessions
+        if await self.store.session_count() < limit:
             return True
-        await self.store.reap(self.ctx.clock())
-        return (await self.store.stats()).sessions < self.settings.max_sessions
+        await self.store.reap(self.ctx.clock())  # expired sessions make room before anyone is refused
+        return await self.store.session_count() < limit
 
     async def _forward_and_open(
         self,
@@ -448,10 +445,9 @@ class Proxy:
 
     async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
         """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
-        limit = self.settings.max_attached_per_session
-        if not await self.store.attach(session_id, self.ctx.clock(), limit):
-            error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
-            return self.ctx.reject(request, error)  # before any upstream GET is opened for it
+        refused = await reserve_view(self.ctx, request, session_id)
+        if refused is not None:
+            return refused  # before any upstream GET is opened for it
         try:
             return await self._standalone_view(request, session_id)
         finally:

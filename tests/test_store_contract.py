@@ -200,6 +200,7 @@ async def test_max_sessions(store_factory: StoreFactory) -> None:
     assert info.value.status == 503 and info.value.reason == "too_many_sessions"
     assert not await store.has_session(c)
     assert await store.has_session(a) and await store.has_session(b)  # nobody was evicted to make room
+    assert await store.session_count() == 2 == (await store.stats()).sessions
     # Re-initializing a tracked id takes no extra room.
     await store.create_session(a, now=1.0)
     assert (await store.stats()).sessions == 2

@@ -287,6 +287,9 @@ class MemoryStore:
                 self._notify(session_id)
         return dropped, evicted
 
+    async def session_count(self) -> int:
+        return len(self._sessions)
+
     async def stats(self) -> StoreStats:
         sessions = self._sessions.values()
         return StoreStats(
