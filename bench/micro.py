@@ -56,20 +56,23 @@ def run() -> float:
     job = PumpJob("s", priming.stream, (7,), "x")
     settings = PumpSettings(4 << 20, 30.0, 256, 1000, 5)
     pump = Pump(job, _Null(), _Null(), _Null(), lambda: 0.0, settings)  # store/metrics unused below
-    from mcpresume.sse import SSEParser
+    from mcpresume.sse import SSEParser, SSERun
 
     parser = SSEParser(4 << 20)
     position = priming.seq
     sent = 0
     start = time.perf_counter()
     for chunk in chunks:
-        items = pump._events(parser.feed(chunk))
-        for begin in range(0, len(items), pump.step):
-            session.append(priming.stream, items[begin : begin + pump.step], 0.0)
-            result = session.read([priming.stream], position)
-            if result.events:
-                sent += len(b"".join(e.body for e in result.events))
-                position = result.events[-1].seq
+        for batch in pump._events(parser.feed_batched(chunk)):
+            for begin in range(0, len(batch), pump.step):
+                if isinstance(batch, SSERun):
+                    session.append_run(priming.stream, batch.split(begin, begin + pump.step), 0.0)
+                else:
+                    session.append(priming.stream, batch[begin : begin + pump.step], 0.0)
+                result = session.read([priming.stream], position)
+                if result.segments:
+                    sent += len(result.body())
+                    position = result.last_seq
     elapsed = time.perf_counter() - start
     assert sent > len(payload)  # every event reached the reader, with its cursor
     return elapsed / EVENTS * 1e6

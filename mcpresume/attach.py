@@ -84,12 +84,13 @@ async def follow(
             if result.gap:
                 outcome.reason = "fell_behind_window"
                 return outcome
-            if result.events:
-                await write_bounded(response, b"".join(e.body for e in result.events), stall_timeout)
-                position = result.events[-1].seq
+            if result.segments:
+                await write_bounded(response, result.body(), stall_timeout)
+                position = result.last_seq
                 await store.move_reader(session_id, reader, position)
-                outcome.sent += len(result.events)
-                outcome.replayed += sum(1 for e in result.events if e.seq <= replay_through)
+                outcome.sent += result.count
+                if replay_through > after:
+                    outcome.replayed += result.count_through(replay_through)
                 if result.complete:  # the last events of an ended stream: done (don't read a forgotten one)
                     outcome.complete = True
                     return outcome

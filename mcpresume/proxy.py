@@ -561,9 +561,7 @@ class Proxy:
         else:  # not deliverable as one SSE event: say so rather than truncate it
             data = {"reason": "event_too_large"}
             body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
-        await self.store.append(
-            session_id, opened.number, [NewEvent(body, EventKind.RESPONSE, None, None)], now
-        )
+        await self.store.append(session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
         await self.store.end_stream(session_id, opened.number, now)
         return opened.number
 

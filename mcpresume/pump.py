@@ -24,6 +24,8 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final
 
 import aiohttp
@@ -33,7 +35,7 @@ from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_key
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEEvent, SSEParser, frame_body
+from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream
 from mcpresume.window import EventKind
@@ -52,6 +54,10 @@ MAX_RESUME_DELAY: Final = 30.0
 # Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
 _REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
+# A run's data line that certainly holds a notification (see jsonrpc.NOTIFICATION_PREFIX).
+_NOTIFICATION_LINE: Final = b"data: " + NOTIFICATION_PREFIX
+_ID_LINE: Final = itemgetter(1)
+_DATA_LINE: Final = itemgetter(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +152,8 @@ class Pump:
         self.attempts = 0  # resume attempts since the last progress
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self.failure = "the upstream closed the stream before the response"
-        # Upstream ids of the last SEEN_IDS events appended (cheap to keep: no hashing per event), and, from
-        # the last resume on, those ids as a set: what an upstream replay is checked against.
+        # Upstream id lines (``id: X\n``) of the last SEEN_IDS events appended (cheap to keep: no hashing per
+        # event), and, from the last resume on, those as a set: what an upstream replay is checked against.
         self._recent: deque[bytes] = deque(maxlen=SEEN_IDS)
         self._seen: set[bytes] = set()
 
@@ -173,7 +179,7 @@ class Pump:
         parser = SSEParser(self.settings.max_event_bytes)
         try:
             async for chunk in response.content.iter_any():
-                await self._append(self._events(parser.feed(chunk)))
+                await self._append(self._events(parser.feed_batched(chunk)))
                 if self.job.request_ids and not self.pending:
                     return _End.COMPLETE
             if parser.close():
@@ -192,57 +198,92 @@ class Pump:
         finally:
             response.release()
 
-    def _events(self, parsed: Sequence[SSEEvent]) -> list[NewEvent]:
-        """Upstream events -> events to append. Hot path: one pass, the response looked for cheaply (see
-        jsonrpc.response_key), and upstream ids checked against the ones seen only after a resume (a
-        replay)."""
+    def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[list[NewEvent] | SSERun]:
+        """Upstream events -> batches to append, in order. Hot path: a run of message events passes whole
+        (see ``_run``); single events are converted one by one (``_event``)."""
+        batches: list[list[NewEvent] | SSERun] = []
         items: list[NewEvent] = []
-        pending, seen, recent = self.pending, self._seen, self._recent
-        message, response = EventKind.MESSAGE, EventKind.RESPONSE
-        last_id = self.last_id
         for event in parsed:
-            upstream_id = event.id
-            if event.retry is not None:
-                self.retry_ms = event.retry
-            if upstream_id:
-                last_id = upstream_id
-            data = event.data
-            if not data:
-                continue  # priming, or an id/retry-only event: the proxy sends its own
-            if upstream_id:
-                if seen and upstream_id in seen:
-                    self.metrics.upstream_duplicates.inc()
-                    continue  # an upstream replay of an event already appended
-                recent.append(upstream_id)
-            # The parser never yields CR in data, so the common single-line case needs no checks.
-            name = event.event
-            if b"\n" in data:
-                body = frame_body(data, name)
-            elif name is None:
-                body = b"".join((b"data: ", data, b"\n\n"))
-            else:
-                body = b"".join((b"event: ", name, b"\ndata: ", data, b"\n\n"))
-            # A notification (the bulk of a stream) is recognised by its first bytes, without a call.
-            if pending and not data.startswith(NOTIFICATION_PREFIX):
-                key = response_key(data)
-                if key is not None and pending.pop(key, None) is not None:
-                    items.append(NewEvent(body, response, upstream_id, key))
+            if type(event) is SSERun:
+                run = self._run(event)
+                if run is not None:
+                    if items:
+                        batches.append(items)
+                        items = []
+                    if run.parts:
+                        batches.append(run)
                     continue
-            items.append(NewEvent(body, message, upstream_id, None))
-        self.last_id = last_id
-        return items
+                for single in event.events():
+                    self._event(single, items)
+            else:
+                self._event(event, items)  # type: ignore[arg-type]
+        if items:
+            batches.append(items)
+        return batches
 
-    async def _append(self, items: list[NewEvent]) -> None:
-        if not items:
+    def _run(self, run: SSERun) -> SSERun | None:
+        """A run as it will be appended, or None when it may hold a response this stream waits for (then
+        its events take the slow path). No call per event: the data lines are checked for the notification
+        prefix, and upstream ids against the ones seen only after a resume (a replay), in C-level passes."""
+        parts = run.parts
+        if self.pending and sum(
+            map(bytes.startswith, map(_DATA_LINE, parts), repeat(_NOTIFICATION_LINE))
+        ) != len(parts):
+            return None
+        last_id = run.last_id()
+        if last_id is not None:
+            self.last_id = last_id
+            seen = self._seen
+            if seen:
+                kept = [part for part in parts if part[1] not in seen]
+                if len(kept) != len(parts):
+                    self.metrics.upstream_duplicates.inc(len(parts) - len(kept))
+                    run = SSERun(kept, run.size * len(kept) // len(parts))
+            self._recent.extend(filter(None, map(_ID_LINE, run.parts)))
+        return run
+
+    def _event(self, event: SSEEvent, items: list[NewEvent]) -> None:
+        """One upstream event -> an event to append (or nothing: priming, id/retry-only, a replay)."""
+        upstream_id = event.id
+        if event.retry is not None:
+            self.retry_ms = event.retry
+        if upstream_id:
+            self.last_id = upstream_id
+        data = event.data
+        if not data:
+            return  # priming, or an id/retry-only event: the proxy sends its own
+        if upstream_id:
+            line = b"id: " + upstream_id + b"\n"
+            if line in self._seen:
+                self.metrics.upstream_duplicates.inc()
+                return  # an upstream replay of an event already appended
+            self._recent.append(line)
+        body = frame_body(data, event.event)
+        pending = self.pending
+        if pending and not data.startswith(NOTIFICATION_PREFIX):
+            key = response_key(data)
+            if key is not None and pending.pop(key, None) is not None:
+                items.append(NewEvent(body, EventKind.RESPONSE, key))
+                return
+        items.append(NewEvent(body, EventKind.MESSAGE, None))
+
+    async def _append(self, batches: list[list[NewEvent] | SSERun]) -> None:
+        if not batches:
             return
         self.attempts = 0  # progress
-        job, step = self.job, self.step
-        for start in range(0, len(items), step):
-            batch = items[start : start + step]
-            size = sum(len(item.body) for item in batch)
-            await self._make_room(len(batch), size)
-            self.metrics.upstream_events.inc(len(batch))
-            self.metrics.evicted(await self.store.append(job.session_id, job.stream, batch, self.clock()))
+        job, step, store, metrics = self.job, self.step, self.store, self.metrics
+        for batch in batches:
+            for start in range(0, len(batch), step):
+                if isinstance(batch, SSERun):
+                    run = batch if len(batch) <= step else batch.split(start, start + step)
+                    await self._make_room(len(run), run.size)
+                    metrics.upstream_events.inc(len(run))
+                    metrics.evicted(await store.append_run(job.session_id, job.stream, run, self.clock()))
+                else:
+                    items = batch[start : start + step]
+                    await self._make_room(len(items), sum(len(item.body) for item in items))
+                    metrics.upstream_events.inc(len(items))
+                    metrics.evicted(await store.append(job.session_id, job.stream, items, self.clock()))
 
     async def _make_room(self, count: int, size: int) -> None:
         """Wait (bounded) until appending evicts nothing an attached client has yet to receive; a client that
@@ -290,7 +331,7 @@ class Pump:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue
             if response.status == 200 and response.content_type == _SSE:
-                self._seen = set(self._recent)  # what a replay may repeat
+                self._seen = set(self._recent)  # what a replay may repeat (id lines)
                 outcomes.labels("resumed").inc()
                 log.info(
                     "session %s stream %d: upstream stream resumed after %s",
@@ -326,7 +367,6 @@ class Pump:
                 NewEvent(
                     frame_body(error_response(request_id, SERVER_ERROR, self.failure, data)),
                     EventKind.RESPONSE,
-                    None,
                     key,
                 )
                 for key, request_id in self.pending.items()

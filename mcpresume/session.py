@@ -31,8 +31,8 @@ from typing import Final
 
 from mcpresume.cursor import encode_cursor
 from mcpresume.resume import SessionView, StreamView
-from mcpresume.sse import priming_frame
-from mcpresume.window import Event, EventKind, Evicted, Window, WindowLimits
+from mcpresume.sse import SSERun, frame_run, priming_frame
+from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
 
 # A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
 # older than the last 4096 it used is far outside any reconnect scenario; the bound keeps a long-lived
@@ -58,27 +58,48 @@ class StreamState:
     first_seq: int
     last_seq: int
     live: bool = True
-    # The upstream's own view of this stream, kept for upstream-side resumption; never shown to clients.
-    last_upstream_id: bytes | None = None
-    upstream_retry_ms: int | None = None
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
 class NewEvent:
-    """An upstream event about to be appended: its serialized body, its kind and its upstream id."""
+    """An upstream event about to be appended: its serialized body and its kind."""
 
     body: bytes  # the SSE frame without its id line (sse.frame_body); the id is the cursor, added here
     kind: EventKind
-    upstream_id: bytes | None = None
     response_key: str | None = None  # for a RESPONSE: the request id it answers
 
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    events: Sequence[Event]
+    segments: Sequence[Segment]  # what to send, in seq order: copies, safe to keep across an await
     complete: bool  # every stream read has ended and everything has been returned
     gap: bool  # an event after the position was evicted: the reader must stop (the client re-attaches)
     version: int
+
+    @property
+    def count(self) -> int:
+        return sum(len(segment.frames) for segment in self.segments)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event returned (a reader's next position); only when some were."""
+        return self.segments[-1].last
+
+    def body(self) -> bytes:
+        """Every frame, in order, as one write."""
+        segments = self.segments
+        if len(segments) == 1:
+            return b"".join(segments[0].frames)
+        return b"".join([frame for segment in segments for frame in segment.frames])
+
+    def count_through(self, seq: int) -> int:
+        """How many of the events returned have a seq of at most ``seq``."""
+        return sum(max(0, min(len(s.frames), seq - s.seq + 1)) for s in self.segments)
+
+    @property
+    def events(self) -> list[Event]:
+        """The events returned, one object each (tests and slow paths; the hot path uses ``body``)."""
+        return [event for segment in self.segments for event in segment.events()]
 
 
 class ClaimOutcome(enum.Enum):
@@ -174,45 +195,53 @@ class SessionState:
         if origin is StreamOrigin.GET:
             self.standalone = number
         frame = priming_frame(encode_cursor(self.epoch, number, seq), self.retry_ms)
-        priming = Event(seq, number, frame, EventKind.PRIMING, None, now)
-        self.next_seq += 1
-        self._after_append(priming, now)
-        return priming
+        self.last_active = now
+        self._add(Segment(number, seq, [frame], len(frame), EventKind.PRIMING, now), now)
+        return Event(seq, number, frame, EventKind.PRIMING, now)
 
-    def append(self, stream: int, items: Sequence[NewEvent], now: float) -> tuple[list[Event], Evicted]:
-        """Append upstream events to a live stream (events for an ended stream are dropped).
-
-        Hot path (every upstream event passes here): the cursor prefix is built once per call, the frames
-        with one %-format each, and the window's limits enforced once for the whole batch."""
+    def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
+        """Append upstream events to a live stream (events for an ended stream are dropped): the next seqs,
+        one segment per run of one kind, the window's limits enforced once per segment."""
         state = self.streams.get(stream)
         if state is None or not state.live or not items:
-            return [], Evicted()
-        prefix = b"id: %s-%d-" % (self.epoch.encode(), stream)
-        seq = self.next_seq
-        appended = []
-        size = 0
-        for item in items:
+            return Evicted()
+        prefix = self._cursor_prefix(stream)
+        evicted = Evicted()
+        start = 0
+        while start < len(items):
+            kind = items[start].kind
+            stop = start + 1
+            while stop < len(items) and items[stop].kind is kind:
+                stop += 1
+            seq = self.next_seq
             # join sizes the result exactly; %-formatting over-allocates then shrinks, which fragments the
             # heap of a proxy holding thousands of these (measured: +0.08x window memory in bench/).
-            frame = b"".join((prefix, b"%d\n" % seq, item.body))
-            size += len(frame)
-            appended.append(Event(seq, stream, frame, item.kind, item.upstream_id, now))
-            seq += 1
-            if item.upstream_id:
-                state.last_upstream_id = item.upstream_id
-        self.next_seq = seq
-        state.last_seq = seq - 1
-        self.version += 1  # not last_active: upstream traffic is not client activity (an idle session with
-        # a chatty standalone stream must still expire)
-        evicted = self.window.extend(appended, now, size)
-        if evicted:
-            self._forget_gone_streams()
-        return appended, evicted
+            frames = [
+                b"".join((prefix, b"%d\n" % (seq + i), items[start + i].body)) for i in range(stop - start)
+            ]
+            evicted.merge(self._add(Segment(stream, seq, frames, sum(map(len, frames)), kind, now), now))
+            start = stop
+        return evicted
 
-    def _after_append(self, event: Event, now: float) -> Evicted:
+    def append_run(self, stream: int, run: SSERun, now: float) -> Evicted:
+        """Append a run of upstream message events (the hot path: one frame each, one segment in all)."""
+        state = self.streams.get(stream)
+        if state is None or not state.live or not run.parts:
+            return Evicted()
+        seq = self.next_seq
+        frames = frame_run(self._cursor_prefix(stream), seq, run.parts)
+        return self._add(Segment(stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, now), now)
+
+    def _cursor_prefix(self, stream: int) -> bytes:
+        return b"id: %s-%d-" % (self.epoch.encode(), stream)
+
+    def _add(self, segment: Segment, now: float) -> Evicted:
+        self.next_seq = segment.seq + len(segment.frames)
+        self.streams[segment.stream].last_seq = self.next_seq - 1
+        # Not last_active: upstream traffic is not client activity (an idle session with a chatty
+        # standalone stream must still expire).
         self.version += 1
-        self.last_active = now
-        evicted = self.window.append(event, now)
+        evicted = self.window.add(segment, now)
         if evicted:
             self._forget_gone_streams()
         return evicted
@@ -273,23 +302,38 @@ class SessionState:
         max_events: int = READ_MAX_EVENTS,
         max_bytes: int = READ_MAX_BYTES,
     ) -> ReadResult:
-        """What a reader at ``after`` on ``streams`` sends next (merged in seq order), at most the limits."""
+        """What a reader at ``after`` on ``streams`` sends next (merged in seq order), at most the limits
+        (and at least one event when there is one)."""
         window = self.window
         for number in streams:
             if number not in self.streams or window.evicted_through(number) > after:
                 return ReadResult((), complete=False, gap=True, version=self.version)
-        candidates = window.after_any(tuple(streams), after)
-        events: list[Event] = []
-        size = 0
+        found: list[Segment] = []
+        events = size = 0
         truncated = False
-        for event in candidates:
-            if events and (len(events) >= max_events or size + len(event.body) > max_bytes):
+        for segment, start in window.slices_after(tuple(streams), after):
+            frames = segment.frames[start:] if start else list(segment.frames)
+            part = segment.size if not start else sum(map(len, frames))
+            if events + len(frames) > max_events or size + part > max_bytes:
                 truncated = True
+                frames = frames[: max(0, max_events - events)]
+                taken = 0
+                for index, frame in enumerate(frames):
+                    if (events or index) and size + taken + len(frame) > max_bytes:
+                        frames = frames[:index]
+                        break
+                    taken += len(frame)
+                part = taken
+            if frames:
+                found.append(
+                    Segment(segment.stream, segment.seq + start, frames, part, segment.kind, segment.at)
+                )
+                events += len(frames)
+                size += part
+            if truncated:
                 break
-            events.append(event)
-            size += len(event.body)
         complete = not truncated and all(not self.streams[n].live for n in streams)
-        return ReadResult(events, complete=complete, gap=False, version=self.version)
+        return ReadResult(found, complete=complete, gap=False, version=self.version)
 
     # -- request ids (exactly once per request id) -------------------------------------------------------
 
@@ -358,9 +402,6 @@ class SessionState:
             ),
         )
 
-    def _is_delivered(self, event: Event) -> bool:
-        return event.seq <= self.delivered.get(event.stream, 0)
-
     # -- readers (flow control) --------------------------------------------------------------------------
 
     def add_reader(self, streams: Sequence[int], position: int) -> int:
@@ -393,25 +434,27 @@ class SessionState:
         A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
         overrun a client that is reading: the window bounds memory, readers set the pace."""
         window, limits = self.window, self.window.limits
+        max_events, max_bytes = limits.max_events, limits.max_bytes
         events, held = len(window) + count, window.bytes + size
-        if events <= limits.max_events and held <= limits.max_bytes:
+        if events <= max_events and held <= max_bytes:
             return True
         if not self.readers and not keep_undelivered:
             return True
-        for event in window:  # oldest first: the order eviction would take
-            if events <= limits.max_events and held <= limits.max_bytes:
+        readers, delivered = self.readers.values(), self.delivered
+        for segment in window.segments:  # oldest first: the order eviction would take
+            if events <= max_events and held <= max_bytes:
                 return True
-            if (
-                keep_undelivered
-                and (stream is None or event.stream == stream)
-                and not self._is_delivered(event)
-            ):
+            # The leading events of this segment that appending would evict, and the last of their seqs.
+            take, taken = segment.prefix(max(0, events - max_events), held - max_bytes)
+            last = segment.seq + take - 1
+            number = segment.stream
+            if keep_undelivered and (stream is None or number == stream) and last > delivered.get(number, 0):
                 return False
-            for streams, position in self.readers.values():
-                if event.stream in streams and event.seq > position:
+            for streams, position in readers:
+                if number in streams and last > position:
                     return False
-            events -= 1
-            held -= len(event.body)
+            events -= take
+            held -= taken
         return True
 
     def drop_lagging_readers(self, count: int, size: int) -> int:

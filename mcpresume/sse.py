@@ -39,7 +39,9 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain, count
 from typing import Final
 
 from mcpresume.errors import EventTooLarge
@@ -48,10 +50,12 @@ __all__ = [
     "EventTooLarge",
     "SSEEvent",
     "SSEParser",
+    "SSERun",
     "encode_comment",
     "encode_frame",
     "encode_retry",
     "frame_body",
+    "frame_run",
     "priming_frame",
 ]
 
@@ -74,6 +78,11 @@ _CANONICAL: Final = re.compile(
     rb"(?:id: ([^\n\x00]*)\n)?(?:event: ([^\n]*)\n)?(?:id: ([^\n\x00]*)\n)?data: ([^\n]*)\n\n"
 )
 
+# One event of a run (see SSERun): an optional event line, an optional non-empty id line, an optional event
+# line, one non-empty data line and the blank line, each group captured with its LF. findall() over a whole
+# chunk takes every event in one C-level pass; its groups are what the proxy forwards, minus the id line.
+_RUN_EVENT: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
+
 
 # Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
 # object.__setattr__), and one is built per upstream event on the hot path. Treat it as immutable.
@@ -86,6 +95,55 @@ class SSEEvent:
     id: bytes | None  # the last valid ``id`` field of THIS event; b"" resets the client's cursor
     retry: int | None  # the last all-digits ``retry`` value, None if none
     has_data: bool  # at least one ``data`` field (``data:`` with an empty value counts)
+
+
+class SSERun:
+    """Consecutive message events, each spelled as servers write them (``[event][id][event] data`` lines,
+    one non-empty data line, LF endings), kept as the lines they arrived in: per event a tuple ``(event
+    line, id line, event line, data line + blank line)``, b"" for a line that is absent. A client parsing
+    ``id: <cursor>`` followed by the event lines and the data line gets the same event as the upstream's
+    with its own id: that is how the proxy forwards a run (``frame_run``), with no per-event object."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[tuple[bytes, bytes, bytes, bytes]], size: int) -> None:
+        self.parts = parts
+        self.size = size  # the upstream bytes of the run, id lines included
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def split(self, start: int, stop: int) -> SSERun:
+        """Events ``start:stop`` (the size is estimated in proportion: it only paces appends)."""
+        parts = self.parts[start:stop]
+        return SSERun(parts, self.size * len(parts) // max(1, len(self.parts)))
+
+    def events(self) -> list[SSEEvent]:
+        """The same events as SSEEvent objects, as the line parser returns them."""
+        return [
+            SSEEvent(
+                data[6:-2], (late or early)[7:-1] if late or early else None, id_[4:-1] or None, None, True
+            )
+            for early, id_, late, data in self.parts
+        ]
+
+    def last_id(self) -> bytes | None:
+        """The id of the last event that carried one."""
+        for _, id_, _, _ in reversed(self.parts):
+            if id_:
+                return id_[4:-1]
+        return None
+
+
+def frame_run(
+    prefix: bytes, first_seq: int, parts: Iterable[tuple[bytes, bytes, bytes, bytes]]
+) -> list[bytes]:
+    """The frames of a run's events: ``prefix`` + seq + LF (the proxy's id line) then the event's own event
+    and data lines, its upstream id line dropped; seqs from ``first_seq`` on."""
+    return [
+        b"%s%d\n%s%s%s" % (prefix, seq, early, late, data)
+        for seq, (early, _, late, data) in zip(count(first_seq), parts)
+    ]
 
 
 def _parse_retry(value: bytes) -> int | None:
@@ -151,6 +209,16 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Parse ``chunk``; return every event completed by it, in stream order."""
+        events: list[SSEEvent] = []
+        for item in self.feed_batched(chunk):
+            if type(item) is SSERun:
+                events.extend(item.events())
+            else:
+                events.append(item)  # type: ignore[arg-type]
+        return events
+
+    def feed_batched(self, chunk: bytes) -> list[SSEEvent | SSERun]:
+        """Like ``feed``, but consecutive canonical message events come as one ``SSERun`` (the hot path)."""
         if self._state != _OPEN:
             if self._state == _CLOSED:
                 raise RuntimeError("SSEParser.feed() after close()")
@@ -186,9 +254,9 @@ class SSEParser:
         else:
             end = chunk.find(b"\n\n")
             if end < 0:
-                return self._lines(chunk)
+                return list(self._lines(chunk))
             end += 2
-        events = self._lines(chunk[:end])
+        events: list[SSEEvent | SSERun] = list(self._lines(chunk[:end]))
         if end == len(chunk) or self._state != _OPEN or not self._at_boundary():
             return events
         try:
@@ -209,15 +277,20 @@ class SSEParser:
             and (self._event is None and self._retry is None)
         )
 
-    def _blocks(self, chunk: bytes) -> list[SSEEvent]:
-        """The fast path, from an event boundary: whole canonical events (``[id][event][id] data`` lines,
-        one data line, spelled as servers write them) are taken by one C-level regex match each; anything
-        else (comments, retry, several data lines, other spellings, the unfinished tail) goes through the
-        line-by-line parser, one block at a time, so the two paths give the same events."""
-        events: list[SSEEvent] = []
+    def _blocks(self, chunk: bytes) -> list[SSEEvent | SSERun]:
+        """The fast paths, from an event boundary. First the whole chunk as one run: one findall() over the
+        complete events, accepted when its matches tile them exactly (no byte skipped, so each match began
+        at an event boundary, which makes it the same event the line parser would read). Otherwise one event
+        at a time: a canonical event (``[id][event][id] data`` lines, one data line) by one regex match;
+        anything else (comments, retry, several data lines, other spellings, the unfinished tail) through
+        the line parser, one block at a time, so every path gives the same events. After the first such
+        block the rest of the chunk is tried as a run once more (a stream's first chunk often starts with a
+        priming event), never more, so a chunk costs at most three scans."""
+        events: list[SSEEvent | SSERun] = []
         limit = self._max
         match = _CANONICAL.match
-        pos = 0
+        pos = self._run(chunk, 0, events)
+        retried = False
         while True:
             found = match(chunk, pos)
             # Size as the line parser counts it: each line and its LF, the blank line not included.
@@ -242,6 +315,25 @@ class SSEParser:
             if end < 0 or self._state != _OPEN:
                 return events
             pos = end + 2
+            if not retried:
+                retried = True
+                pos = self._run(chunk, pos, events)
+
+    def _run(self, chunk: bytes, pos: int, events: list[SSEEvent | SSERun]) -> int:
+        """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are canonical
+        message events within the size limit; returns where the caller goes on (``pos`` if not)."""
+        end = chunk.rfind(b"\n\n") + 2
+        if end - pos < 8:  # no complete event after pos, or rfind found none
+            return pos
+        parts = _RUN_EVENT.findall(chunk, pos, end)
+        size = end - pos
+        if not parts or sum(map(len, chain.from_iterable(parts))) != size:
+            return pos
+        # Each event's size as the line parser counts it is its bytes less the blank line's LF.
+        if size - 1 > self._max and max(map(len, map(b"".join, parts))) - 1 > self._max:
+            return pos
+        events.append(SSERun(parts, size))
+        return end
 
     def _lines(self, chunk: bytes) -> list[SSEEvent]:
         """The line-by-line parser (WHATWG "Interpreting an event stream"), on LF-only text."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final
 
 
 class EventKind(enum.IntEnum):
@@ -44,14 +43,52 @@ class EvictReason(enum.Enum):
     GLOBAL_BYTES = "global_bytes"  # trimmed to keep all sessions under max_total_window_bytes
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True)
 class Event:
+    """One retained event, as callers outside the hot path see it (the window keeps Segments)."""
+
     seq: int
     stream: int
     body: bytes  # the complete SSE frame as sent, its id line (the cursor) included
     kind: EventKind
-    upstream_id: bytes | None
     at: float  # when it was appended, on the caller's clock
+
+
+@dataclass(slots=True, eq=False)
+class Segment:
+    """Events of one stream with consecutive seqs, appended together: one kind, one time.
+
+    The unit the window holds. An upstream read of hundreds of small events becomes one Segment holding
+    their frames, so nothing is built per event but the frame itself; eviction and reads cut segments at
+    any event."""
+
+    stream: int
+    seq: int  # the seq of frames[0]
+    frames: list[bytes]  # complete SSE frames, cursor included, of seqs seq, seq + 1, ...
+    size: int  # bytes of frames
+    kind: EventKind
+    at: float
+
+    @property
+    def last(self) -> int:
+        return self.seq + len(self.frames) - 1
+
+    def event(self, index: int) -> Event:
+        return Event(self.seq + index, self.stream, self.frames[index], self.kind, self.at)
+
+    def events(self) -> list[Event]:
+        return [self.event(i) for i in range(len(self.frames))]
+
+    def prefix(self, at_least: int, excess: int) -> tuple[int, int]:
+        """The fewest leading events, at least ``at_least``, whose bytes reach ``excess``, and their bytes
+        (all of them when even those do not reach it)."""
+        frames = self.frames
+        take = min(at_least, len(frames))
+        size = sum(map(len, frames[:take])) if take < len(frames) else self.size
+        while size < excess and take < len(frames):
+            size += len(frames[take])
+            take += 1
+        return take, size
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +126,14 @@ class Evicted:
         return bool(self.counts)
 
 
-_EMPTY: Final[tuple[Event, ...]] = ()
-
-
 class Window:
-    """Retained events of one session, in seq order.
+    """Retained events of one session, in seq order, as Segments.
 
-    One list for the whole session (no container per stream: most sessions hold a few events); a stream's
-    events are found by walking back from the newest, which is what readers do: they follow the tail, and
-    seqs only grow, so the walk stops at the reader's position."""
+    One list of segments for the whole session (no container per stream: most sessions hold a few
+    events); a stream's events are found by walking back from the newest, which is what readers do: they
+    follow the tail, and seqs only grow, so the walk stops at the reader's position."""
 
-    __slots__ = ("_count", "_evicted_through", "_order", "bytes", "delivered", "limits")
+    __slots__ = ("_count", "_events", "_evicted_through", "_order", "bytes", "delivered", "limits")
 
     def __init__(self, limits: WindowLimits, delivered: dict[int, int] | None = None) -> None:
         self.limits = limits
@@ -107,109 +141,131 @@ class Window:
         # evictions of events no client ever received.
         self.delivered = delivered
         # A list, not a deque: an empty deque allocates a 64-slot block (~600 bytes) and most sessions hold
-        # a handful of events; evictions leave from the front in one slice deletion per batch.
-        self._order: list[Event] = []
+        # a handful of segments; evictions leave from the front in one slice deletion per pass.
+        self._order: list[Segment] = []
+        self._events = 0
         self._count: dict[int, int] = {}  # events retained per stream
         self._evicted_through: dict[int, int] = {}
         self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._events
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The retained segments, oldest first (do not modify)."""
+        return self._order
 
     @property
     def oldest(self) -> Event | None:
-        return self._order[0] if self._order else None
+        return self._order[0].event(0) if self._order else None
 
     @property
     def newest(self) -> Event | None:
-        return self._order[-1] if self._order else None
+        return self._order[-1].event(len(self._order[-1].frames) - 1) if self._order else None
 
     def append(self, event: Event, now: float) -> Evicted:
         """Append one event (its seq must exceed every retained seq) and enforce the limits."""
-        return self.extend([event], now, len(event.body))
+        body = event.body
+        return self.add(Segment(event.stream, event.seq, [body], len(body), event.kind, event.at), now)
 
-    def extend(self, events: list[Event], now: float, size: int | None = None) -> Evicted:
-        """Append a batch of one stream's events (seqs above every retained one, ``size`` their bytes if
-        known) and enforce the limits once for the batch."""
-        stream = events[0].stream
-        self._order.extend(events)
-        self._count[stream] = self._count.get(stream, 0) + len(events)
-        self.bytes += sum(len(event.body) for event in events) if size is None else size
+    def add(self, segment: Segment, now: float) -> Evicted:
+        """Append a segment (seqs above every retained one) and enforce the limits once for it."""
+        count = len(segment.frames)
+        self._order.append(segment)
+        self._events += count
+        self._count[segment.stream] = self._count.get(segment.stream, 0) + count
+        self.bytes += segment.size
         return self._enforce(now)
 
     def expire(self, now: float) -> Evicted:
         return self._enforce(now)
 
     def _enforce(self, now: float) -> Evicted:
-        """Evict oldest-first until every limit holds (hot: inlined, one pass, no call per event)."""
+        """Evict oldest-first until every limit holds: whole segments while they are all over, then a cut
+        of the oldest one (the newest event always stays, see the module doc)."""
         evicted = Evicted()
         order = self._order
         limits = self.limits
         max_events, max_bytes, deadline = limits.max_events, limits.max_bytes, now - limits.ttl
-        if len(order) <= max_events and self.bytes <= max_bytes and (not order or order[0].at > deadline):
+        if self._events <= max_events and self.bytes <= max_bytes and (not order or order[0].at > deadline):
             return evicted
-        count, evicted_through, delivered = self._count, self._evicted_through, self.delivered
-        # Tallies in locals (an Enum's hash is a Python call): [events, bytes] for ttl, count, bytes.
-        by_ttl, by_count, by_bytes, lost = [0, 0], [0, 0], [0, 0], [0, 0]
-        held = self.bytes
-        total = len(order)
-        gone = 0  # events evicted: order[:gone], removed in one slice deletion at the end
-        while gone < total:
-            oldest = order[gone]
-            left_after = total - gone
-            if oldest.at <= deadline:
-                tally = by_ttl
-            elif left_after <= 1:
-                break  # the newest event stays even when it alone is over max_bytes (see module doc)
-            elif left_after > max_events:
-                tally = by_count
-            elif held > max_bytes:
-                tally = by_bytes
-            else:
+        gone = 0
+        while gone < len(order):
+            segment = order[gone]
+            length = len(segment.frames)
+            if segment.at <= deadline:
+                self._cut(segment, length, length and segment.size, EvictReason.TTL, evicted)
+                gone += 1
+                continue
+            # Never the newest event: the last segment keeps its last frame.
+            most = length if gone < len(order) - 1 else length - 1
+            over = self._events - max_events
+            if most <= 0 or (over <= 0 and self.bytes <= max_bytes):
                 break
-            gone += 1
-            stream, size = oldest.stream, len(oldest.body)
-            left = count[stream] - 1
-            if left:
-                count[stream] = left
-            else:
-                del count[stream]
-            evicted_through[stream] = oldest.seq
-            held -= size
-            tally[0] += 1
-            tally[1] += size
-            if delivered is not None and oldest.seq > delivered.get(stream, 0):
-                lost[0] += 1
-                lost[1] += size
+            if over > 0:
+                take = min(over, most)
+                size = segment.size if take == length else sum(map(len, segment.frames[:take]))
+                self._cut(segment, take, size, EvictReason.COUNT, evicted)
+                if take == length:
+                    gone += 1
+                    continue
+                most -= take
+            if self.bytes > max_bytes and most > 0:
+                take, size = segment.prefix(0, self.bytes - max_bytes)
+                if take > most:
+                    take = most
+                    size = sum(map(len, segment.frames[:take]))
+                self._cut(segment, take, size, EvictReason.BYTES, evicted)
+                if not segment.frames:
+                    gone += 1
+                    continue
+            break
         del order[:gone]
-        self.bytes = held
-        for reason, tally in (
-            (EvictReason.TTL, by_ttl),
-            (EvictReason.COUNT, by_count),
-            (EvictReason.BYTES, by_bytes),
-        ):
-            if tally[0]:
-                evicted.counts[reason] = tally
-        evicted.undelivered = lost
         return evicted
+
+    def _cut(self, segment: Segment, take: int, size: int, reason: EvictReason, evicted: Evicted) -> None:
+        """Evict the first ``take`` events (``size`` bytes) of ``segment``, the oldest one retained."""
+        if take <= 0:
+            return
+        stream, first = segment.stream, segment.seq
+        frames = segment.frames
+        tally = evicted.counts.setdefault(reason, [0, 0])
+        tally[0] += take
+        tally[1] += size
+        delivered = self.delivered
+        if delivered is not None:
+            sent = min(take, max(0, delivered.get(stream, 0) - first + 1))  # of those, delivered
+            if sent < take:
+                lost = evicted.undelivered
+                lost[0] += take - sent
+                lost[1] += sum(map(len, frames[sent:take])) if sent else size
+        if take == len(frames):
+            segment.frames = []
+        else:
+            del frames[:take]
+        segment.seq = first + take
+        segment.size -= size
+        left = self._count[stream] - take
+        if left:
+            self._count[stream] = left
+        else:
+            del self._count[stream]
+        self._evicted_through[stream] = first + take - 1
+        self._events -= take
+        self.bytes -= size
 
     def shed(self, max_bytes: int) -> Evicted:
         """Evict oldest-first until at most ``max_bytes`` are held (the global cap trims windows this way)."""
         evicted = Evicted()
-        order, delivered, count = self._order, self.delivered, self._count
+        order = self._order
         gone = 0
         while gone < len(order) and self.bytes > max_bytes:
-            event = order[gone]
-            gone += 1
-            left = count[event.stream] - 1
-            if left:
-                count[event.stream] = left
-            else:
-                del count[event.stream]
-            self._evicted_through[event.stream] = event.seq
-            self.bytes -= len(event.body)
-            sent = delivered is None or event.seq <= delivered.get(event.stream, 0)
-            evicted.add(EvictReason.GLOBAL_BYTES, len(event.body), delivered=sent)
+            segment = order[gone]
+            take, size = segment.prefix(1, self.bytes - max_bytes)
+            self._cut(segment, take, size, EvictReason.GLOBAL_BYTES, evicted)
+            if not segment.frames:
+                gone += 1
         del order[:gone]
         return evicted
 
@@ -225,20 +281,30 @@ class Window:
     def has_events(self, stream: int) -> bool:
         return stream in self._count
 
+    def slices_after(self, streams: tuple[int, ...] | frozenset[int], seq: int) -> list[tuple[Segment, int]]:
+        """The retained events of any of ``streams`` with a seq above ``seq``, in seq order, as (segment,
+        index of its first such frame). The segments are the window's own: copy before an await."""
+        found: list[tuple[Segment, int]] = []
+        for segment in reversed(self._order):
+            if segment.seq + len(segment.frames) - 1 <= seq:
+                break
+            if segment.stream in streams:
+                found.append((segment, max(0, seq - segment.seq + 1)))
+        found.reverse()
+        return found
+
     def after(self, stream: int, seq: int) -> list[Event]:
-        """The retained events of ``stream`` with a seq above ``seq``, in order."""
+        """The retained events of ``stream`` with a seq above ``seq``, in order (not for the hot path)."""
         return self.after_any((stream,), seq)
 
     def after_any(self, streams: tuple[int, ...] | frozenset[int], seq: int) -> list[Event]:
         """The retained events of any of ``streams`` with a seq above ``seq``, in seq order."""
-        found: list[Event] = []
-        for event in reversed(self._order):
-            if event.seq <= seq:
-                break
-            if event.stream in streams:
-                found.append(event)
-        found.reverse()
-        return found
+        return [
+            segment.event(i)
+            for segment, start in self.slices_after(streams, seq)
+            for i in range(start, len(segment.frames))
+        ]
 
     def __iter__(self) -> Iterator[Event]:
-        return iter(self._order)
+        for segment in self._order:
+            yield from segment.events()

@@ -667,17 +667,17 @@ def test_room_for_keeping_undelivered_events_needs_a_reader_past_them() -> None:
 def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> None:
     state = SessionState("s", new_epoch(), WindowLimits(3, 1 << 20, 1e9), None, 0.0)
     stream = state.open_stream(StreamOrigin.POST, ("k",), 0.0).stream  # seq 1
-    _, evicted = state.append(stream, [_message()] * 2, 0.0)  # seqs 2, 3: full, nothing evicted
+    evicted = state.append(stream, [_message()] * 2, 0.0)  # seqs 2, 3: full, nothing evicted
     assert not evicted and evicted.undelivered == [0, 0]
     state.move_reader(state.add_reader([stream], 0), 2)  # seqs 1 and 2 were sent to a client
     sizes = [len(e.body) for e in state.window]
-    _, evicted = state.append(stream, [_message()] * 3, 0.0)  # seqs 4-6 evict 1-3 (overflow = evict)
+    evicted = state.append(stream, [_message()] * 3, 0.0)  # seqs 4-6 evict 1-3 (overflow = evict)
     assert evicted.counts == {EvictReason.COUNT: [3, sum(sizes)]}
     assert evicted.undelivered == [1, sizes[2]]  # only seq 3 was never delivered
 
     # The window alone: without delivery records nothing counts as undelivered; with them, per event.
     limits = WindowLimits(2, 1 << 20, 1e9)
-    events = [Event(seq, 1, b"x" * seq, EventKind.MESSAGE, None, 0.0) for seq in range(1, 6)]
+    events = [Event(seq, 1, b"x" * seq, EventKind.MESSAGE, 0.0) for seq in range(1, 6)]
     plain, judged = Window(limits), Window(limits, {1: 4})  # seqs 1-4 of stream 1 were sent
     for event in events:
         plain.append(event, 0.0)

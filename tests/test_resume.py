@@ -21,6 +21,7 @@ from mcpresume.resume import ReAttach, SessionView, StreamView, decide
 from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.window import Event, EventKind, WindowLimits
+from tests.support.events import append_events
 
 EPOCH = "aaaabbbbcccc"
 OTHER_EPOCH = "aaaabbbbcccd"
@@ -298,7 +299,8 @@ def test_design_note_sequence_reattaches_after_e2_and_sends_the_response_once() 
     session = SessionState("S1", EPOCH, WindowLimits(256, 1 << 20, 300.0), retry_ms=1000, now=0.0)
     priming = session.open_stream(StreamOrigin.POST, ["n:7"], now=0.0)
     stream = priming.stream
-    events, _ = session.append(
+    events, _ = append_events(
+        session,
         stream,
         [
             NewEvent(frame_body(b'{"jsonrpc":"2.0","method":"notifications/progress"}'), EventKind.MESSAGE),

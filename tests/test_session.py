@@ -23,8 +23,9 @@ from mcpresume.session import (
     SessionState,
     StreamOrigin,
 )
-from mcpresume.sse import SSEParser, frame_body
+from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
+from tests.support.events import append_events
 
 EPOCH = "aaaabbbbcccc"
 OTHER_EPOCH = "zzzzyyyyxxxx"
@@ -64,7 +65,6 @@ def test_open_stream_appends_a_priming_event_with_the_cursor_and_retry() -> None
     session = make_session(retry_ms=1500)
     priming = session.open_stream(StreamOrigin.POST, ["n:1"], now=3.0)
     assert (priming.seq, priming.stream, priming.kind, priming.at) == (1, 1, EventKind.PRIMING, 3.0)
-    assert priming.upstream_id is None
     cursor = encode_cursor(EPOCH, 1, 1)
     assert priming.body == b"id: " + cursor + b"\nretry: 1500\ndata: \n\n"
     # What a WHATWG client makes of it: an event with our cursor as id, the retry, and empty data.
@@ -91,7 +91,7 @@ def test_priming_without_retry() -> None:
 def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None:
     session = make_session()
     first = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
-    appended, _ = session.append(first.stream, [msg()], now=0.0)
+    appended, _ = append_events(session, first.stream, [msg()], now=0.0)
     second = session.open_stream(StreamOrigin.GET, [], now=0.0)
     assert (first.stream, first.seq) == (1, 1)
     assert appended[0].seq == 2
@@ -106,19 +106,17 @@ def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None
 def test_append_frames_each_event_with_its_cursor() -> None:
     session = make_session()
     stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
-    items = [msg(b"a", upstream_id=b"up-1"), msg(b"b"), response(1)]
+    items = [msg(b"a"), msg(b"b"), response(1)]
     version = session.version
-    appended, evicted = session.append(stream, items, now=5.0)
+    appended, evicted = append_events(session, stream, items, now=5.0)
     assert not evicted
     assert seqs(appended) == [2, 3, 4]
     for event, item in zip(appended, items, strict=True):
         assert event.stream == stream and event.kind is item.kind and event.at == 5.0
         assert event.body == b"id: " + encode_cursor(EPOCH, stream, event.seq) + b"\n" + item.body
         assert cursor_of(event) == encode_cursor(EPOCH, stream, event.seq)
-    assert appended[0].upstream_id == b"up-1" and appended[1].upstream_id is None
     state = session.streams[stream]
     assert state.last_seq == 4
-    assert state.last_upstream_id == b"up-1"  # the last *non-empty* upstream id
     # Readers waiting on it wake up; the idle clock does not move (upstream traffic is not client activity).
     assert session.version > version and session.last_active == 0.0
 
@@ -126,7 +124,7 @@ def test_append_frames_each_event_with_its_cursor() -> None:
 def test_append_reports_evictions() -> None:
     session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
     stream = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
-    _, evicted = session.append(stream, [msg(), msg()], now=0.0)
+    evicted = session.append(stream, [msg(), msg()], now=0.0)
     assert evicted.counts[EvictReason.COUNT][0] == 1
     assert seqs(session.window) == [2, 3]
 
@@ -137,8 +135,8 @@ def test_append_to_an_ended_or_unknown_stream_is_dropped() -> None:
     session.end_stream(stream, now=1.0)
     version, next_seq = session.version, session.next_seq
     for target in (stream, 99, 0):
-        appended, evicted = session.append(target, [msg()], now=2.0)
-        assert appended == [] and not evicted
+        evicted = session.append(target, [msg()], now=2.0)
+        assert not evicted
     assert session.version == version and session.next_seq == next_seq
     assert session.last_active == 1.0
     assert len(session.window) == 1
@@ -147,7 +145,7 @@ def test_append_to_an_ended_or_unknown_stream_is_dropped() -> None:
 def test_end_stream_keeps_its_events_and_the_response() -> None:
     session = make_session()
     stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
-    (resp,), _ = session.append(stream, [response(1)], now=0.0)
+    (resp,), _ = append_events(session, stream, [response(1)], now=0.0)
     version = session.version
     session.end_stream(stream, now=4.0)
     assert session.version == version + 1 and session.last_active == 4.0
@@ -279,7 +277,7 @@ def test_read_returns_complete_with_the_final_events() -> None:
     streams evicted it."""
     session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
     a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
-    (resp,), _ = session.append(a, [response(1)], now=0.0)
+    (resp,), _ = append_events(session, a, [response(1)], now=0.0)
     session.end_stream(a, now=0.0)
     final = session.read([a], 1)
     assert list(final.events) == [resp] and final.complete
@@ -538,7 +536,7 @@ class ResumeMachine(RuleBasedStateMachine):
         # Another incarnation of the same session id: its cursors must never yield anything here.
         other = SessionState("S", OTHER_EPOCH, self.limits, retry_ms, now=0.0)
         other_stream = other.open_stream(StreamOrigin.POST, ["n:0"], now=0.0).stream
-        appended, _ = other.append(other_stream, [msg(), msg()], now=0.0)
+        appended, _ = append_events(other, other_stream, [msg(), msg()], now=0.0)
         self.other_cursors = [cursor_of(e) for e in appended]
         # Start with two streams, so short runs already have something to resume.
         self.open_stream(StreamOrigin.POST)
@@ -603,14 +601,28 @@ class ResumeMachine(RuleBasedStateMachine):
     def append(self, pick: int, sizes: list[int]) -> None:
         stream = self.pick_stream(pick)
         items = [msg(b"m" * size) for size in sizes]
-        appended, _ = self.session.append(stream, items, self.now)
+        self.appended(stream, self.session.append(stream, items, self.now), [item.body for item in items])
+
+    @rule(pick=st.integers(0, 1000), sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4))
+    def append_run(self, pick: int, sizes: list[int]) -> None:
+        """The hot path: upstream events parsed as one run, framed without a per-event object."""
+        stream = self.pick_stream(pick)
+        bodies = [b"event: message\ndata: " + b"r" * size + b"\n\n" for size in sizes]
+        (run,) = SSEParser(1 << 20).feed_batched(b"".join(bodies))
+        assert isinstance(run, SSERun)
+        self.appended(stream, self.session.append_run(stream, run, self.now), bodies)
+
+    def appended(self, stream: int, evicted: object, bodies: list[bytes]) -> None:
+        """Record what an append should have added: the next seqs, each frame our cursor + its body."""
+        first = self.session.next_seq - len(bodies)
         ref = self.streams.get(stream)
         if ref is None or not ref.live:
-            assert appended == []
+            assert not evicted
             return
-        assert len(appended) == len(items)
-        for event in appended:
-            self.record(event)
+        for offset, body in enumerate(bodies):
+            seq = first + offset
+            frame = b"id: " + encode_cursor(EPOCH, stream, seq) + b"\n" + body
+            self.record(Event(seq, stream, frame, EventKind.MESSAGE, self.now))
 
     @rule(pick=st.integers(0, 1000))
     def end_stream(self, pick: int) -> None:

@@ -13,10 +13,12 @@ from mcpresume.errors import EventTooLarge
 from mcpresume.sse import (
     SSEEvent,
     SSEParser,
+    SSERun,
     encode_comment,
     encode_frame,
     encode_retry,
     frame_body,
+    frame_run,
     priming_frame,
 )
 
@@ -697,3 +699,104 @@ def test_property_chunking_never_changes_the_result(stream: bytes, limit: int, d
     # needed), so even then the results agree.
     assert chunked_end == whole_end
     assert chunked_events == whole_events
+
+
+# -- runs: many canonical events at once (the hot path) ----------------------------------------------------
+
+
+def canonical(
+    data: bytes, event: bytes | None = b"message", id: bytes | None = None, id_first: bool = False
+) -> bytes:
+    lines = [b"data: " + data]
+    if event is not None:
+        lines.insert(0, b"event: " + event)
+    if id is not None:
+        lines.insert(0 if id_first else len(lines) - 1, b"id: " + id)
+    return b"\n".join(lines) + b"\n\n"
+
+
+def test_a_chunk_of_canonical_events_is_one_run_with_the_same_events() -> None:
+    stream = b"".join(
+        [canonical(b"a", id=b"1"), canonical(b"b", event=None), canonical(b"c", id=b"3", id_first=True)]
+    )
+    (run,) = SSEParser(BIG).feed_batched(stream)
+    assert isinstance(run, SSERun)
+    assert len(run) == 3 and run.size == len(stream) and run.last_id() == b"3"
+    assert run.events() == [msg(b"a", b"message", b"1"), msg(b"b"), msg(b"c", b"message", b"3")]
+    assert SSEParser(BIG).feed(stream) == run.events()
+
+
+def test_a_run_starts_after_a_priming_event_and_leaves_the_tail() -> None:
+    stream = b"id: p\nretry: 50\ndata: \n\n" + canonical(b"a") + canonical(b"b") + b"event: message\ndata: c"
+    parser = SSEParser(BIG)
+    first, run = parser.feed_batched(stream)
+    assert first == SSEEvent(b"", None, b"p", 50, True)
+    assert isinstance(run, SSERun) and run.events() == [msg(b"a", b"message"), msg(b"b", b"message")]
+    assert parser.feed(b"\n\n") == [msg(b"c", b"message")]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b"data: x\ndata: y\n\n",  # two data lines
+        b": comment\n\n",
+        b"data: \n\n",  # empty data
+        b"id: \ndata: x\n\n",  # an id that resets
+        b"retry: 5\ndata: x\n\n",
+        b"data:x\n\n",  # another spelling
+        b"id: a\x00b\ndata: x\n\n",  # an id the client ignores
+        b"foo: bar\ndata: x\n\n",
+    ],
+)
+def test_a_chunk_that_is_not_all_canonical_gives_the_line_parsers_events(odd: bytes) -> None:
+    stream = canonical(b"a") + odd + canonical(b"b") + canonical(b"c")
+    items = SSEParser(BIG).feed_batched(stream)
+    line_by_line = SSEParser(BIG)  # fed one line at a time, no chunk ever holds a whole event
+    expected = [event for line in stream.splitlines(keepends=True) for event in line_by_line.feed(line)]
+    exploded = [e for item in items for e in (item.events() if isinstance(item, SSERun) else [item])]
+    assert exploded == expected == SSEParser(BIG).feed(stream)
+
+
+def test_run_size_limit_is_per_event() -> None:
+    events = [canonical(b"x" * 40) for _ in range(10)]  # 62 bytes each, 620 in all
+    size = len(events[0]) - 1  # as the line parser counts it: without the blank line's LF
+    (run,) = SSEParser(size).feed_batched(b"".join(events))
+    assert isinstance(run, SSERun) and len(run) == 10
+    parser = SSEParser(size)
+    assert parser.feed(b"".join(events) + canonical(b"x" * 41)) == [msg(b"x" * 40, b"message")] * 10
+    with pytest.raises(EventTooLarge):
+        parser.close()
+
+
+def test_frame_run_gives_each_event_our_cursor_and_drops_the_upstream_id() -> None:
+    (run,) = SSEParser(BIG).feed_batched(canonical(b"a", id=b"u1") + canonical(b"b", event=None, id=b"u2"))
+    assert isinstance(run, SSERun)
+    frames = frame_run(b"id: c-", 7, run.parts)
+    assert frames == [b"id: c-7\nevent: message\ndata: a\n\n", b"id: c-8\ndata: b\n\n"]
+    assert parse(b"".join(frames)) == [msg(b"a", b"message", b"c-7"), msg(b"b", None, b"c-8")]
+    assert run.split(1, 2).events() == [msg(b"b", None, b"u2")]
+
+
+@FAST
+@given(st.data(), st.lists(models(), max_size=8), st.lists(st.booleans(), max_size=8))
+def test_property_runs_give_the_same_events_as_the_line_parser(
+    data: st.DataObject, ms: list[Model], plain: list[bool]
+) -> None:
+    """Canonical blocks mixed with any other blocks, cut anywhere: the batched feed, exploded, equals the
+    events of the model, whatever was taken as a run."""
+    blocks = []
+    expected = []
+    for m, simple in zip(ms, plain + [False] * len(ms), strict=False):
+        if simple and len(m.data) == 1 and m.data[0] and m.retry is None and m.id != b"":
+            blocks.append(canonical(m.data[0], m.event, m.id, id_first=data.draw(st.booleans())))
+        else:
+            blocks.append(b"\n".join(data.draw(model_lines(m))) + b"\n\n")
+        expected.append(m.expected())
+    stream = b"".join(blocks)
+    parser = SSEParser(BIG)
+    got: list[SSEEvent] = []
+    for chunk in chunkings(data, stream):
+        for item in parser.feed_batched(chunk):
+            got.extend(item.events() if isinstance(item, SSERun) else [item])
+    assert got == expected
+    assert parser.close() is False

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.window import Event, EventKind, Evicted, EvictReason, Window, WindowLimits
+from mcpresume.window import Event, EventKind, Evicted, EvictReason, Segment, Window, WindowLimits
 
 BIG = 10**9
 
@@ -22,7 +22,7 @@ class Feeder:
 
     def add(self, stream: int, size: int = 10, at: float = 0.0) -> tuple[Event, Evicted]:
         self.seq += 1
-        event = Event(self.seq, stream, b"x" * size, EventKind.MESSAGE, None, at)
+        event = Event(self.seq, stream, b"x" * size, EventKind.MESSAGE, at)
         return event, self.window.append(event, at)
 
 
@@ -103,7 +103,7 @@ def test_newest_event_is_never_evicted_by_count() -> None:
     for i in range(1, 5):
         event, _ = feed.add(1 + i % 2, size=5)
         assert list(window) == [event]
-        assert window.newest is event
+        assert window.newest == event
 
 
 def test_ttl_limit_alone() -> None:
@@ -238,16 +238,18 @@ def test_evicted_add_merge_and_truth() -> None:
 @dataclass
 class Op:
     stream: int | None  # None: expire only
-    size: int
+    sizes: list[int]  # one segment: an event per size (one event: the single-event path)
     dt: int
+    delivered: int  # stream 1's delivery record moves up to this seq
 
 
 ops_strategy = st.lists(
     st.builds(
         Op,
         stream=st.one_of(st.none(), st.integers(1, 4), st.integers(1, 4)),
-        size=st.integers(0, 40),
+        sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
         dt=st.sampled_from([0, 0, 0, 1, 2, 5, 11]),
+        delivered=st.integers(0, 100),
     ),
     min_size=10,
     max_size=80,
@@ -262,21 +264,37 @@ ops_strategy = st.lists(
     ops=ops_strategy,
 )
 def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: int, ops: list[Op]) -> None:
-    window = Window(WindowLimits(max_events, max_bytes, float(ttl)))
+    delivered: dict[int, int] = {}
+    window = Window(WindowLimits(max_events, max_bytes, float(ttl)), delivered)
     history: list[Event] = []  # every event ever appended, in seq order
     evicted_count = 0  # eviction is oldest-first, so the evicted events are history[:evicted_count]
     now = 0
-    for step, op in enumerate(ops, start=1):
+    for op in ops:
         now += op.dt
+        delivered[1] = max(delivered.get(1, 0), min(op.delivered, len(history)))
         if op.stream is None:
             evicted = window.expire(float(now))
         else:
-            event = Event(step, op.stream, b"e" * op.size, EventKind.MESSAGE, None, float(now))
-            history.append(event)
-            evicted = window.append(event, float(now))
+            seq = len(history) + 1
+            events = [
+                Event(seq + i, op.stream, b"e" * size, EventKind.MESSAGE, float(now))
+                for i, size in enumerate(op.sizes)
+            ]
+            history.extend(events)
+            if len(events) == 1:
+                evicted = window.append(events[0], float(now))
+            else:
+                frames = [e.body for e in events]
+                segment = Segment(
+                    op.stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, float(now)
+                )
+                evicted = window.add(segment, float(now))
         removed = sum(count for count, _ in evicted.counts.values())
         removed_bytes = sum(size for _, size in evicted.counts.values())
-        assert removed_bytes == sum(len(e.body) for e in history[evicted_count : evicted_count + removed])
+        out = history[evicted_count : evicted_count + removed]
+        assert removed_bytes == sum(len(e.body) for e in out)
+        lost = [e for e in out if e.seq > delivered.get(e.stream, 0)]
+        assert evicted.undelivered == [len(lost), sum(len(e.body) for e in lost)]
         evicted_count += removed
         retained = history[evicted_count:]
 
@@ -287,7 +305,7 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
         assert window.bytes == sum(len(e.body) for e in retained)
         if retained:
             assert window.bytes <= max(max_bytes, len(retained[-1].body))
-            assert window.oldest is retained[0] and window.newest is retained[-1]
+            assert window.oldest == retained[0] and window.newest == retained[-1]
         assert all(e.at > now - ttl for e in retained)
 
         # Not over-eager: the last event evicted in this step had to go.
@@ -299,9 +317,9 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
                 or len(with_it) > max_events
                 or sum(len(e.body) for e in with_it) > max_bytes
             )
-        # An append never evicts its own event (count and bytes spare the newest; it is not old yet).
+        # An append never evicts its newest event (count and bytes spare the newest; it is not old yet).
         if op.stream is not None:
-            assert retained and retained[-1] is history[-1]
+            assert retained and retained[-1] == history[-1]
 
         # Per stream: after() is a brute-force filter of the retained events; evicted_through is exact.
         positions = sorted({0, *(e.seq for e in history), len(history) + 1})

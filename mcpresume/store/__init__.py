@@ -17,6 +17,7 @@ from typing import Protocol
 
 from mcpresume.resume import SessionView
 from mcpresume.session import Claim, NewEvent, ReadResult, StreamOrigin
+from mcpresume.sse import SSERun
 from mcpresume.window import Evicted
 
 
@@ -76,6 +77,10 @@ class SessionStore(Protocol):
 
     async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
         """Append to a live stream; returns what the window evicted to make room."""
+        ...
+
+    async def append_run(self, session_id: str, stream: int, run: SSERun, now: float) -> Evicted:
+        """Append a run of upstream message events to a live stream (the hot path, see sse.SSERun)."""
         ...
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...

@@ -19,6 +19,7 @@ from mcpresume.cursor import new_epoch
 from mcpresume.errors import TooManySessions
 from mcpresume.resume import SessionView
 from mcpresume.session import Claim, NewEvent, ReadResult, SessionState, StreamOrigin
+from mcpresume.sse import SSERun
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
 
@@ -185,7 +186,16 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None:
             return Evicted()
-        _, evicted = self._mutate(session, lambda s: s.append(stream, events, now))
+        evicted = self._mutate(session, lambda s: s.append(stream, events, now))
+        evicted.merge(self._enforce_total())
+        self._notify(session_id)
+        return evicted
+
+    async def append_run(self, session_id: str, stream: int, run: SSERun, now: float) -> Evicted:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return Evicted()
+        evicted = self._mutate(session, lambda s: s.append_run(stream, run, now))
         evicted.merge(self._enforce_total())
         self._notify(session_id)
         return evicted
