@@ -24,8 +24,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from typing import Any, Final
 
 import aiohttp
@@ -54,10 +52,6 @@ MAX_RESUME_DELAY: Final = 30.0
 # Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
 _REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
-# A run's data line that certainly holds a notification (see jsonrpc.NOTIFICATION_PREFIX).
-_NOTIFICATION_LINE: Final = b"data: " + NOTIFICATION_PREFIX
-_ID_LINE: Final = itemgetter(1)
-_DATA_LINE: Final = itemgetter(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +204,7 @@ class Pump:
                     if items:
                         batches.append(items)
                         items = []
-                    if run.parts:
+                    if run.blocks:
                         batches.append(run)
                     continue
                 for single in event.events():
@@ -223,23 +217,24 @@ class Pump:
 
     def _run(self, run: SSERun) -> SSERun | None:
         """A run as it will be appended, or None when it may hold a response this stream waits for (then
-        its events take the slow path). No call per event: the data lines are checked for the notification
-        prefix, and upstream ids against the ones seen only after a resume (a replay), in C-level passes."""
-        parts = run.parts
-        if self.pending and sum(
-            map(bytes.startswith, map(_DATA_LINE, parts), repeat(_NOTIFICATION_LINE))
-        ) != len(parts):
+        its events take the slow path). No call per event: the data lines are counted for the notification
+        prefix in one pass, and upstream ids are checked only after a resume (against a replay)."""
+        if self.pending and run.count_data_prefix(NOTIFICATION_PREFIX) != len(run):
             return None
+        ids = run.ids
+        if ids is None:
+            return run
         last_id = run.last_id()
         if last_id is not None:
             self.last_id = last_id
-            seen = self._seen
-            if seen:
-                kept = [part for part in parts if part[1] not in seen]
-                if len(kept) != len(parts):
-                    self.metrics.upstream_duplicates.inc(len(parts) - len(kept))
-                    run = SSERun(kept, run.size * len(kept) // len(parts))
-            self._recent.extend(filter(None, map(_ID_LINE, run.parts)))
+        seen = self._seen
+        if seen:
+            kept = [i for i, line in enumerate(ids) if line not in seen]
+            if len(kept) != len(ids):
+                self.metrics.upstream_duplicates.inc(len(ids) - len(kept))
+                run = run.keep(kept)
+                ids = run.ids or []
+        self._recent.extend(filter(None, ids))
         return run
 
     def _event(self, event: SSEEvent, items: list[NewEvent]) -> None:

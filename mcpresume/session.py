@@ -226,10 +226,10 @@ class SessionState:
     def append_run(self, stream: int, run: SSERun, now: float) -> Evicted:
         """Append a run of upstream message events (the hot path: one frame each, one segment in all)."""
         state = self.streams.get(stream)
-        if state is None or not state.live or not run.parts:
+        if state is None or not state.live or not run.blocks:
             return Evicted()
         seq = self.next_seq
-        frames = frame_run(self._cursor_prefix(stream), seq, run.parts)
+        frames = frame_run(self._cursor_prefix(stream), seq, run.blocks)
         return self._add(Segment(stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, now), now)
 
     def _cursor_prefix(self, stream: int) -> bytes:

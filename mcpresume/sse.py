@@ -39,9 +39,9 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain, count
+from operator import itemgetter
 from typing import Final
 
 from mcpresume.errors import EventTooLarge
@@ -78,10 +78,18 @@ _CANONICAL: Final = re.compile(
     rb"(?:id: ([^\n\x00]*)\n)?(?:event: ([^\n]*)\n)?(?:id: ([^\n\x00]*)\n)?data: ([^\n]*)\n\n"
 )
 
-# One event of a run (see SSERun): an optional event line, an optional non-empty id line, an optional event
-# line, one non-empty data line and the blank line, each group captured with its LF. findall() over a whole
-# chunk takes every event in one C-level pass; its groups are what the proxy forwards, minus the id line.
-_RUN_EVENT: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
+# Runs (see SSERun): whole chunks of canonical message events, each taken by findall() in one C-level pass.
+# Three spellings, from the cheapest: no id line (no groups, so no tuple per event: servers without an event
+# store, the streams the proxy exists for); the id line first (the official SDK's order); and the general
+# form, an id line between optional event lines. Groups let the id line be left out of what is forwarded.
+_RUN_PLAIN: Final = re.compile(rb"(?:event: .*\n)?data: .+\n\n")
+_RUN_ID_FIRST: Final = re.compile(rb"(id: [^\n\x00]+\n)?((?:event: .*\n)?data: .+\n\n)")
+_RUN_ANY: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
+_PLAIN, _ID_FIRST, _ANY = 0, 1, 2
+_ORDERS: Final = ((_PLAIN, _ID_FIRST, _ANY), (_ID_FIRST, _PLAIN, _ANY), (_ANY, _PLAIN, _ID_FIRST))
+_FIRST: Final = itemgetter(0)
+_SECOND: Final = itemgetter(1)
+_WITHOUT_ID: Final = itemgetter(0, 2, 3)
 
 
 # Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
@@ -99,51 +107,96 @@ class SSEEvent:
 
 class SSERun:
     """Consecutive message events, each spelled as servers write them (``[event][id][event] data`` lines,
-    one non-empty data line, LF endings), kept as the lines they arrived in: per event a tuple ``(event
-    line, id line, event line, data line + blank line)``, b"" for a line that is absent. A client parsing
-    ``id: <cursor>`` followed by the event lines and the data line gets the same event as the upstream's
-    with its own id: that is how the proxy forwards a run (``frame_run``), with no per-event object."""
+    one non-empty data line, LF endings), kept as the bytes they arrived in: per event its block without
+    its id line (event lines, data line, blank line), and its id line (b"" if none; ``ids`` is None when no
+    event has one). A client parsing ``id: <cursor>`` then the block gets the upstream's event with our id:
+    that is how the proxy forwards a run (``frame_run``), with no per-event object."""
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("_source", "blocks", "ids", "size")
 
-    def __init__(self, parts: list[tuple[bytes, bytes, bytes, bytes]], size: int) -> None:
-        self.parts = parts
+    def __init__(
+        self,
+        blocks: list[bytes],
+        ids: list[bytes] | None,
+        size: int,
+        source: tuple[bytes, int, int] | None = None,
+    ) -> None:
+        self.blocks = blocks
+        self.ids = ids
         self.size = size  # the upstream bytes of the run, id lines included
+        self._source = source  # (chunk, start, end): the run is chunk[start:end]
 
     def __len__(self) -> int:
-        return len(self.parts)
+        return len(self.blocks)
 
     def split(self, start: int, stop: int) -> SSERun:
         """Events ``start:stop`` (the size is estimated in proportion: it only paces appends)."""
-        parts = self.parts[start:stop]
-        return SSERun(parts, self.size * len(parts) // max(1, len(self.parts)))
+        blocks = self.blocks[start:stop]
+        ids = None if self.ids is None else self.ids[start:stop]
+        return SSERun(blocks, ids, self.size * len(blocks) // max(1, len(self.blocks)))
+
+    def keep(self, kept: list[int]) -> SSERun:
+        """The events at the indexes ``kept`` (in order)."""
+        ids = self.ids
+        return SSERun(
+            [self.blocks[i] for i in kept],
+            None if ids is None else [ids[i] for i in kept],
+            self.size * len(kept) // max(1, len(self.blocks)),
+        )
+
+    def count_data_prefix(self, prefix: bytes) -> int:
+        """How many events' data lines start with ``prefix``: one C-level count. Every line of a run ends
+        with LF and the run starts at an event boundary, so an LF followed by ``data: `` + prefix can only
+        be such a line's start, and each event has one data line."""
+        needle = b"\ndata: " + prefix
+        if self._source is None:
+            joined = b"\n" + b"".join(self.blocks)
+            return joined.count(needle)
+        chunk, start, end = self._source
+        found = chunk.count(needle, start - 1, end) if start else chunk.count(needle, 0, end)
+        return found + (start == 0 and chunk.startswith(needle[1:]))
 
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
-        return [
-            SSEEvent(
-                data[6:-2], (late or early)[7:-1] if late or early else None, id_[4:-1] or None, None, True
-            )
-            for early, id_, late, data in self.parts
-        ]
+        ids = self.ids or [b""] * len(self.blocks)
+        events = []
+        for block, id_line in zip(self.blocks, ids, strict=True):
+            lines = block[:-2].split(b"\n")
+            name = lines[-2][7:] if len(lines) > 1 else None
+            events.append(SSEEvent(lines[-1][6:], name, id_line[4:-1] or None, None, True))
+        return events
 
     def last_id(self) -> bytes | None:
         """The id of the last event that carried one."""
-        for _, id_, _, _ in reversed(self.parts):
-            if id_:
-                return id_[4:-1]
+        for id_line in reversed(self.ids or ()):
+            if id_line:
+                return id_line[4:-1]
         return None
 
 
-def frame_run(
-    prefix: bytes, first_seq: int, parts: Iterable[tuple[bytes, bytes, bytes, bytes]]
-) -> list[bytes]:
-    """The frames of a run's events: ``prefix`` + seq + LF (the proxy's id line) then the event's own event
-    and data lines, its upstream id line dropped; seqs from ``first_seq`` on."""
-    return [
-        b"%s%d\n%s%s%s" % (prefix, seq, early, late, data)
-        for seq, (early, _, late, data) in zip(count(first_seq), parts)
-    ]
+def frame_run(prefix: bytes, first_seq: int, blocks: list[bytes]) -> list[bytes]:
+    """The frames of a run's events: ``prefix`` + seq + LF (the proxy's id line) then the event's block
+    (its upstream id line already left out); seqs from ``first_seq`` on."""
+    return [b"%s%d\n%s" % (prefix, seq, block) for seq, block in zip(count(first_seq), blocks)]
+
+
+def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | None:
+    """``chunk[start:end]`` as a run of events of one spelling, or None if the matches do not tile it (a
+    byte skipped means an event that is not canonical: the matches are then not the events)."""
+    size = end - start
+    source = (chunk, start, end)
+    if spelling == _PLAIN:
+        blocks = _RUN_PLAIN.findall(chunk, start, end)
+        return SSERun(blocks, None, size, source) if sum(map(len, blocks)) == size else None
+    if spelling == _ID_FIRST:
+        pairs = _RUN_ID_FIRST.findall(chunk, start, end)
+        if sum(map(len, chain.from_iterable(pairs))) != size:
+            return None
+        return SSERun(list(map(_SECOND, pairs)), list(map(_FIRST, pairs)), size, source)
+    parts = _RUN_ANY.findall(chunk, start, end)
+    if sum(map(len, chain.from_iterable(parts))) != size:
+        return None
+    return SSERun(list(map(b"".join, map(_WITHOUT_ID, parts))), list(map(_SECOND, parts)), size, source)
 
 
 def _parse_retry(value: bytes) -> int | None:
@@ -175,6 +228,7 @@ class SSEParser:
         "_retry",
         "_size",
         "_skip_lf",
+        "_spelling",
         "_state",
     )
 
@@ -194,6 +248,7 @@ class SSEParser:
         self._id: bytes | None = None
         self._retry: int | None = None
         self._state = _OPEN
+        self._spelling = _PLAIN  # of the last run: tried first
 
     @property
     def buffered(self) -> int:
@@ -283,9 +338,9 @@ class SSEParser:
         at an event boundary, which makes it the same event the line parser would read). Otherwise one event
         at a time: a canonical event (``[id][event][id] data`` lines, one data line) by one regex match;
         anything else (comments, retry, several data lines, other spellings, the unfinished tail) through
-        the line parser, one block at a time, so every path gives the same events. After the first such
-        block the rest of the chunk is tried as a run once more (a stream's first chunk often starts with a
-        priming event), never more, so a chunk costs at most three scans."""
+        the line parser, one block at a time, so every path gives the same events. After the first single
+        event the rest of the chunk is tried as a run once more (a stream's first chunk often starts with a
+        priming event), never more, so a chunk costs at most a few scans."""
         events: list[SSEEvent | SSERun] = []
         limit = self._max
         match = _CANONICAL.match
@@ -300,6 +355,9 @@ class SSEParser:
                     first_id, event, last_id, data = found.groups()
                     events.append(SSEEvent(data, event, first_id if last_id is None else last_id, None, True))
                     pos = end
+                    if not retried:
+                        retried = True
+                        pos = self._run(chunk, pos, events)
                     continue
             end = chunk.find(b"\n\n", pos)
             piece = chunk[pos:] if end < 0 else chunk[pos : end + 2]
@@ -321,18 +379,26 @@ class SSEParser:
 
     def _run(self, chunk: bytes, pos: int, events: list[SSEEvent | SSERun]) -> int:
         """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are canonical
-        message events within the size limit; returns where the caller goes on (``pos`` if not)."""
+        message events within the size limit; returns where the caller goes on (``pos`` if not). The
+        spelling that matched last time is tried first: a stream writes every event the same way."""
         end = chunk.rfind(b"\n\n") + 2
-        if end - pos < 8:  # no complete event after pos, or rfind found none
-            return pos
-        parts = _RUN_EVENT.findall(chunk, pos, end)
         size = end - pos
-        if not parts or sum(map(len, chain.from_iterable(parts))) != size:
+        if size < 8:  # no complete event after pos, or rfind found none
+            return pos
+        for spelling in _ORDERS[self._spelling]:
+            run = _match_run(spelling, chunk, pos, end)
+            if run is not None:
+                self._spelling = spelling
+                break
+        else:
             return pos
         # Each event's size as the line parser counts it is its bytes less the blank line's LF.
-        if size - 1 > self._max and max(map(len, map(b"".join, parts))) - 1 > self._max:
+        if (
+            size - 1 > self._max
+            and max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
+        ):
             return pos
-        events.append(SSERun(parts, size))
+        events.append(run)
         return end
 
     def _lines(self, chunk: bytes) -> list[SSEEvent]:

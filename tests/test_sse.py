@@ -771,7 +771,7 @@ def test_run_size_limit_is_per_event() -> None:
 def test_frame_run_gives_each_event_our_cursor_and_drops_the_upstream_id() -> None:
     (run,) = SSEParser(BIG).feed_batched(canonical(b"a", id=b"u1") + canonical(b"b", event=None, id=b"u2"))
     assert isinstance(run, SSERun)
-    frames = frame_run(b"id: c-", 7, run.parts)
+    frames = frame_run(b"id: c-", 7, run.blocks)
     assert frames == [b"id: c-7\nevent: message\ndata: a\n\n", b"id: c-8\ndata: b\n\n"]
     assert parse(b"".join(frames)) == [msg(b"a", b"message", b"c-7"), msg(b"b", None, b"c-8")]
     assert run.split(1, 2).events() == [msg(b"b", None, b"u2")]
@@ -800,3 +800,52 @@ def test_property_runs_give_the_same_events_as_the_line_parser(
             got.extend(item.events() if isinstance(item, SSERun) else [item])
     assert got == expected
     assert parser.close() is False
+
+
+def test_runs_with_and_without_ids_and_the_pattern_follows_the_stream() -> None:
+    parser = SSEParser(BIG)
+    (plain,) = parser.feed_batched(canonical(b"a") + canonical(b"b", event=None))
+    assert isinstance(plain, SSERun) and plain.ids is None and plain.last_id() is None
+    assert plain.blocks == [b"event: message\ndata: a\n\n", b"data: b\n\n"]
+    (with_ids,) = parser.feed_batched(canonical(b"c", id=b"1") + canonical(b"d", event=None))
+    assert isinstance(with_ids, SSERun) and with_ids.ids == [b"id: 1\n", b""] and with_ids.last_id() == b"1"
+    assert with_ids.blocks == [b"event: message\ndata: c\n\n", b"data: d\n\n"]
+    (again,) = parser.feed_batched(canonical(b"e"))  # the id pattern is tried first now: still right
+    assert isinstance(again, SSERun) and again.events() == [msg(b"e", b"message")]
+
+
+@pytest.mark.parametrize("lead", [b"", b"id: p\ndata: \n\n"])
+def test_count_data_prefix_counts_data_lines_that_start_with_it(lead: bytes) -> None:
+    note = b'{"jsonrpc":"2.0","method":"n"}'
+    stream = lead + b"".join(
+        [
+            canonical(note),
+            canonical(b'{"jsonrpc":"2.0","id":1,"result":{}}', event=None),
+            canonical(b"x" + note),  # the prefix, but not at the start of the data
+            canonical(note, event=None, id=b"7"),
+        ]
+    )
+    run = SSEParser(BIG).feed_batched(stream)[-1]
+    assert isinstance(run, SSERun) and len(run) == 4
+    assert run.count_data_prefix(b'{"jsonrpc":"2.0","method":') == 2
+    assert run.split(1, 4).count_data_prefix(b'{"jsonrpc":"2.0","method":') == 1
+    assert run.keep([0, 3]).count_data_prefix(b'{"jsonrpc":"2.0","method":') == 2
+    assert run.keep([0, 3]).events() == [run.events()[0], run.events()[3]]
+
+
+@pytest.mark.parametrize("order", ["plain", "id first", "id after event", "mixed"])
+def test_every_spelling_is_one_run_and_a_stream_may_change_spelling(order: str) -> None:
+    def one(k: int) -> bytes:
+        spelling = order if order != "mixed" else ("plain", "id first", "id after event")[k % 3]
+        if spelling == "plain":
+            return canonical(b"%d" % k)
+        return canonical(b"%d" % k, id=b"u%d" % k, id_first=spelling == "id first")
+
+    parser = SSEParser(BIG)
+    for start in (0, 10, 20):  # later chunks start with the spelling that matched last
+        stream = b"".join(one(k) for k in range(start, start + 10))
+        (run,) = parser.feed_batched(stream)
+        assert isinstance(run, SSERun) and len(run) == 10
+        assert run.events() == SSEParser(BIG).feed(stream)
+        frames = frame_run(b"id: c-", 1, run.blocks)
+        assert [e.data for e in parse(b"".join(frames))] == [b"%d" % k for k in range(start, start + 10)]
