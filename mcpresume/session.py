@@ -196,7 +196,7 @@ class SessionState:
             self.standalone = number
         frame = priming_frame(encode_cursor(self.epoch, number, seq), self.retry_ms)
         self.last_active = now
-        self._add(Segment(number, seq, [frame], len(frame), EventKind.PRIMING, now), now)
+        self._add(Segment(number, seq, (frame,), len(frame), EventKind.PRIMING, now), now)
         return Event(seq, number, frame, EventKind.PRIMING, now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
@@ -216,9 +216,9 @@ class SessionState:
             seq = self.next_seq
             # join sizes the result exactly; %-formatting over-allocates then shrinks, which fragments the
             # heap of a proxy holding thousands of these (measured: +0.08x window memory in bench/).
-            frames = [
+            frames = tuple(
                 b"".join((prefix, b"%d\n" % (seq + i), items[start + i].body)) for i in range(stop - start)
-            ]
+            )
             evicted.merge(self._add(Segment(stream, seq, frames, sum(map(len, frames)), kind, now), now))
             start = stop
         return evicted
@@ -229,7 +229,7 @@ class SessionState:
         if state is None or not state.live or not run.blocks:
             return Evicted()
         seq = self.next_seq
-        frames = frame_run(self._cursor_prefix(stream), seq, run.blocks)
+        frames = tuple(frame_run(self._cursor_prefix(stream), seq, run.blocks))
         return self._add(Segment(stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, now), now)
 
     def _cursor_prefix(self, stream: int) -> bytes:
@@ -312,7 +312,7 @@ class SessionState:
         events = size = 0
         truncated = False
         for segment, start in window.slices_after(tuple(streams), after):
-            frames = segment.frames[start:] if start else list(segment.frames)
+            frames = segment.frames[start:] if start else segment.frames
             part = segment.size if not start else sum(map(len, frames))
             if events + len(frames) > max_events or size + part > max_bytes:
                 truncated = True

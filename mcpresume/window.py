@@ -64,7 +64,9 @@ class Segment:
 
     stream: int
     seq: int  # the seq of frames[0]
-    frames: list[bytes]  # complete SSE frames, cursor included, of seqs seq, seq + 1, ...
+    # Complete SSE frames, cursor included, of seqs seq, seq + 1, ... A tuple: immutable, so a read shares
+    # it with no copy, and for the many one-event segments of a paced stream it is 40 bytes less than a list.
+    frames: tuple[bytes, ...]
     size: int  # bytes of frames
     kind: EventKind
     at: float
@@ -167,7 +169,7 @@ class Window:
     def append(self, event: Event, now: float) -> Evicted:
         """Append one event (its seq must exceed every retained seq) and enforce the limits."""
         body = event.body
-        return self.add(Segment(event.stream, event.seq, [body], len(body), event.kind, event.at), now)
+        return self.add(Segment(event.stream, event.seq, (body,), len(body), event.kind, event.at), now)
 
     def add(self, segment: Segment, now: float) -> Evicted:
         """Append a segment (seqs above every retained one) and enforce the limits once for it."""
@@ -240,10 +242,7 @@ class Window:
                 lost = evicted.undelivered
                 lost[0] += take - sent
                 lost[1] += sum(map(len, frames[sent:take])) if sent else size
-        if take == len(frames):
-            segment.frames = []
-        else:
-            del frames[:take]
+        segment.frames = frames[take:]
         segment.seq = first + take
         segment.size -= size
         left = self._count[stream] - take

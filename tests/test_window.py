@@ -284,7 +284,7 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
             if len(events) == 1:
                 evicted = window.append(events[0], float(now))
             else:
-                frames = [e.body for e in events]
+                frames = tuple(e.body for e in events)
                 segment = Segment(
                     op.stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, float(now)
                 )
