@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from mcpresume.cursor import encode_cursor
@@ -54,10 +55,12 @@ class StreamOrigin(enum.Enum):
 class StreamState:
     number: int
     origin: StreamOrigin
-    request_keys: tuple[str, ...]
     first_seq: int
     last_seq: int
     live: bool = True
+    # The highest seq some client was sent: what overflow=pause protects, and what an eviction of
+    # "undelivered" events is counted against.
+    delivered: int = 0
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -124,6 +127,12 @@ _PENDING: Final = 0
 _ANSWERED: Final = -1
 
 
+def _delivered_through(streams: dict[int, StreamState], stream: int) -> int:
+    """The highest seq of ``stream`` some client was sent (0: none, or the stream is forgotten)."""
+    state = streams.get(stream)
+    return 0 if state is None else state.delivered
+
+
 class SessionState:
     """All the proxy holds for one session."""
 
@@ -131,7 +140,6 @@ class SessionState:
         "_next_reader",
         "_requests",
         "attached",
-        "delivered",
         "epoch",
         "in_flight",
         "last_active",
@@ -158,11 +166,10 @@ class SessionState:
         self.session_id = session_id
         self.retry_ms = retry_ms
         self.epoch = epoch
-        # Per stream, the highest seq some client was sent: what overflow=pause protects, and what an
-        # eviction of "undelivered" events is counted against.
-        self.delivered: dict[int, int] = {}
-        self.window = Window(limits, self.delivered)
         self.streams: dict[int, StreamState] = {}
+        # A partial over the streams dict, not a bound method: no reference cycle, so a dropped session is
+        # freed at once rather than by the cyclic collector.
+        self.window = Window(limits, partial(_delivered_through, self.streams))
         self.next_seq = 1
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
         # the old incarnation (which holds only the id and a stream number) finds nothing to read or feed.
@@ -189,7 +196,7 @@ class SessionState:
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(number, origin, tuple(request_keys), seq, seq)
+        self.streams[number] = StreamState(number, origin, seq, seq)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
@@ -273,11 +280,11 @@ class SessionState:
         for number in [
             n
             for n, s in self.streams.items()
-            if not s.live and not window.has_events(n) and n not in followed
+            # Eviction takes a stream's events oldest first, so its last one is the last to go.
+            if not s.live and window.evicted_through(n) >= s.last_seq and n not in followed
         ]:
             del self.streams[number]
             window.forget_stream(number)
-            self.delivered.pop(number, None)
 
     def shed(self, max_bytes: int) -> Evicted:
         """Trim the window to ``max_bytes`` (the global cap), oldest first."""
@@ -418,11 +425,15 @@ class SessionState:
             return  # dropped for lagging (see drop_lagging_readers): its view ends at its next read
         self.readers[token] = (reader[0], position)
         for stream in reader[0]:
-            if stream in self.streams and self.delivered.get(stream, 0) < position:
-                self.delivered[stream] = position
+            state = self.streams.get(stream)
+            if state is not None and state.delivered < position:
+                state.delivered = position
 
     def remove_reader(self, token: int) -> None:
-        self.readers.pop(token, None)
+        readers = self.readers
+        readers.pop(token, None)
+        if not readers:
+            self.readers = {}  # an emptied dict keeps its table: a fresh one is ~100 bytes less per session
 
     def room_for(
         self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None
@@ -440,7 +451,7 @@ class SessionState:
             return True
         if not self.readers and not keep_undelivered:
             return True
-        readers, delivered = self.readers.values(), self.delivered
+        readers, states = self.readers.values(), self.streams
         for segment in window.segments:  # oldest first: the order eviction would take
             if events <= max_events and held <= max_bytes:
                 return True
@@ -448,7 +459,7 @@ class SessionState:
             take, taken = segment.prefix(max(0, events - max_events), held - max_bytes)
             last = segment.seq + take - 1
             number = segment.stream
-            if keep_undelivered and (stream is None or number == stream) and last > delivered.get(number, 0):
+            if keep_undelivered and (stream is None or number == stream) and last > states[number].delivered:
                 return False
             for streams, position in readers:
                 if number in streams and last > position:

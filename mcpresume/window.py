@@ -26,7 +26,7 @@ The window never reads the clock: ``now`` is passed in.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -135,18 +135,17 @@ class Window:
     events); a stream's events are found by walking back from the newest, which is what readers do: they
     follow the tail, and seqs only grow, so the walk stops at the reader's position."""
 
-    __slots__ = ("_count", "_events", "_evicted_through", "_order", "bytes", "delivered", "limits")
+    __slots__ = ("_events", "_evicted_through", "_order", "bytes", "delivered", "limits")
 
-    def __init__(self, limits: WindowLimits, delivered: dict[int, int] | None = None) -> None:
+    def __init__(self, limits: WindowLimits, delivered: Callable[[int], int] | None = None) -> None:
         self.limits = limits
-        # Per stream, the highest seq some client was sent (owned by the session): only for counting
-        # evictions of events no client ever received.
+        # Per stream, the highest seq some client was sent (the session knows): only for counting evictions
+        # of events no client ever received.
         self.delivered = delivered
         # A list, not a deque: an empty deque allocates a 64-slot block (~600 bytes) and most sessions hold
         # a handful of segments; evictions leave from the front in one slice deletion per pass.
         self._order: list[Segment] = []
         self._events = 0
-        self._count: dict[int, int] = {}  # events retained per stream
         self._evicted_through: dict[int, int] = {}
         self.bytes = 0
 
@@ -176,7 +175,6 @@ class Window:
         count = len(segment.frames)
         self._order.append(segment)
         self._events += count
-        self._count[segment.stream] = self._count.get(segment.stream, 0) + count
         self.bytes += segment.size
         return self._enforce(now)
 
@@ -237,7 +235,7 @@ class Window:
         tally[1] += size
         delivered = self.delivered
         if delivered is not None:
-            sent = min(take, max(0, delivered.get(stream, 0) - first + 1))  # of those, delivered
+            sent = min(take, max(0, delivered(stream) - first + 1))  # of those, delivered
             if sent < take:
                 lost = evicted.undelivered
                 lost[0] += take - sent
@@ -245,11 +243,6 @@ class Window:
         segment.frames = frames[take:]
         segment.seq = first + take
         segment.size -= size
-        left = self._count[stream] - take
-        if left:
-            self._count[stream] = left
-        else:
-            del self._count[stream]
         self._evicted_through[stream] = first + take - 1
         self._events -= take
         self.bytes -= size
@@ -274,11 +267,13 @@ class Window:
 
     def forget_stream(self, stream: int) -> None:
         """Drop a finished stream's bookkeeping once it holds no events (keeps the window bounded)."""
-        if stream not in self._count:
+        if not self.has_events(stream):
             self._evicted_through.pop(stream, None)
 
     def has_events(self, stream: int) -> bool:
-        return stream in self._count
+        """Whether any event of ``stream`` is retained (a walk over the segments: not for the hot path; a
+        session knows it from the stream's last seq and ``evicted_through``)."""
+        return any(segment.stream == stream for segment in self._order)
 
     def slices_after(self, streams: tuple[int, ...] | frozenset[int], seq: int) -> list[tuple[Segment, int]]:
         """The retained events of any of ``streams`` with a seq above ``seq``, in seq order, as (segment,

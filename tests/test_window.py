@@ -265,7 +265,7 @@ ops_strategy = st.lists(
 )
 def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: int, ops: list[Op]) -> None:
     delivered: dict[int, int] = {}
-    window = Window(WindowLimits(max_events, max_bytes, float(ttl)), delivered)
+    window = Window(WindowLimits(max_events, max_bytes, float(ttl)), lambda stream: delivered.get(stream, 0))
     history: list[Event] = []  # every event ever appended, in seq order
     evicted_count = 0  # eviction is oldest-first, so the evicted events are history[:evicted_count]
     now = 0
