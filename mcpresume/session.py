@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Final
 
 from mcpresume.cursor import encode_cursor
@@ -127,10 +126,20 @@ _PENDING: Final = 0
 _ANSWERED: Final = -1
 
 
-def _delivered_through(streams: dict[int, StreamState], stream: int) -> int:
-    """The highest seq of ``stream`` some client was sent (0: none, or the stream is forgotten)."""
-    state = streams.get(stream)
-    return 0 if state is None else state.delivered
+class _DeliveredThrough:
+    """``stream -> the highest seq of it some client was sent`` (0: none, or the stream is forgotten), for
+    the window. An object over the streams dict rather than a bound method of the session: no reference
+    cycle, so a dropped session is freed at once rather than by the cyclic collector; and 48 bytes, where
+    a functools.partial is ~180."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self, streams: dict[int, StreamState]) -> None:
+        self.streams = streams
+
+    def __call__(self, stream: int) -> int:
+        state = self.streams.get(stream)
+        return 0 if state is None else state.delivered
 
 
 class SessionState:
@@ -167,9 +176,7 @@ class SessionState:
         self.retry_ms = retry_ms
         self.epoch = epoch
         self.streams: dict[int, StreamState] = {}
-        # A partial over the streams dict, not a bound method: no reference cycle, so a dropped session is
-        # freed at once rather than by the cyclic collector.
-        self.window = Window(limits, partial(_delivered_through, self.streams))
+        self.window = Window(limits, _DeliveredThrough(self.streams))
         self.next_seq = 1
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
         # the old incarnation (which holds only the id and a stream number) finds nothing to read or feed.

@@ -146,7 +146,8 @@ class Window:
         # a handful of segments; evictions leave from the front in one slice deletion per pass.
         self._order: list[Segment] = []
         self._events = 0
-        self._evicted_through: dict[int, int] = {}
+        # Per stream, the highest evicted seq; None until the first eviction (most sessions never see one).
+        self._evicted_through: dict[int, int] | None = None
         self.bytes = 0
 
     def __len__(self) -> int:
@@ -243,6 +244,8 @@ class Window:
         segment.frames = frames[take:]
         segment.seq = first + take
         segment.size -= size
+        if self._evicted_through is None:
+            self._evicted_through = {}
         self._evicted_through[stream] = first + take - 1
         self._events -= take
         self.bytes -= size
@@ -263,11 +266,12 @@ class Window:
 
     def evicted_through(self, stream: int) -> int:
         """The highest evicted seq of ``stream`` (0 if none was evicted)."""
-        return self._evicted_through.get(stream, 0)
+        through = self._evicted_through
+        return through.get(stream, 0) if through else 0
 
     def forget_stream(self, stream: int) -> None:
         """Drop a finished stream's bookkeeping once it holds no events (keeps the window bounded)."""
-        if not self.has_events(stream):
+        if self._evicted_through and not self.has_events(stream):
             self._evicted_through.pop(stream, None)
 
     def has_events(self, stream: int) -> bool:
