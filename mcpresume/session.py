@@ -120,6 +120,10 @@ class Claim:
     stream: int | None = None
 
 
+# Every session without an attached reader shares this empty dict; only add_reader inserts a reader, and it
+# gives the session a dict of its own first. Never mutated.
+_NO_READERS: Final[dict[int, tuple[tuple[int, ...], int]]] = {}
+
 # The request-id map's markers: "claimed, the upstream has not answered yet", and "answered without a
 # stream" (an application/json answer, relayed and not retained).
 _PENDING: Final = 0
@@ -186,7 +190,7 @@ class SessionState:
         self.last_active = now
         self.standalone: int | None = None  # the live standalone GET stream, if any
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
-        self.readers: dict[int, tuple[tuple[int, ...], int]] = {}
+        self.readers: dict[int, tuple[tuple[int, ...], int]] = _NO_READERS
         self._next_reader = 0
         # request id key -> stream (or a marker), oldest first (a dict keeps insertion order; an OrderedDict
         # would cost ~150 bytes more per session for nothing).
@@ -422,6 +426,8 @@ class SessionState:
         # Monotonic, never reused: a view whose reader was dropped for lagging must not move or remove the
         # reader of the view that replaced it.
         self._next_reader += 1
+        if self.readers is _NO_READERS:
+            self.readers = {}
         self.readers[self._next_reader] = (tuple(streams), position)
         return self._next_reader
 
@@ -440,7 +446,7 @@ class SessionState:
         readers = self.readers
         readers.pop(token, None)
         if not readers:
-            self.readers = {}  # an emptied dict keeps its table: a fresh one is ~100 bytes less per session
+            self.readers = _NO_READERS  # an emptied dict keeps its table (~160 bytes per idle session)
 
     def room_for(
         self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import mcpresume.session as session_module
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
 from mcpresume.resume import ReAttach, StreamView, decide
@@ -774,6 +775,7 @@ class ResumeMachine(RuleBasedStateMachine):
     @invariant()
     def matches_the_model(self) -> None:
         session = self.session
+        assert not session_module._NO_READERS  # the shared empty readers dict is never written to
         retained = self.retained()
         assert [e.seq for e in session.window] == [r.seq for r in retained]
         assert session.window.bytes == sum(len(r.event.body) for r in retained)
@@ -910,3 +912,17 @@ def test_a_dropped_session_is_freed_at_once_not_by_the_cycle_collector() -> None
         assert not any(isinstance(o, SessionState) for o in gc.get_objects())
     finally:
         gc.enable()
+
+
+def test_sessions_without_readers_share_one_empty_dict_that_stays_empty() -> None:
+    a, b = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG)), make_session()
+    assert a.readers is b.readers is session_module._NO_READERS
+    stream = a.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    first, second = a.add_reader([stream], 0), a.add_reader([stream], 0)
+    assert a.readers is not session_module._NO_READERS and b.readers is session_module._NO_READERS
+    assert a.drop_lagging_readers(2, 10) == 2  # both block a 2-event append: dropped
+    a.remove_reader(first)
+    a.remove_reader(second)
+    assert a.readers is session_module._NO_READERS and not session_module._NO_READERS
+    a.move_reader(first, 5)  # a dropped reader's move is ignored, and writes nothing shared
+    assert not session_module._NO_READERS and b.add_reader([1], 0) == 1 and len(b.readers) == 1
