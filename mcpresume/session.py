@@ -130,22 +130,6 @@ _PENDING: Final = 0
 _ANSWERED: Final = -1
 
 
-class _DeliveredThrough:
-    """``stream -> the highest seq of it some client was sent`` (0: none, or the stream is forgotten), for
-    the window. An object over the streams dict rather than a bound method of the session: no reference
-    cycle, so a dropped session is freed at once rather than by the cyclic collector; and 48 bytes, where
-    a functools.partial is ~180."""
-
-    __slots__ = ("streams",)
-
-    def __init__(self, streams: dict[int, StreamState]) -> None:
-        self.streams = streams
-
-    def __call__(self, stream: int) -> int:
-        state = self.streams.get(stream)
-        return 0 if state is None else state.delivered
-
-
 class SessionState:
     """All the proxy holds for one session."""
 
@@ -180,7 +164,9 @@ class SessionState:
         self.retry_ms = retry_ms
         self.epoch = epoch
         self.streams: dict[int, StreamState] = {}
-        self.window = Window(limits, _DeliveredThrough(self.streams))
+        # The window reads delivery marks from the stream records themselves (no reference back to the
+        # session: no cycle, so a dropped session is freed at once, not by the cyclic collector).
+        self.window = Window(limits, self.streams)
         self.next_seq = 1
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
         # the old incarnation (which holds only the id and a stream number) finds nothing to read or feed.

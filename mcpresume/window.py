@@ -26,8 +26,9 @@ The window never reads the clock: ``now`` is passed in.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class EventKind(enum.IntEnum):
@@ -93,6 +94,13 @@ class Segment:
         return take, size
 
 
+class Delivered(Protocol):
+    """What the window reads of a stream's record: the highest seq of it some client was sent."""
+
+    @property
+    def delivered(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WindowLimits:
     max_events: int
@@ -137,10 +145,10 @@ class Window:
 
     __slots__ = ("_events", "_evicted_through", "_order", "bytes", "delivered", "limits")
 
-    def __init__(self, limits: WindowLimits, delivered: Callable[[int], int] | None = None) -> None:
+    def __init__(self, limits: WindowLimits, delivered: Mapping[int, Delivered] | None = None) -> None:
         self.limits = limits
-        # Per stream, the highest seq some client was sent (the session knows): only for counting evictions
-        # of events no client ever received.
+        # Per stream, the highest seq some client was sent (the session's stream records): only for counting
+        # evictions of events no client ever received. A stream not in it was sent nothing.
         self.delivered = delivered
         # A list, not a deque: an empty deque allocates a 64-slot block (~600 bytes) and most sessions hold
         # a handful of segments; evictions leave from the front in one slice deletion per pass.
@@ -236,7 +244,9 @@ class Window:
         tally[1] += size
         delivered = self.delivered
         if delivered is not None:
-            sent = min(take, max(0, delivered(stream) - first + 1))  # of those, delivered
+            record = delivered.get(stream)
+            through = 0 if record is None else record.delivered
+            sent = min(take, max(0, through - first + 1))  # of those, delivered
             if sent < take:
                 lost = evicted.undelivered
                 lost[0] += take - sent

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -678,7 +679,10 @@ def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> Non
     # The window alone: without delivery records nothing counts as undelivered; with them, per event.
     limits = WindowLimits(2, 1 << 20, 1e9)
     events = [Event(seq, 1, b"x" * seq, EventKind.MESSAGE, 0.0) for seq in range(1, 6)]
-    plain, judged = Window(limits), Window(limits, {1: 4}.__getitem__)  # seqs 1-4 of stream 1 were sent
+    plain, judged = (
+        Window(limits),
+        Window(limits, {1: SimpleNamespace(delivered=4)}),
+    )  # seqs 1-4 of stream 1: sent
     for event in events:
         plain.append(event, 0.0)
         judged.append(event, 0.0)
