@@ -22,7 +22,7 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -148,8 +148,10 @@ class Pump:
         self.failure = "the upstream closed the stream before the response"
         # Upstream id lines (``id: X\n``) of the last SEEN_IDS events appended (cheap to keep: no hashing per
         # event), and, from the last resume on, those as a set: what an upstream replay is checked against.
-        self._recent: deque[bytes] = deque(maxlen=SEEN_IDS)
-        self._seen: set[bytes] = set()
+        # Both made at first need: an empty deque costs ~630 bytes, and most streams (no upstream ids, or no
+        # resume) never need them.
+        self._recent: deque[bytes] | None = None
+        self._seen: frozenset[bytes] | set[bytes] = frozenset()
 
     async def run(self, response: aiohttp.ClientResponse) -> None:
         current: aiohttp.ClientResponse | None = response
@@ -234,8 +236,14 @@ class Pump:
                 self.metrics.upstream_duplicates.inc(len(ids) - len(kept))
                 run = run.keep(kept)
                 ids = run.ids or []
-        self._recent.extend(filter(None, ids))
+        self._remember(filter(None, ids))
         return run
+
+    def _remember(self, id_lines: Iterable[bytes]) -> None:
+        recent = self._recent
+        if recent is None:
+            recent = self._recent = deque(maxlen=SEEN_IDS)
+        recent.extend(id_lines)
 
     def _event(self, event: SSEEvent, items: list[NewEvent]) -> None:
         """One upstream event -> an event to append (or nothing: priming, id/retry-only, a replay)."""
@@ -252,7 +260,7 @@ class Pump:
             if line in self._seen:
                 self.metrics.upstream_duplicates.inc()
                 return  # an upstream replay of an event already appended
-            self._recent.append(line)
+            self._remember((line,))
         body = frame_body(data, event.event)
         pending = self.pending
         if pending and not data.startswith(NOTIFICATION_PREFIX):
@@ -326,7 +334,7 @@ class Pump:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue
             if response.status == 200 and response.content_type == _SSE:
-                self._seen = set(self._recent)  # what a replay may repeat (id lines)
+                self._seen = set(self._recent or ())  # what a replay may repeat (id lines)
                 outcomes.labels("resumed").inc()
                 log.info(
                     "session %s stream %d: upstream stream resumed after %s",

@@ -26,6 +26,11 @@ from mcpresume.window import Evicted, WindowLimits
 T = TypeVar("T")
 
 
+def _time_out(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
 class MemoryStore:
     def __init__(
         self,
@@ -45,8 +50,8 @@ class MemoryStore:
         self._total_bytes = 0
         # Parked waiters per session: each has a future of its own, so a waiter that times out cancels only
         # its own, and a change wakes each waiter in one hop (no shield in between).
-        self._changed: dict[str, list[asyncio.Future[None]]] = {}
-        self._readers_moved: dict[str, list[asyncio.Future[None]]] = {}
+        self._changed: dict[str, list[asyncio.Future[bool]]] = {}
+        self._readers_moved: dict[str, list[asyncio.Future[bool]]] = {}
 
     async def start(self) -> None:
         return None
@@ -61,29 +66,30 @@ class MemoryStore:
     # -- wake-ups ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _resolve(waiters: dict[str, list[asyncio.Future[None]]], session_id: str) -> None:
+    def _resolve(waiters: dict[str, list[asyncio.Future[bool]]], session_id: str) -> None:
         for future in waiters.pop(session_id, ()):
             if not future.done():
-                future.set_result(None)
+                future.set_result(True)
 
     @staticmethod
-    async def _await(waiters: dict[str, list[asyncio.Future[None]]], session_id: str, timeout: float) -> bool:
-        future = asyncio.get_running_loop().create_future()
+    async def _await(waiters: dict[str, list[asyncio.Future[bool]]], session_id: str, timeout: float) -> bool:
+        """Park until the matching change (True) or ``timeout`` (False). A timer handle resolves the future
+        on time-out: lighter than an asyncio.timeout context, which every parked view would hold."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         parked = waiters.setdefault(session_id, [])
         parked.append(future)
+        timer = loop.call_later(timeout, _time_out, future)
         try:
-            async with asyncio.timeout(timeout):
-                await future
-        except TimeoutError:
-            return False
+            return await future
         finally:
+            timer.cancel()
             if not future.done():
                 future.cancel()
             if parked and future in parked:
                 parked.remove(future)
                 if not parked and waiters.get(session_id) is parked:
                     del waiters[session_id]
-        return True
 
     def _notify(self, session_id: str) -> None:
         self._resolve(self._changed, session_id)
