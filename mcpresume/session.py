@@ -200,32 +200,20 @@ class SessionState:
             self.standalone = number
         frame = priming_frame(encode_cursor(self.epoch, number, seq), self.retry_ms)
         self.last_active = now
-        self._add(Segment(number, seq, (frame,), len(frame), EventKind.PRIMING, now), now)
-        return Event(seq, number, frame, EventKind.PRIMING, now)
+        self._add(Segment.of(number, seq, [frame], now), now)
+        return Event(seq, number, frame, now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
         """Append upstream events to a live stream (events for an ended stream are dropped): the next seqs,
-        one segment per run of one kind, the window's limits enforced once per segment."""
+        the window's limits enforced once for them all."""
         state = self.streams.get(stream)
         if state is None or not state.live or not items:
             return Evicted()
-        prefix = self._cursor_prefix(stream)
-        evicted = Evicted()
-        start = 0
-        while start < len(items):
-            kind = items[start].kind
-            stop = start + 1
-            while stop < len(items) and items[stop].kind is kind:
-                stop += 1
-            seq = self.next_seq
-            # join sizes the result exactly; %-formatting over-allocates then shrinks, which fragments the
-            # heap of a proxy holding thousands of these (measured: +0.08x window memory in bench/).
-            frames = tuple(
-                b"".join((prefix, b"%d\n" % (seq + i), items[start + i].body)) for i in range(stop - start)
-            )
-            evicted.merge(self._add(Segment(stream, seq, frames, sum(map(len, frames)), kind, now), now))
-            start = stop
-        return evicted
+        prefix, seq = self._cursor_prefix(stream), self.next_seq
+        # join sizes the result exactly; %-formatting over-allocates then shrinks, which fragments the heap
+        # of a proxy holding thousands of these (measured: +0.08x window memory in bench/).
+        frames = [b"".join((prefix, b"%d\n" % (seq + i), item.body)) for i, item in enumerate(items)]
+        return self._add(Segment.of(stream, seq, frames, now), now)
 
     def append_run(self, stream: int, run: SSERun, now: float) -> Evicted:
         """Append a run of upstream message events (the hot path: one frame each, one segment in all)."""
@@ -233,8 +221,9 @@ class SessionState:
         if state is None or not state.live or not run.blocks:
             return Evicted()
         seq = self.next_seq
-        frames = tuple(frame_run(self._cursor_prefix(stream), seq, run.blocks))
-        return self._add(Segment(stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, now), now)
+        return self._add(
+            Segment.of(stream, seq, frame_run(self._cursor_prefix(stream), seq, run.blocks), now), now
+        )
 
     def _cursor_prefix(self, stream: int) -> bytes:
         return b"id: %s-%d-" % (self.epoch.encode(), stream)
@@ -316,7 +305,7 @@ class SessionState:
         events = size = 0
         truncated = False
         for segment, start in window.slices_after(tuple(streams), after):
-            frames = segment.frames[start:] if start else segment.frames
+            frames = segment.frames[start:]  # a copy: the window's lists change in place
             part = segment.size if not start else sum(map(len, frames))
             if events + len(frames) > max_events or size + part > max_bytes:
                 truncated = True
@@ -329,9 +318,8 @@ class SessionState:
                     taken += len(frame)
                 part = taken
             if frames:
-                found.append(
-                    Segment(segment.stream, segment.seq + start, frames, part, segment.kind, segment.at)
-                )
+                times = segment.times[start : start + len(frames)]
+                found.append(Segment(segment.stream, segment.seq + start, frames, times, part))
                 events += len(frames)
                 size += part
             if truncated:

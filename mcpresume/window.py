@@ -26,9 +26,11 @@ The window never reads the clock: ``now`` is passed in.
 from __future__ import annotations
 
 import enum
+from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 
 class EventKind(enum.IntEnum):
@@ -51,33 +53,39 @@ class Event:
     seq: int
     stream: int
     body: bytes  # the complete SSE frame as sent, its id line (the cursor) included
-    kind: EventKind
     at: float  # when it was appended, on the caller's clock
+
+
+# A segment grows by appends of its stream until this many events (a cut moves its frames: bounded work).
+MAX_SEGMENT: Final = 1024
 
 
 @dataclass(slots=True, eq=False)
 class Segment:
-    """Events of one stream with consecutive seqs, appended together: one kind, one time.
+    """Consecutive events of one stream (consecutive seqs): the unit the window holds.
 
-    The unit the window holds. An upstream read of hundreds of small events becomes one Segment holding
-    their frames, so nothing is built per event but the frame itself; eviction and reads cut segments at
-    any event."""
+    An upstream read of hundreds of small events becomes one segment, and events appended one at a time
+    to the stream that appended last join its newest segment, so what a retained event costs beyond its
+    frame is a list slot and its time (16 bytes), not an object of its own. Eviction and reads cut
+    segments at any event; each event keeps its own time, so the age limit stays exact."""
 
     stream: int
     seq: int  # the seq of frames[0]
-    # Complete SSE frames, cursor included, of seqs seq, seq + 1, ... A tuple: immutable, so a read shares
-    # it with no copy, and for the many one-event segments of a paced stream it is 40 bytes less than a list.
-    frames: tuple[bytes, ...]
+    frames: list[bytes]  # complete SSE frames, cursor included, of seqs seq, seq + 1, ...
+    times: array[float]  # per frame, when it was appended (non-decreasing)
     size: int  # bytes of frames
-    kind: EventKind
-    at: float
+
+    @classmethod
+    def of(cls, stream: int, seq: int, frames: list[bytes], now: float) -> Segment:
+        """Frames appended together at ``now``."""
+        return cls(stream, seq, frames, array("d", (now,)) * len(frames), sum(map(len, frames)))
 
     @property
     def last(self) -> int:
         return self.seq + len(self.frames) - 1
 
     def event(self, index: int) -> Event:
-        return Event(self.seq + index, self.stream, self.frames[index], self.kind, self.at)
+        return Event(self.seq + index, self.stream, self.frames[index], self.times[index])
 
     def events(self) -> list[Event]:
         return [self.event(i) for i in range(len(self.frames))]
@@ -177,13 +185,25 @@ class Window:
     def append(self, event: Event, now: float) -> Evicted:
         """Append one event (its seq must exceed every retained seq) and enforce the limits."""
         body = event.body
-        return self.add(Segment(event.stream, event.seq, (body,), len(body), event.kind, event.at), now)
+        return self.add(Segment(event.stream, event.seq, [body], array("d", (event.at,)), len(body)), now)
 
     def add(self, segment: Segment, now: float) -> Evicted:
-        """Append a segment (seqs above every retained one) and enforce the limits once for it."""
-        count = len(segment.frames)
-        self._order.append(segment)
-        self._events += count
+        """Append a segment (seqs above every retained one) and enforce the limits once for it. Events
+        that continue the newest segment's stream join it (up to MAX_SEGMENT events)."""
+        order = self._order
+        newest = order[-1] if order else None
+        if (
+            newest is not None
+            and newest.stream == segment.stream
+            and newest.seq + len(newest.frames) == segment.seq
+            and len(newest.frames) + len(segment.frames) <= MAX_SEGMENT
+        ):
+            newest.frames.extend(segment.frames)
+            newest.times.extend(segment.times)
+            newest.size += segment.size
+        else:
+            order.append(segment)
+        self._events += len(segment.frames)
         self.bytes += segment.size
         return self._enforce(now)
 
@@ -197,16 +217,27 @@ class Window:
         order = self._order
         limits = self.limits
         max_events, max_bytes, deadline = limits.max_events, limits.max_bytes, now - limits.ttl
-        if self._events <= max_events and self.bytes <= max_bytes and (not order or order[0].at > deadline):
+        if (
+            self._events <= max_events
+            and self.bytes <= max_bytes
+            and (not order or order[0].times[0] > deadline)
+        ):
             return evicted
         gone = 0
         while gone < len(order):
             segment = order[gone]
+            expired = bisect_right(segment.times, deadline)  # times only grow: the expired lead
+            if expired:
+                size = (
+                    segment.size
+                    if expired == len(segment.frames)
+                    else sum(map(len, segment.frames[:expired]))
+                )
+                self._cut(segment, expired, size, EvictReason.TTL, evicted)
+                if not segment.frames:
+                    gone += 1
+                    continue
             length = len(segment.frames)
-            if segment.at <= deadline:
-                self._cut(segment, length, length and segment.size, EvictReason.TTL, evicted)
-                gone += 1
-                continue
             # Never the newest event: the last segment keeps its last frame.
             most = length if gone < len(order) - 1 else length - 1
             over = self._events - max_events
@@ -251,7 +282,8 @@ class Window:
                 lost = evicted.undelivered
                 lost[0] += take - sent
                 lost[1] += sum(map(len, frames[sent:take])) if sent else size
-        segment.frames = frames[take:]
+        del frames[:take]
+        del segment.times[:take]
         segment.seq = first + take
         segment.size -= size
         if self._evicted_through is None:

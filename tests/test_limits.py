@@ -678,7 +678,7 @@ def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> Non
 
     # The window alone: without delivery records nothing counts as undelivered; with them, per event.
     limits = WindowLimits(2, 1 << 20, 1e9)
-    events = [Event(seq, 1, b"x" * seq, EventKind.MESSAGE, 0.0) for seq in range(1, 6)]
+    events = [Event(seq, 1, b"x" * seq, 0.0) for seq in range(1, 6)]
     plain, judged = (
         Window(limits),
         Window(limits, {1: SimpleNamespace(delivered=4)}),

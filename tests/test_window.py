@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.window import Event, EventKind, Evicted, EvictReason, Segment, Window, WindowLimits
+from mcpresume.window import MAX_SEGMENT, Event, Evicted, EvictReason, Segment, Window, WindowLimits
 
 BIG = 10**9
 
@@ -22,7 +22,7 @@ class Feeder:
 
     def add(self, stream: int, size: int = 10, at: float = 0.0) -> tuple[Event, Evicted]:
         self.seq += 1
-        event = Event(self.seq, stream, b"x" * size, EventKind.MESSAGE, at)
+        event = Event(self.seq, stream, b"x" * size, at)
         return event, self.window.append(event, at)
 
 
@@ -281,18 +281,12 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
             evicted = window.expire(float(now))
         else:
             seq = len(history) + 1
-            events = [
-                Event(seq + i, op.stream, b"e" * size, EventKind.MESSAGE, float(now))
-                for i, size in enumerate(op.sizes)
-            ]
+            events = [Event(seq + i, op.stream, b"e" * size, float(now)) for i, size in enumerate(op.sizes)]
             history.extend(events)
             if len(events) == 1:
                 evicted = window.append(events[0], float(now))
             else:
-                frames = tuple(e.body for e in events)
-                segment = Segment(
-                    op.stream, seq, frames, sum(map(len, frames)), EventKind.MESSAGE, float(now)
-                )
+                segment = Segment.of(op.stream, seq, [e.body for e in events], float(now))
                 evicted = window.add(segment, float(now))
         removed = sum(count for count, _ in evicted.counts.values())
         removed_bytes = sum(size for _, size in evicted.counts.values())
@@ -335,3 +329,18 @@ def test_invariants_hold_after_every_step(max_events: int, max_bytes: int, ttl: 
             for position in positions:
                 expected = [e for e in retained if e.stream == stream and e.seq > position]
                 assert list(window.after(stream, position)) == expected
+
+
+def test_appends_of_the_stream_that_appended_last_join_its_segment_up_to_a_bound() -> None:
+    window = Window(WindowLimits(max_events=BIG, max_bytes=BIG, ttl=10.0))
+    seq = 0
+    for stream, count in ((1, MAX_SEGMENT + 2), (2, 1), (1, 1)):
+        for _ in range(count):
+            seq += 1
+            window.append(Event(seq, stream, b"e", seq / 100), 0.0)
+    # Stream 1's first run fills one segment and starts another; stream 2 and stream 1 again get their own.
+    assert [(s.stream, len(s.frames)) for s in window.segments] == [(1, MAX_SEGMENT), (1, 2), (2, 1), (1, 1)]
+    assert [e.at for e in window] == [k / 100 for k in range(1, seq + 1)]  # each event keeps its time
+    evicted = window.expire(15.005)  # exactly the events stamped up to 5.00 are older than ttl
+    assert evicted.counts == {EvictReason.TTL: [500, 500]}
+    assert window.oldest == Event(501, 1, b"e", 5.01) and len(window) == seq - 500
