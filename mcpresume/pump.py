@@ -201,15 +201,13 @@ class Pump:
         items: list[NewEvent] = []
         for event in parsed:
             if type(event) is SSERun:
-                run = self._run(event)
-                if run is not None:
+                run, rest = self._run(event)
+                if run.blocks:
                     if items:
                         batches.append(items)
                         items = []
-                    if run.blocks:
-                        batches.append(run)
-                    continue
-                for single in event.events():
+                    batches.append(run)
+                for single in rest:
                     self._event(single, items)
             else:
                 self._event(event, items)  # type: ignore[arg-type]
@@ -217,15 +215,19 @@ class Pump:
             batches.append(items)
         return batches
 
-    def _run(self, run: SSERun) -> SSERun | None:
-        """A run as it will be appended, or None when it may hold a response this stream waits for (then
-        its events take the slow path). No call per event: the data lines are counted for the notification
-        prefix in one pass, and upstream ids are checked only after a resume (against a replay)."""
-        if self.pending and run.count_data_prefix(NOTIFICATION_PREFIX) != len(run):
-            return None
+    def _run(self, run: SSERun) -> tuple[SSERun, list[SSEEvent]]:
+        """A run as it will be appended, and the events after it that take the slow path: from the first
+        one that may be a response this stream waits for (the end of a POST stream). No call per event: one
+        search finds that event, and upstream ids are checked only after a resume (against a replay)."""
+        rest: list[SSEEvent] = []
+        if self.pending:
+            cut = run.first_data_without(NOTIFICATION_PREFIX)
+            if cut < len(run):
+                rest = run.split(cut, len(run)).events()
+                run = run.split(0, cut)
         ids = run.ids
         if ids is None:
-            return run
+            return run, rest
         last_id = run.last_id()
         if last_id is not None:
             self.last_id = last_id
@@ -237,7 +239,7 @@ class Pump:
                 run = run.keep(kept)
                 ids = run.ids or []
         self._remember(filter(None, ids))
-        return run
+        return run, rest
 
     def _remember(self, id_lines: Iterable[bytes]) -> None:
         recent = self._recent

@@ -87,6 +87,16 @@ _RUN_ID_FIRST: Final = re.compile(rb"(id: [^\n\x00]+\n)?((?:event: .*\n)?data: .
 _RUN_ANY: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
 _PLAIN, _ID_FIRST, _ANY = 0, 1, 2
 _ORDERS: Final = ((_PLAIN, _ID_FIRST, _ANY), (_ID_FIRST, _PLAIN, _ANY), (_ANY, _PLAIN, _ID_FIRST))
+# The longest run of events of one spelling from a position: where a chunk that is not all canonical stops
+# being so. Possessive quantifiers: a line is taken whole or not at all, so a failed event costs one pass.
+_PREFIXES: Final = tuple(
+    re.compile(rb"(?:" + pattern + rb")++")
+    for pattern in (
+        rb"(?:event: .*+\n)?data: .++\n\n",
+        rb"(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
+        rb"(?:event: .*+\n)?(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
+    )
+)
 _FIRST: Final = itemgetter(0)
 _SECOND: Final = itemgetter(1)
 _WITHOUT_ID: Final = itemgetter(0, 2, 3)
@@ -144,17 +154,19 @@ class SSERun:
             self.size * len(kept) // max(1, len(self.blocks)),
         )
 
-    def count_data_prefix(self, prefix: bytes) -> int:
-        """How many events' data lines start with ``prefix``: one C-level count. Every line of a run ends
-        with LF and the run starts at an event boundary, so an LF followed by ``data: `` + prefix can only
-        be such a line's start, and each event has one data line."""
-        needle = b"\ndata: " + prefix
+    def first_data_without(self, prefix: bytes) -> int:
+        """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
+        none): one C-level search. Every line of a run ends with LF and the run starts at an event boundary,
+        so ``data: `` at a line start not followed by ``prefix`` is such a line, and the blank lines before
+        it count the events before it."""
+        pattern = re.compile(rb"(?<![^\n])data: (?!" + re.escape(prefix) + rb")")  # re caches compiled forms
         if self._source is None:
-            joined = b"\n" + b"".join(self.blocks)
-            return joined.count(needle)
+            joined = b"".join(self.blocks)
+            found = pattern.search(joined)
+            return len(self.blocks) if found is None else joined.count(b"\n\n", 0, found.start())
         chunk, start, end = self._source
-        found = chunk.count(needle, start - 1, end) if start else chunk.count(needle, 0, end)
-        return found + (start == 0 and chunk.startswith(needle[1:]))
+        found = pattern.search(chunk, start, end)
+        return len(self.blocks) if found is None else chunk.count(b"\n\n", start, found.start())
 
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
@@ -379,8 +391,9 @@ class SSEParser:
 
     def _run(self, chunk: bytes, pos: int, events: list[SSEEvent | SSERun]) -> int:
         """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are canonical
-        message events within the size limit; returns where the caller goes on (``pos`` if not). The
-        spelling that matched last time is tried first: a stream writes every event the same way."""
+        message events within the size limit, else the canonical ones before the first other; returns
+        where the caller goes on (``pos`` if nothing was taken). The spelling that matched last time is
+        tried first: a stream writes every event the same way."""
         end = chunk.rfind(b"\n\n") + 2
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
@@ -391,7 +404,20 @@ class SSEParser:
                 self._spelling = spelling
                 break
         else:
-            return pos
+            # Not all canonical: take the canonical events up to the first other one, if any. A wrong
+            # spelling fails at the first event, so trying each costs little.
+            for spelling in _ORDERS[self._spelling]:
+                found = _PREFIXES[spelling].match(chunk, pos, end)
+                if found is not None:
+                    break
+            else:
+                return pos
+            end = found.end()
+            size = end - pos
+            run = _match_run(spelling, chunk, pos, end)
+            if run is None:  # cannot happen (the prefix is made of such events); stay on the safe side
+                return pos
+            self._spelling = spelling
         # Each event's size as the line parser counts it is its bytes less the blank line's LF.
         if (
             size - 1 > self._max

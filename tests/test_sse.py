@@ -815,22 +815,25 @@ def test_runs_with_and_without_ids_and_the_pattern_follows_the_stream() -> None:
 
 
 @pytest.mark.parametrize("lead", [b"", b"id: p\ndata: \n\n"])
-def test_count_data_prefix_counts_data_lines_that_start_with_it(lead: bytes) -> None:
+def test_first_data_without_finds_the_first_event_whose_data_does_not_start_with_it(lead: bytes) -> None:
     note = b'{"jsonrpc":"2.0","method":"n"}'
+    prefix = b'{"jsonrpc":"2.0","method":'
     stream = lead + b"".join(
         [
             canonical(note),
-            canonical(b'{"jsonrpc":"2.0","id":1,"result":{}}', event=None),
-            canonical(b"x" + note),  # the prefix, but not at the start of the data
             canonical(note, event=None, id=b"7"),
+            canonical(b"x" + note),  # the prefix, but not at the start of the data
+            canonical(b'{"jsonrpc":"2.0","id":1,"result":{}}', event=None),
         ]
     )
     run = SSEParser(BIG).feed_batched(stream)[-1]
     assert isinstance(run, SSERun) and len(run) == 4
-    assert run.count_data_prefix(b'{"jsonrpc":"2.0","method":') == 2
-    assert run.split(1, 4).count_data_prefix(b'{"jsonrpc":"2.0","method":') == 1
-    assert run.keep([0, 3]).count_data_prefix(b'{"jsonrpc":"2.0","method":') == 2
+    assert run.first_data_without(prefix) == 2
+    assert run.split(2, 4).first_data_without(prefix) == 0  # no source chunk: the same answer
+    assert run.split(0, 2).first_data_without(prefix) == 2  # none: the length
+    assert run.keep([0, 1]).first_data_without(prefix) == 2
     assert run.keep([0, 3]).events() == [run.events()[0], run.events()[3]]
+    assert run.first_data_without(b"x") == 0
 
 
 @pytest.mark.parametrize("order", ["plain", "id first", "id after event", "mixed"])
@@ -849,3 +852,16 @@ def test_every_spelling_is_one_run_and_a_stream_may_change_spelling(order: str) 
         assert run.events() == SSEParser(BIG).feed(stream)
         frames = frame_run(b"id: c-", 1, run.blocks)
         assert [e.data for e in parse(b"".join(frames))] == [b"%d" % k for k in range(start, start + 10)]
+
+
+@pytest.mark.parametrize("id_first", [None, True, False])
+def test_a_chunk_with_one_odd_event_is_a_run_the_odd_event_and_a_run(id_first: bool | None) -> None:
+    def one(k: int) -> bytes:
+        return canonical(b"%d" % k, id=None if id_first is None else b"u%d" % k, id_first=bool(id_first))
+
+    odd = b"data: two\ndata: lines\n\n"
+    stream = b"".join(one(k) for k in range(3)) + odd + b"".join(one(k) for k in range(3, 6))
+    items = SSEParser(BIG).feed_batched(stream)
+    assert [len(i) if isinstance(i, SSERun) else "event" for i in items] == [3, "event", 3]
+    exploded = [e for i in items for e in (i.events() if isinstance(i, SSERun) else [i])]
+    assert exploded == SSEParser(BIG).feed(stream) and exploded[3] == msg(b"two\nlines")

@@ -1,0 +1,77 @@
+"""The pump's conversion of parsed upstream events into appends (Pump._events), without a network: the run
+fast path, the split at a response, and replays dropped after an upstream resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcpresume.metrics import Metrics
+from mcpresume.pump import Pump, PumpJob, PumpSettings
+from mcpresume.session import NewEvent
+from mcpresume.sse import SSEParser, SSERun
+from mcpresume.window import EventKind
+
+NOTE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}'
+
+
+def note(k: int, id: bytes | None = None) -> bytes:
+    head = b"" if id is None else b"id: " + id + b"\n"
+    return head + b"event: message\ndata: " + NOTE % k + b"\n\n"
+
+
+def answer(request_id: int, id: bytes | None = None) -> bytes:
+    head = b"" if id is None else b"id: " + id + b"\n"
+    return head + b'event: message\ndata: {"jsonrpc":"2.0","id":%d,"result":{}}\n\n' % request_id
+
+
+def make_pump(request_ids: tuple[int, ...] = (7,)) -> Pump:
+    job = PumpJob("s", 1, request_ids, "log")
+    settings = PumpSettings(1 << 20, 5.0, 256, 1000, 5)
+    unused: Any = None  # store and upstream: _events touches neither
+    return Pump(job, unused, Metrics(), unused, lambda: 0.0, settings)
+
+
+def flatten(batches: list[list[NewEvent] | SSERun]) -> list[tuple[str, int]]:
+    """(kind of batch, events) per batch: "run" for the fast path, else each event's kind."""
+    out: list[tuple[str, int]] = []
+    for batch in batches:
+        if isinstance(batch, SSERun):
+            out.append(("run", len(batch)))
+        else:
+            out.extend((item.kind.name, 1) for item in batch)
+    return out
+
+
+def test_a_chunk_ending_with_the_response_is_a_run_then_the_response() -> None:
+    pump = make_pump()
+    chunk = b"".join(note(k) for k in range(50)) + answer(7) + note(99)
+    batches = pump._events(SSEParser(1 << 20).feed_batched(chunk))
+    assert flatten(batches) == [("run", 50), ("RESPONSE", 1), ("MESSAGE", 1)]
+    assert pump.pending == {}  # answered: the stream is complete
+    # Once nothing is pending, a chunk is a run whatever it holds.
+    assert flatten(pump._events(SSEParser(1 << 20).feed_batched(answer(8) + note(1)))) == [("run", 2)]
+
+
+def test_an_answer_to_another_request_stays_a_message() -> None:
+    pump = make_pump((7,))
+    batches = pump._events(SSEParser(1 << 20).feed_batched(note(1) + answer(3) + note(2)))
+    assert flatten(batches) == [("run", 1), ("MESSAGE", 1), ("MESSAGE", 1)]
+    assert set(pump.pending) == {"n:7"}
+
+
+def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> None:
+    pump = make_pump()
+    odd = b"id: u5\ndata: two\ndata: lines\n\n"  # not canonical: a single event, the slow path
+    first = b"".join(note(k, b"u%d" % k) for k in range(5)) + odd
+    assert flatten(pump._events(SSEParser(1 << 20).feed_batched(first))) == [("run", 5), ("MESSAGE", 1)]
+    assert pump.last_id == b"u5"
+    pump._seen = set(pump._recent or ())  # what _resume does before reading the resumed stream
+    # The upstream replays u3, u4 and u5, then goes on to u6 and its answer.
+    replay = note(3, b"u3") + note(4, b"u4") + odd + note(6, b"u6") + answer(7, b"u7")
+    batches = pump._events(SSEParser(1 << 20).feed_batched(replay))
+    assert flatten(batches) == [("run", 1), ("RESPONSE", 1)]
+    assert pump.metrics.upstream_duplicates._value.get() == 3
+    assert pump.last_id == b"u7"
+    (run, [response]) = batches
+    assert isinstance(run, SSERun) and [e.id for e in run.events()] == [b"u6"]
+    assert response.kind is EventKind.RESPONSE and response.response_key == "n:7"
