@@ -18,6 +18,14 @@ stream" (cited below as *WHATWG*). Per chunk, ``SSEParser.feed`` does work propo
    canonical ``data: ``, ``id: `` and ``event: `` spellings; ``data:`` lines are nearly all the bytes of an
    MCP stream.
 
+The hot path (``feed_batched``) skips the per-event work for what servers actually send: when the complete
+events of a chunk are all canonical message events (``[event][id][event] data``, one non-empty data line),
+one ``findall`` takes them all and they come back as one ``SSERun``, the lines as they arrived, from which
+the proxy frames its own events without an object per event. The run is accepted only if its matches tile
+the chunk exactly, which makes them the events the line parser would read; otherwise the canonical events
+before the first other one form the run and the rest goes the ways above. ``feed`` returns the same events
+as ``SSEEvent`` objects.
+
 A block is returned when it has an effect on a WHATWG client: a data field (a message), or a valid id (moves
 the cursor; SEP-1699 "priming" blocks have no message) or a valid retry. Blocks with only comments, unknown
 fields, an ``event`` field or ignored values yield nothing.

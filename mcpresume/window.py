@@ -12,13 +12,18 @@ whichever limit is crossed:
 
 The newest event is never evicted by the count and bytes limits, so a single event larger than
 ``max_bytes`` is still delivered (``max_event_bytes`` bounds it); the bound on a session's memory is
-therefore ``max(max_bytes, one event) + len(window) * fixed overhead``, and never grows with the number of
+therefore ``max(max_bytes, one event) + len(window) * small fixed overhead``, and never grows with the number of
 events ever emitted.
 
 Because eviction is oldest-first across the whole session, the evicted events of any one stream are always
 a prefix of that stream. So one number per stream, ``evicted_through`` (the highest evicted seq of that
 stream), says whether a position is still servable: a reader positioned at ``after`` on a stream lost
 nothing iff ``evicted_through <= after``.
+
+Storage: the window holds Segments, runs of consecutive events of one stream, not an object per event. An
+upstream read of many small events is appended as one segment, and an event of the stream that appended
+last joins its newest segment; eviction and reads cut segments at any event, and each event keeps its own
+time, so every limit is exact per event. A retained event costs its frame plus a list slot and a double.
 
 The window never reads the clock: ``now`` is passed in.
 """
