@@ -12,8 +12,8 @@ whichever limit is crossed:
 
 The newest event is never evicted by the count and bytes limits, so a single event larger than
 ``max_bytes`` is still delivered (``max_event_bytes`` bounds it); the bound on a session's memory is
-therefore ``max(max_bytes, one event) + len(window) * small fixed overhead``, and never grows with the number of
-events ever emitted.
+therefore ``max(max_bytes, one event) + len(window) * small fixed overhead``, and never grows with the
+number of events ever emitted.
 
 Because eviction is oldest-first across the whole session, the evicted events of any one stream are always
 a prefix of that stream. So one number per stream, ``evicted_through`` (the highest evicted seq of that
