@@ -1,0 +1,166 @@
+"""What the framework alone costs per held SSE stream: ``python -m bench.floor [--streams N]``.
+
+A proxy view of an attached stream holds two HTTP connections: the client's (an aiohttp server response)
+and the upstream's (an aiohttp client response). This measures each half with nothing of mcpresume in it,
+so the "attached idle stream" figure of ``python -m bench`` can be read against the floor it cannot go
+below while it is built on aiohttp:
+
+* server half: a bare aiohttp application (uvloop) whose handler prepares an SSE ``StreamResponse``, writes
+  one comment and waits; N raw connections from a child process hold such responses open.
+* client half: a bare ``aiohttp.ClientSession`` (uvloop) holding N streaming GET responses open against a
+  raw asyncio server in a child process that sends the headers and one chunk.
+
+Each half is the RSS growth of the measuring process over N held streams (after 50 for warm-up), divided
+by N. Loopback only; children die with this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import resource
+import sys
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+from bench.procs import LOOPBACK
+
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"6\r\n: hi\n\n\r\n"
+)
+_REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+WARM_UP = 50
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _raise_fd_limit() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def _child(role: str, port: int, count: int) -> None:
+    """``hold-clients``: open ``count`` raw connections to ``port`` and keep them. ``serve``: a raw server
+    sending SSE headers and one chunk to every GET, printing its port."""
+    _raise_fd_limit()
+    kept: list[asyncio.StreamWriter] = []
+    if role == "serve":
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(_SSE_HEAD)
+            kept.append(writer)
+
+        server = await asyncio.start_server(handle, LOOPBACK, 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+    else:
+        for index in range(WARM_UP + count):
+            reader, writer = await asyncio.open_connection(LOOPBACK, port)
+            writer.write(_REQUEST)
+            await reader.readuntil(b": hi\n\n")
+            kept.append(writer)
+            if index + 1 == WARM_UP:
+                print("warm", flush=True)
+                await asyncio.sleep(0.5)
+        print("held", flush=True)
+    await asyncio.sleep(3600)
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.floor", *args, stdout=asyncio.subprocess.PIPE
+    )
+
+
+async def server_half(count: int) -> float:
+    async def hold(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": hi\n\n")
+        await asyncio.sleep(3600)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/", hold)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, LOOPBACK, 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    child = await _spawn("--child", "hold-clients", "--port", str(port), "--streams", str(count))
+    try:
+        assert child.stdout is not None
+        await child.stdout.readline()  # warm
+        gc.collect()
+        base = _rss()
+        await child.stdout.readline()  # held
+        await asyncio.sleep(1)
+        gc.collect()
+        return (_rss() - base) / count
+    finally:
+        child.kill()
+        await child.wait()
+        await runner.cleanup()
+
+
+async def client_half(count: int) -> float:
+    child = await _spawn("--child", "serve")
+    try:
+        assert child.stdout is not None
+        port = int(await child.stdout.readline())
+        held: list[aiohttp.ClientResponse] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one() -> None:
+                response = await session.get(
+                    f"http://{LOOPBACK}:{port}/", headers={"Accept": "text/event-stream"}
+                )
+                await response.content.readuntil(b"\n\n")
+                held.append(response)
+
+            for _ in range(WARM_UP):
+                await one()
+            gc.collect()
+            base = _rss()
+            for _ in range(count):
+                await one()
+            await asyncio.sleep(1)
+            gc.collect()
+            per_stream = (_rss() - base) / count
+            for response in held:
+                response.close()
+            return per_stream
+    finally:
+        child.kill()
+        await child.wait()
+
+
+async def main(count: int) -> None:
+    _raise_fd_limit()
+    server = await server_half(count)
+    client = await client_half(count)
+    print(f"aiohttp server half: {server:,.0f} B per held SSE response ({count:,} streams)")
+    print(f"aiohttp client half: {client:,.0f} B per held streaming response ({count:,} streams)")
+    print(f"both halves, nothing of mcpresume: {server + client:,.0f} B = {(server + client) / 1024:.1f} KiB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=5000)
+    parser.add_argument("--child", choices=["hold-clients", "serve"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        uvloop.run(_child(args.child, args.port, args.streams))
+    else:
+        uvloop.run(main(args.streams))
