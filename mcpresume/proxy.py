@@ -77,6 +77,9 @@ class Proxy:
         self.store = ctx.store
         self.metrics = ctx.metrics
         self.upstream = ctx.upstream
+        # Sessions whose standalone upstream GET is being opened: a second cursor-less GET waits for that
+        # one and joins its stream instead of opening another (one upstream GET per session).
+        self._opening_standalone: dict[str, asyncio.Future[None]] = {}
 
     # -- entry -------------------------------------------------------------------------------------------
 
@@ -454,32 +457,44 @@ class Proxy:
             await self.store.detach(session_id, self.ctx.clock())
 
     async def _standalone_view(self, request: web.Request, session_id: str) -> web.StreamResponse:
-        stream = await self.store.standalone_stream(session_id)
-        if stream is not None:
-            view = await self.store.view(session_id, stream)
-            if view is not None and view.stream is not None:
-                # One upstream GET per session: a second client view joins the live stream at its head.
-                preface = encode_retry(self.settings.retry_ms)
-                return await attach_view(
-                    self.ctx,
-                    request,
-                    session_id,
-                    [stream],
-                    view.stream.last_seq,
-                    _SSE_HEADERS,
-                    preface,
-                    reserved=True,
-                )
-        upstream = await self.upstream.request("GET", request.path_qs, upstream_headers(request), None)
-        if upstream.status == 404:
-            await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
-        if upstream.status != 200 or upstream.content_type != SSE:
-            return await relay(self.ctx, request, upstream)
-        opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+        while True:
+            stream = await self.store.standalone_stream(session_id)
+            if stream is not None:
+                view = await self.store.view(session_id, stream)
+                if view is not None and view.stream is not None:
+                    # One upstream GET per session: a second client view joins the live stream at its head.
+                    preface = encode_retry(self.settings.retry_ms)
+                    return await attach_view(
+                        self.ctx,
+                        request,
+                        session_id,
+                        [stream],
+                        view.stream.last_seq,
+                        _SSE_HEADERS,
+                        preface,
+                        reserved=True,
+                    )
+            opening = self._opening_standalone.get(session_id)
+            if opening is None:
+                break
+            await asyncio.shield(opening)  # then look again: joined, or that open failed and this one tries
+        opened_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._opening_standalone[session_id] = opened_here
+        opened = None
+        try:
+            upstream = await self.upstream.request("GET", request.path_qs, upstream_headers(request), None)
+            if upstream.status == 404:
+                await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
+            if upstream.status == 200 and upstream.content_type == SSE:
+                opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+            if opened is not None:
+                reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
+                self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
+        finally:
+            del self._opening_standalone[session_id]
+            opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
         if opened is None:
             return await relay(self.ctx, request, upstream)
-        reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
-        self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
         return await attach_view(
             self.ctx,
             request,

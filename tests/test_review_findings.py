@@ -50,6 +50,8 @@ class GatedUpstream:
     abandoned: dict[int, asyncio.Event] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
     pushes: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)  # notifications for the GET stream
+    gets: int = 0  # standalone GETs received
+    get_gate: asyncio.Event | None = None  # when set up, a standalone GET's headers wait for it
 
     def gate(self, request_id: int) -> asyncio.Event:
         return self.gates.setdefault(request_id, asyncio.Event())
@@ -61,6 +63,9 @@ class GatedUpstream:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and "Last-Event-ID" not in request.headers:
+            self.gets += 1
+            if self.get_gate is not None:
+                await self.get_gate.wait()
             stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await stream.prepare(request)
             while True:
@@ -314,3 +319,37 @@ async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
         # After one pause of session_ttl the pump should read on (evicting): 21 events in well under 4 s.
         # With the bug it pauses ~19 times: ~9.5 s.
         await until(lambda: not any(s.live for s in session.streams.values()), timeout=4.0)
+
+
+# -- 9. Two cursor-less GETs at once open two upstream GETs -----------------------------------------------
+
+
+# Regression: proxy._standalone_view looks for the session's standalone stream, and opens an upstream GET
+# when there is none; a second GET arriving while the first upstream GET is still on its way found none
+# too, and opened a second one (which the SDK server answers 409, relayed to that client)
+async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) -> None:
+    upstream, upstream_url = gated
+    upstream.get_gate = asyncio.Event()
+    async with running_proxy(upstream_url, drain_timeout=0.5) as proxy:
+        await initialize(http, proxy.url)
+        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+
+        async def view() -> list:
+            async with http.get(proxy.url, headers=in_session()) as response:
+                assert response.status == 200
+                return await collect(response, limit=1)
+
+        first = asyncio.ensure_future(view())
+        await until(lambda: upstream.gets == 1)  # its upstream GET is held at the gate
+        second = asyncio.ensure_future(view())
+        await until(lambda: session.attached == 2)  # the second view is in, while the first is still opening
+        for _ in range(20):
+            await asyncio.sleep(0)
+        upstream.get_gate.set()
+        await until(lambda: len(session.readers) == 2)  # both views follow the one stream
+        note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 1}})
+        upstream.pushes.put_nowait(note)
+        async with asyncio.timeout(5):
+            got = [await first, await second]
+        assert [[e.data for e in events if e.data] for events in got] == [[note], [note]]
+        assert upstream.gets == 1
