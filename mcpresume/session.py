@@ -52,7 +52,8 @@ class StreamOrigin(enum.Enum):
 
 @dataclass(slots=True)
 class StreamState:
-    number: int
+    """A stream's record (its number is its key in ``SessionState.streams``)."""
+
     origin: StreamOrigin
     first_seq: int
     last_seq: int
@@ -193,7 +194,7 @@ class SessionState:
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(number, origin, seq, seq)
+        self.streams[number] = StreamState(origin, seq, seq)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
@@ -390,7 +391,7 @@ class SessionState:
             stream=None
             if state is None
             else StreamView(
-                state.number, state.live, state.first_seq, state.last_seq, window.evicted_through(stream)
+                stream, state.live, state.first_seq, state.last_seq, window.evicted_through(stream)
             ),
         )
 

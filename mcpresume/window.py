@@ -63,6 +63,8 @@ class Event:
 
 # A segment grows by appends of its stream until this many events (a cut moves its frames: bounded work).
 MAX_SEGMENT: Final = 1024
+# Below this many events a segment grows by exact-size concatenation, above it in place (amortized).
+_EXACT_BELOW: Final = 16
 
 
 @dataclass(slots=True, eq=False)
@@ -203,8 +205,14 @@ class Window:
             and newest.seq + len(newest.frames) == segment.seq
             and len(newest.frames) + len(segment.frames) <= MAX_SEGMENT
         ):
-            newest.frames.extend(segment.frames)
-            newest.times.extend(segment.times)
+            if len(newest.frames) < _EXACT_BELOW:
+                # Concatenation allocates exactly; extend would over-allocate (a 2-frame list gets 8 slots),
+                # which the many small segments of idle sessions would pay for.
+                newest.frames = newest.frames + segment.frames
+                newest.times = newest.times + segment.times
+            else:
+                newest.frames.extend(segment.frames)
+                newest.times.extend(segment.times)
             newest.size += segment.size
         else:
             order.append(segment)
