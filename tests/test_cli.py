@@ -107,3 +107,17 @@ def test_demo_runs_end_to_end() -> None:
     assert '"reason":"cursor_out_of_window"' in out
     assert '"reason":"unknown_session"' in out
     assert 'mcpresume_resumptions_total{outcome="reattach"} 1.0' in out
+
+
+def test_serve_freezes_what_start_up_allocated() -> None:
+    import gc
+
+    from mcpresume.cli import freeze_long_lived
+
+    try:
+        frozen = freeze_long_lived()
+        assert frozen == gc.get_freeze_count() > 1000  # the imported modules at least
+        assert gc.collect() >= 0 and gc.get_freeze_count() == frozen  # a collection leaves them frozen
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
