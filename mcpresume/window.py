@@ -131,14 +131,6 @@ class Evicted:
     # Of those, the events no client ever received: the number an operator must watch.
     undelivered: list[int] = field(default_factory=lambda: [0, 0])
 
-    def add(self, reason: EvictReason, size: int, *, delivered: bool = True) -> None:
-        tally = self.counts.setdefault(reason, [0, 0])
-        tally[0] += 1
-        tally[1] += size
-        if not delivered:
-            self.undelivered[0] += 1
-            self.undelivered[1] += size
-
     def merge(self, other: Evicted) -> None:
         for reason, (count, size) in other.counts.items():
             tally = self.counts.setdefault(reason, [0, 0])

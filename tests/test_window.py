@@ -218,17 +218,16 @@ def test_forget_stream_only_when_it_holds_no_events() -> None:
     assert seqs(window.after(2, 0)) == [3]
 
 
-def test_evicted_add_merge_and_truth() -> None:
+def test_evicted_merge_and_truth() -> None:
     evicted = Evicted()
     assert not evicted
-    evicted.add(EvictReason.COUNT, 5)
-    evicted.add(EvictReason.COUNT, 7)
+    evicted.counts[EvictReason.COUNT] = [2, 12]
+    evicted.undelivered = [1, 7]
     assert evicted
-    other = Evicted()
-    other.add(EvictReason.TTL, 3)
-    other.add(EvictReason.COUNT, 1)
+    other = Evicted({EvictReason.TTL: [1, 3], EvictReason.COUNT: [1, 1]}, [1, 1])
     evicted.merge(other)
     assert evicted.counts == {EvictReason.COUNT: [3, 13], EvictReason.TTL: [1, 3]}
+    assert evicted.undelivered == [2, 8]
     assert other.counts == {EvictReason.TTL: [1, 3], EvictReason.COUNT: [1, 1]}  # merge left it alone
 
 
