@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import resource
+import os
 import sys
 
 import aiohttp
 import uvloop
 from aiohttp import web
 
-from bench.procs import LOOPBACK
+from bench.procs import LOOPBACK, raise_fd_limit, rss_kib
 
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -36,23 +36,14 @@ _REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
 WARM_UP = 50
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def _raise_fd_limit() -> None:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def _rss_bytes() -> int:
+    return rss_kib(os.getpid()) * 1024
 
 
 async def _child(role: str, port: int, count: int) -> None:
     """``hold-clients``: open ``count`` raw connections to ``port`` and keep them. ``serve``: a raw server
     sending SSE headers and one chunk to every GET, printing its port."""
-    _raise_fd_limit()
+    raise_fd_limit()
     kept: list[asyncio.StreamWriter] = []
     if role == "serve":
 
@@ -102,11 +93,11 @@ async def server_half(count: int) -> float:
         assert child.stdout is not None
         await child.stdout.readline()  # warm
         gc.collect()
-        base = _rss()
+        base = _rss_bytes()
         await child.stdout.readline()  # held
         await asyncio.sleep(1)
         gc.collect()
-        return (_rss() - base) / count
+        return (_rss_bytes() - base) / count
     finally:
         child.kill()
         await child.wait()
@@ -131,12 +122,12 @@ async def client_half(count: int) -> float:
             for _ in range(WARM_UP):
                 await one()
             gc.collect()
-            base = _rss()
+            base = _rss_bytes()
             for _ in range(count):
                 await one()
             await asyncio.sleep(1)
             gc.collect()
-            per_stream = (_rss() - base) / count
+            per_stream = (_rss_bytes() - base) / count
             for response in held:
                 response.close()
             return per_stream
@@ -146,7 +137,7 @@ async def client_half(count: int) -> float:
 
 
 async def main(count: int) -> None:
-    _raise_fd_limit()
+    raise_fd_limit()
     server = await server_half(count)
     client = await client_half(count)
     print(f"aiohttp server half: {server:,.0f} B per held SSE response ({count:,} streams)")
