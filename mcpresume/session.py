@@ -252,7 +252,14 @@ class SessionState:
         self._forget_gone_streams()
 
     def expire(self, now: float) -> Evicted:
-        evicted = self.window.expire(now)
+        return self._after_eviction(self.window.expire(now))
+
+    def shed(self, max_bytes: int) -> Evicted:
+        """Trim the window to ``max_bytes`` (the global cap), oldest first."""
+        return self._after_eviction(self.window.shed(max_bytes))
+
+    def _after_eviction(self, evicted: Evicted) -> Evicted:
+        """An eviction outside an append: readers must look again, and emptied streams are forgotten."""
         if evicted:
             self.version += 1
             self._forget_gone_streams()
@@ -272,14 +279,6 @@ class SessionState:
         ]:
             del self.streams[number]
             window.forget_stream(number)
-
-    def shed(self, max_bytes: int) -> Evicted:
-        """Trim the window to ``max_bytes`` (the global cap), oldest first."""
-        evicted = self.window.shed(max_bytes)
-        if evicted:
-            self.version += 1
-            self._forget_gone_streams()
-        return evicted
 
     def live_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live)

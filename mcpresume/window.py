@@ -183,8 +183,7 @@ class Window:
 
     def append(self, event: Event, now: float) -> Evicted:
         """Append one event (its seq must exceed every retained seq) and enforce the limits."""
-        body = event.body
-        return self.add(Segment(event.stream, event.seq, [body], array("d", (event.at,)), len(body)), now)
+        return self.add(Segment.of(event.stream, event.seq, [event.body], event.at), now)
 
     def add(self, segment: Segment, now: float) -> Evicted:
         """Append a segment (seqs above every retained one) and enforce the limits once for it. Events
