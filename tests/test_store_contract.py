@@ -376,7 +376,7 @@ async def test_wait_times_out_without_news(store: SessionStore) -> None:
 async def test_wait_is_woken_by_a_change(store: SessionStore, change: str) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.create_task(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
     await yield_to_waiters()
     assert not waiter.done()  # it is parked, waiting for news
     actions: dict[str, Callable[[], Awaitable[Any]]] = {
@@ -396,7 +396,7 @@ async def test_wait_on_an_unknown_session_returns_at_once(store: SessionStore) -
 async def test_one_waiter_timing_out_does_not_strand_another(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    patient = asyncio.create_task(store.wait(sid, version, timeout=LONG))
+    patient = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
     await yield_to_waiters()
     assert await store.wait(sid, version, timeout=0.01) is False
     assert not patient.done()
@@ -407,7 +407,7 @@ async def test_one_waiter_timing_out_does_not_strand_another(store: SessionStore
 async def test_every_waiter_is_woken(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiters = [asyncio.create_task(store.wait(sid, version, timeout=LONG)) for _ in range(3)]
+    waiters = [asyncio.ensure_future(store.wait(sid, version, timeout=LONG)) for _ in range(3)]
     await yield_to_waiters()
     await store.append(sid, stream, [msg()], now=1.0)
     assert await asyncio.wait_for(asyncio.gather(*waiters), LONG) == [True, True, True]
@@ -416,7 +416,7 @@ async def test_every_waiter_is_woken(store: SessionStore) -> None:
 async def test_wait_is_woken_when_reap_drops_the_session(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.create_task(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
     await yield_to_waiters()
     dropped, _ = await store.reap(now=SESSION_TTL + 1)
     assert sid in dropped
@@ -554,7 +554,7 @@ async def test_close_drops_everything_and_wakes_waiters(store_factory: StoreFact
     store = await store_factory()
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.create_task(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
     await yield_to_waiters()
     await store.close()
     assert await asyncio.wait_for(waiter, LONG) is True

@@ -11,7 +11,7 @@ that loops read -> send -> wait therefore never misses an append that happened w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,8 +93,10 @@ class SessionStore(Protocol):
         """The next events after ``after`` on ``streams``, in seq order (None: session gone)."""
         ...
 
-    async def wait(self, session_id: str, version: int, timeout: float) -> bool:
-        """Return True when the session changed since ``version`` or was dropped, False after ``timeout``."""
+    def wait(self, session_id: str, version: int, timeout: float) -> Awaitable[bool]:
+        """Resolve True when the session changed since ``version`` or was dropped, False after ``timeout``
+        (the memory store's may be up to a quarter second late). An awaitable, so a store can hand out a
+        bare future: a parked view then holds no coroutine frame in the store."""
         ...
 
     async def attach(self, session_id: str, now: float, limit: int | None = None) -> bool:

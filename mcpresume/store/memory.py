@@ -12,7 +12,8 @@ the check costs nothing when under the cap.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from mcpresume.cursor import new_epoch
@@ -26,9 +27,51 @@ from mcpresume.window import Evicted, WindowLimits
 T = TypeVar("T")
 
 
-def _time_out(future: asyncio.Future[bool]) -> None:
-    if not future.done():
-        future.set_result(False)
+TICK = 0.25
+"""Parked waiters time out on a shared clock of this many seconds: up to one tick late."""
+
+# A session's parked futures are swept of the done ones (left by waiters that went away) at this length.
+_SWEEP_AT = 8
+
+
+class Parking:
+    """Waiters parked per session, each on a future of its own: a change wakes each one in one hop, and a
+    waiter that leaves cancels only its own. Time-outs share one timer per tick (``TICK``): an idle view
+    holds a future and two list slots, not a timer handle of its own."""
+
+    def __init__(self) -> None:
+        self._parked: dict[str, list[asyncio.Future[bool]]] = {}
+        self._due: dict[int, list[asyncio.Future[bool]]] = {}
+
+    def park(self, session_id: str, timeout: float) -> asyncio.Future[bool]:
+        """A future that resolves True at the next ``wake(session_id)``, or False after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        parked = self._parked.setdefault(session_id, [])
+        if len(parked) >= _SWEEP_AT:
+            parked[:] = [waiter for waiter in parked if not waiter.done()]
+        parked.append(future)
+        tick = math.ceil((loop.time() + max(timeout, 0.0)) / TICK)
+        due = self._due.get(tick)
+        if due is None:
+            due = self._due[tick] = []
+            loop.call_at(tick * TICK, self._time_out, tick)
+        due.append(future)
+        return future
+
+    def wake(self, session_id: str) -> None:
+        for future in self._parked.pop(session_id, ()):
+            if not future.done():
+                future.set_result(True)
+
+    def _time_out(self, tick: int) -> None:
+        for future in self._due.pop(tick, ()):
+            if not future.done():
+                future.set_result(False)
+
+    def __len__(self) -> int:
+        """Sessions with a parked waiter list (for tests)."""
+        return len(self._parked)
 
 
 class MemoryStore:
@@ -48,10 +91,8 @@ class MemoryStore:
         self.max_total_bytes = max_total_bytes
         self._sessions: dict[str, SessionState] = {}
         self._total_bytes = 0
-        # Parked waiters per session: each has a future of its own, so a waiter that times out cancels only
-        # its own, and a change wakes each waiter in one hop (no shield in between).
-        self._changed: dict[str, list[asyncio.Future[bool]]] = {}
-        self._readers_moved: dict[str, list[asyncio.Future[bool]]] = {}
+        self._changed = Parking()  # views waiting for a session's next change
+        self._readers_moved = Parking()  # pumps waiting for a reader to move (flow control)
 
     async def start(self) -> None:
         return None
@@ -65,34 +106,8 @@ class MemoryStore:
 
     # -- wake-ups ----------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _resolve(waiters: dict[str, list[asyncio.Future[bool]]], session_id: str) -> None:
-        for future in waiters.pop(session_id, ()):
-            if not future.done():
-                future.set_result(True)
-
-    @staticmethod
-    async def _await(waiters: dict[str, list[asyncio.Future[bool]]], session_id: str, timeout: float) -> bool:
-        """Park until the matching change (True) or ``timeout`` (False). A timer handle resolves the future
-        on time-out: lighter than an asyncio.timeout context, which every parked view would hold."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        parked = waiters.setdefault(session_id, [])
-        parked.append(future)
-        timer = loop.call_later(timeout, _time_out, future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            if not future.done():
-                future.cancel()
-            if parked and future in parked:
-                parked.remove(future)
-                if not parked and waiters.get(session_id) is parked:
-                    del waiters[session_id]
-
     def _notify(self, session_id: str) -> None:
-        self._resolve(self._changed, session_id)
+        self._changed.wake(session_id)
 
     # -- byte accounting ---------------------------------------------------------------------------------
 
@@ -128,7 +143,7 @@ class MemoryStore:
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._notify(session_id)
-        self._resolve(self._readers_moved, session_id)
+        self._readers_moved.wake(session_id)
         return session is not None
 
     async def create_session(self, session_id: str, now: float) -> str:
@@ -220,11 +235,14 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         return None if session is None else session.read(streams, after)
 
-    async def wait(self, session_id: str, version: int, timeout: float) -> bool:
+    def wait(self, session_id: str, version: int, timeout: float) -> Awaitable[bool]:
+        # A future, not a coroutine: a parked view holds no frame here.
         session = self._sessions.get(session_id)
         if session is None or session.version != version:
-            return True
-        return await self._await(self._changed, session_id, timeout)
+            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            done.set_result(True)
+            return done
+        return self._changed.park(session_id, timeout)
 
     # -- clients and flow control ------------------------------------------------------------------------
 
@@ -252,13 +270,13 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is not None:
             session.move_reader(token, position)
-            self._resolve(self._readers_moved, session_id)
+            self._readers_moved.wake(session_id)
 
     async def remove_reader(self, session_id: str, token: int) -> None:
         session = self._sessions.get(session_id)
         if session is not None:
             session.remove_reader(token)
-            self._resolve(self._readers_moved, session_id)
+            self._readers_moved.wake(session_id)
 
     async def wait_for_room(
         self,
@@ -281,7 +299,7 @@ class MemoryStore:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            await self._await(self._readers_moved, session_id, remaining)
+            await self._readers_moved.park(session_id, remaining)
 
     async def drop_lagging_readers(self, session_id: str, count: int, size: int) -> int:
         session = self._sessions.get(session_id)

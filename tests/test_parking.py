@@ -1,0 +1,47 @@
+"""The memory store's parked waiters: one future each, time-outs on a shared clock (no timer per waiter)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mcpresume.store.memory import TICK, Parking
+
+
+async def test_waiters_parked_together_share_one_timer_and_all_time_out() -> None:
+    parking = Parking()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    futures = [parking.park(f"s{i % 10}", 0.05) for i in range(200)]
+    assert len(parking._due) <= 2  # one timer per tick (two if the parks straddled a tick), not 200
+    assert await asyncio.gather(*futures) == [False] * 200
+    assert loop.time() - started >= 0.05 - 0.002  # never early (uvloop timers have ms resolution)
+    assert not parking._due  # the fired ticks are forgotten
+
+
+async def test_wake_resolves_the_sessions_waiters_only() -> None:
+    parking = Parking()
+    mine = [parking.park("a", 30.0) for _ in range(3)]
+    other = parking.park("b", 30.0)
+    parking.wake("a")
+    assert [future.result() for future in mine] == [True, True, True]
+    assert not other.done()
+    assert len(parking) == 1  # "a" has no list left
+    parking.wake("b")
+    assert other.result() is True
+
+
+async def test_a_woken_waiter_is_not_timed_out_later() -> None:
+    parking = Parking()
+    future = parking.park("a", 0.0)
+    parking.wake("a")
+    await asyncio.sleep(TICK + 0.05)  # past its tick: the timer finds it done and leaves it
+    assert future.result() is True
+
+
+async def test_waiters_that_left_are_swept_from_a_quiet_session() -> None:
+    """Views that come and go on a session with no change leave cancelled futures behind: the list is swept
+    as it grows, so it stays short however many came and went."""
+    parking = Parking()
+    for _ in range(1000):
+        parking.park("quiet", 30.0).cancel()
+    assert len(parking._parked["quiet"]) <= 8
