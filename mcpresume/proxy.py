@@ -80,6 +80,16 @@ class Proxy:
         # Sessions whose standalone upstream GET is being opened: a second cursor-less GET waits for that
         # one and joins its stream instead of opening another (one upstream GET per session).
         self._opening_standalone: dict[str, asyncio.Future[None]] = {}
+        settings = self.settings
+        self._pump_settings = PumpSettings(  # one for every pump
+            max_event_bytes=settings.max_event_bytes,
+            stall_timeout=settings.stall_timeout,
+            window_events=settings.window_events,
+            retry_ms=settings.retry_ms,
+            resume_attempts=settings.upstream_resume_attempts,
+            pause=settings.overflow == "pause",
+            session_ttl=settings.session_ttl,
+        )
 
     # -- entry -------------------------------------------------------------------------------------------
 
@@ -331,23 +341,7 @@ class Proxy:
         )
 
     def _spawn_pump(self, job: PumpJob, upstream: aiohttp.ClientResponse) -> None:
-        settings = self.settings
-        pump = Pump(
-            job,
-            self.store,
-            self.metrics,
-            self.upstream,
-            self.ctx.clock,
-            PumpSettings(
-                max_event_bytes=settings.max_event_bytes,
-                stall_timeout=settings.stall_timeout,
-                window_events=settings.window_events,
-                retry_ms=settings.retry_ms,
-                resume_attempts=settings.upstream_resume_attempts,
-                pause=settings.overflow == "pause",
-                session_ttl=settings.session_ttl,
-            ),
-        )
+        pump = Pump(job, self.store, self.metrics, self.upstream, self.ctx.clock, self._pump_settings)
         self.ctx.pumps.spawn(job.session_id, pump.run(upstream))
 
     async def _claim(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -52,6 +53,8 @@ MAX_RESUME_DELAY: Final = 30.0
 # Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
 _REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
+# No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
+_NONE_SEEN: Final[frozenset[bytes]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,19 +90,23 @@ class Pumps:
     """Owns the pump tasks (strong references), per session, so they can be cancelled or drained."""
 
     def __init__(self) -> None:
-        self._tasks: dict[str, set[asyncio.Task[None]]] = {}
+        # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
 
     def spawn(self, session_id: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
-        tasks = self._tasks.setdefault(session_id, set())
-        tasks.add(task)
-        task.add_done_callback(lambda t: self._forget(session_id, t))
+        tasks = self._tasks.get(session_id)
+        if tasks is None:
+            self._tasks[session_id] = [task]
+        else:
+            tasks.append(task)
+        task.add_done_callback(functools.partial(self._forget, session_id))
         return task
 
     def _forget(self, session_id: str, task: asyncio.Task[None]) -> None:
         tasks = self._tasks.get(session_id)
-        if tasks is not None:
-            tasks.discard(task)
+        if tasks is not None and task in tasks:
+            tasks.remove(task)
             if not tasks:
                 del self._tasks[session_id]
 
@@ -151,7 +158,7 @@ class Pump:
         # Both made at first need: an empty deque costs ~630 bytes, and most streams (no upstream ids, or no
         # resume) never need them.
         self._recent: deque[bytes] | None = None
-        self._seen: frozenset[bytes] | set[bytes] = frozenset()
+        self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
 
     async def run(self, response: aiohttp.ClientResponse) -> None:
         current: aiohttp.ClientResponse | None = response
@@ -174,7 +181,8 @@ class Pump:
     async def _read(self, response: aiohttp.ClientResponse) -> _End:
         parser = SSEParser(self.settings.max_event_bytes)
         try:
-            async for chunk in response.content.iter_any():
+            content = response.content
+            while chunk := await content.readany():  # not iter_any(): no iterator object per stream
                 await self._append(self._events(parser.feed_batched(chunk)))
                 if self.job.request_ids and not self.pending:
                     return _End.COMPLETE

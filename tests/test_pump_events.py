@@ -3,10 +3,11 @@ fast path, the split at a response, and replays dropped after an upstream resume
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, PumpSettings
+from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEParser, SSERun
 from mcpresume.window import EventKind
@@ -75,3 +76,19 @@ def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> 
     (run, [response]) = batches
     assert isinstance(run, SSERun) and [e.id for e in run.events()] == [b"u6"]
     assert response.kind is EventKind.RESPONSE and response.response_key == "n:7"
+
+
+async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:
+    pumps = Pumps()
+    release = asyncio.Event()
+    a1 = pumps.spawn("a", release.wait())
+    a2 = pumps.spawn("a", release.wait())
+    b = pumps.spawn("b", asyncio.sleep(30))
+    assert len(pumps) == 3
+    pumps.cancel_session("b")
+    await asyncio.gather(b, return_exceptions=True)
+    assert b.cancelled() and len(pumps) == 2 and not a1.done()
+    release.set()
+    await asyncio.gather(a1, a2)
+    await asyncio.sleep(0)  # done callbacks run one loop step after the tasks end
+    assert len(pumps) == 0 and not pumps._tasks
