@@ -47,6 +47,21 @@ class AttachOutcome:
     reason: str = "complete"
 
 
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    """What one client view serves: the events of ``streams`` after seq ``after``, under these response
+    ``headers``, after ``preface`` (a resume's retry hint, say). ``reader``: a reader token already
+    registered at ``after``; ``replay_through``: the newest seq when a re-attach was decided (the events up
+    to it are counted as replayed)."""
+
+    streams: Sequence[int]
+    after: int
+    headers: Sequence[tuple[str, str]]
+    preface: bytes = b""
+    replay_through: int = 0
+    reader: int | None = None
+
+
 async def write_bounded(response: web.StreamResponse, data: bytes, stall_timeout: float) -> None:
     try:
         async with asyncio.timeout(stall_timeout):
@@ -125,62 +140,38 @@ async def reserve_view(
 
 
 async def attach_view(
-    ctx: ProxyContext,
-    request: web.Request,
-    session_id: str,
-    streams: Sequence[int],
-    after: int,
-    headers: Sequence[tuple[str, str]],
-    preface: bytes,
-    *,
-    replay_through: int = 0,
-    reader: int | None = None,
-    reserved: bool = False,
+    ctx: ProxyContext, request: web.Request, session_id: str, plan: ViewPlan
 ) -> web.StreamResponse:
-    """Serve a client view of ``streams`` after seq ``after``, counted against max_attached_per_session
-    (``reserved``: the caller already counted it, before forwarding the request the view is for)."""
-    if reserved:
-        return await serve_view(
-            ctx, request, session_id, streams, after, headers, preface, replay_through, reader
-        )
+    """Serve a client view, counted against max_attached_per_session here. A caller that counted it
+    already (before forwarding the request the view is for) calls ``serve_view`` itself."""
     store = ctx.store
     refused = await reserve_view(ctx, request, session_id)
     if refused is not None:
-        if reader is not None:
-            await store.remove_reader(session_id, reader)
+        if plan.reader is not None:
+            await store.remove_reader(session_id, plan.reader)
         return refused
     try:
-        return await serve_view(
-            ctx, request, session_id, streams, after, headers, preface, replay_through, reader
-        )
+        return await serve_view(ctx, request, session_id, plan)
     finally:
         await store.detach(session_id, ctx.clock())
 
 
 async def serve_view(
-    ctx: ProxyContext,
-    request: web.Request,
-    session_id: str,
-    streams: Sequence[int],
-    after: int,
-    headers: Sequence[tuple[str, str]],
-    preface: bytes,
-    replay_through: int,
-    reader: int | None,
+    ctx: ProxyContext, request: web.Request, session_id: str, plan: ViewPlan
 ) -> web.StreamResponse:
     """The SSE response of one view: headers, the preface, then ``follow`` until the stream completes."""
     stall_timeout = ctx.settings.stall_timeout
     response = web.StreamResponse(status=200)
-    for name, value in headers:
+    for name, value in plan.headers:
         response.headers.add(name, value)
     response.headers[SESSION_HEADER] = session_id
     try:
         await response.prepare(request)
-        if preface:
-            await write_bounded(response, preface, stall_timeout)
+        if plan.preface:
+            await write_bounded(response, plan.preface, stall_timeout)
     except (ConnectionError, Stalled) as exc:
-        if reader is not None:
-            await ctx.store.remove_reader(session_id, reader)
+        if plan.reader is not None:
+            await ctx.store.remove_reader(session_id, plan.reader)
         log.info(
             "session %s: client left before the stream started (%s)", log_id(session_id), type(exc).__name__
         )
@@ -192,11 +183,11 @@ async def serve_view(
             response,
             ctx.store,
             session_id,
-            streams,
-            after,
-            replay_through=replay_through,
+            plan.streams,
+            plan.after,
+            replay_through=plan.replay_through,
             stall_timeout=stall_timeout,
-            reader=reader,
+            reader=plan.reader,
         )
     finally:
         metrics.open_streams.dec()

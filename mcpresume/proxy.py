@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import attach_view, reserve_view
+from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -185,17 +185,11 @@ class Proxy:
             if isinstance(opened, web.Response):
                 return opened
             if isinstance(opened, _Opened):
-                return await attach_view(
-                    self.ctx,
-                    request,
-                    opened.session_id,
-                    [opened.stream],
-                    opened.priming_seq - 1,
-                    opened.headers,
-                    b"",
-                    reader=opened.reader,
-                    reserved=reserved,
+                plan = ViewPlan(
+                    (opened.stream,), opened.priming_seq - 1, opened.headers, reader=opened.reader
                 )
+                view = serve_view if reserved else attach_view  # a reserved view is counted already
+                return await view(self.ctx, request, opened.session_id, plan)
             return await relay(self.ctx, request, opened)
         finally:
             if reserved and session_id is not None:
@@ -370,9 +364,8 @@ class Proxy:
         if outcome is ClaimOutcome.ATTACH and stream is not None:
             view = await self.store.view(session_id, stream)
             if view is not None and view.stream is not None:
-                return await attach_view(
-                    self.ctx, request, session_id, [stream], view.stream.first_seq - 1, _SSE_HEADERS, b""
-                )
+                plan = ViewPlan((stream,), view.stream.first_seq - 1, _SSE_HEADERS)
+                return await attach_view(self.ctx, request, session_id, plan)
         if outcome in (ClaimOutcome.ATTACH, ClaimOutcome.GONE):
             error: ProxyError = CursorOutOfWindow(
                 "this request id was already answered and its stream is no longer retained"
@@ -426,16 +419,8 @@ class Proxy:
                 decision.after,
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            return await attach_view(
-                self.ctx,
-                request,
-                session_id,
-                [decision.stream],
-                decision.after,
-                _SSE_HEADERS,
-                preface,
-                replay_through=newest,
-            )
+            plan = ViewPlan((decision.stream,), decision.after, _SSE_HEADERS, preface, replay_through=newest)
+            return await attach_view(self.ctx, request, session_id, plan)
         if not await self.store.has_session(session_id):
             return await passthrough(self.ctx, request, None)
         return await self._standalone(request, session_id)
@@ -446,11 +431,19 @@ class Proxy:
         if refused is not None:
             return refused  # before any upstream GET is opened for it
         try:
-            return await self._standalone_view(request, session_id)
+            # Planned in a call that returns: a held view keeps no frame of the opening.
+            plan = await self._standalone_plan(request, session_id)
+            if isinstance(plan, ViewPlan):
+                return await serve_view(self.ctx, request, session_id, plan)
+            return await relay(self.ctx, request, plan)  # the upstream's answer when it opened no stream
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
-    async def _standalone_view(self, request: web.Request, session_id: str) -> web.StreamResponse:
+    async def _standalone_plan(
+        self, request: web.Request, session_id: str
+    ) -> ViewPlan | aiohttp.ClientResponse:
+        """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
+        and its pump); the upstream's response when that GET did not open an SSE stream."""
         while True:
             stream = await self.store.standalone_stream(session_id)
             if stream is not None:
@@ -458,16 +451,7 @@ class Proxy:
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head.
                     preface = encode_retry(self.settings.retry_ms)
-                    return await attach_view(
-                        self.ctx,
-                        request,
-                        session_id,
-                        [stream],
-                        view.stream.last_seq,
-                        _SSE_HEADERS,
-                        preface,
-                        reserved=True,
-                    )
+                    return ViewPlan((stream,), view.stream.last_seq, _SSE_HEADERS, preface)
             opening = self._opening_standalone.get(session_id)
             if opening is None:
                 break
@@ -488,18 +472,8 @@ class Proxy:
             del self._opening_standalone[session_id]
             opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
         if opened is None:
-            return await relay(self.ctx, request, upstream)
-        return await attach_view(
-            self.ctx,
-            request,
-            session_id,
-            [opened.number],
-            opened.priming_seq - 1,
-            _client_headers(upstream),
-            b"",
-            reader=reader,
-            reserved=True,
-        )
+            return upstream
+        return ViewPlan((opened.number,), opened.priming_seq - 1, _client_headers(upstream), reader=reader)
 
     async def _post_with_cursor(
         self, request: web.Request, body: bytes, message: ClientMessage, session_id: str, cursor_header: str
@@ -531,18 +505,8 @@ class Proxy:
             if isinstance(opened, _Opened):
                 await self.store.remove_reader(session_id, opened.reader)
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            return await attach_view(
-                self.ctx,
-                request,
-                session_id,
-                streams,
-                decision.after,
-                _SSE_HEADERS,
-                preface,
-                replay_through=newest,
-                reader=reader,
-                reserved=True,
-            )
+            plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
+            return await serve_view(self.ctx, request, session_id, plan)
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
@@ -324,7 +325,7 @@ async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
 # -- 9. Two cursor-less GETs at once open two upstream GETs -----------------------------------------------
 
 
-# Regression: proxy._standalone_view looks for the session's standalone stream, and opens an upstream GET
+# Regression: proxy._standalone_plan looks for the session's standalone stream, and opens an upstream GET
 # when there is none; a second GET arriving while the first upstream GET is still on its way found none
 # too, and opened a second one (which the SDK server answers 409, relayed to that client)
 async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) -> None:
@@ -353,3 +354,42 @@ async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) ->
             got = [await first, await second]
         assert [[e.data for e in events if e.data] for events in got] == [[note], [note]]
         assert upstream.gets == 1
+
+
+# -- 10. What a held view keeps ------------------------------------------------------------------------
+
+
+def _await_chain(task: asyncio.Task[Any]) -> tuple[list[str], object]:
+    """The qualified names of the coroutines ``task`` is suspended in, outermost first, and what the
+    innermost one awaits."""
+    names: list[str] = []
+    awaited: Any = task.get_coro()
+    while hasattr(awaited, "cr_code"):
+        names.append(awaited.cr_code.co_qualname)
+        awaited = awaited.cr_await
+    return names, awaited
+
+
+# An idle view is the proxy's most numerous object: each coroutine frame it holds costs ~300 bytes. Held,
+# it is suspended in the handler, the GET dispatch, the view count, the view and its follow loop, on a bare
+# future of the store's (no store coroutine, no timer of its own); the opening of the stream is not held.
+async def test_a_held_standalone_view_parks_five_frames_deep_on_a_bare_future(http, gated) -> None:
+    _, upstream_url = gated
+    async with running_proxy(upstream_url, drain_timeout=0.5) as proxy:
+        await initialize(http, proxy.url)
+        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        async with http.get(proxy.url, headers=in_session()) as response:
+            assert response.status == 200
+            await until(lambda: len(session.readers) == 1)
+            for _ in range(5):
+                await asyncio.sleep(0)  # let the view reach its wait
+            chains = [_await_chain(task) for task in asyncio.all_tasks()]
+            [(names, awaited)] = [(n, a) for n, a in chains if "Proxy.handle" in n]
+            assert names[names.index("Proxy.handle") :] == [
+                "Proxy.handle",
+                "Proxy._mcp_get",
+                "Proxy._standalone",
+                "serve_view",
+                "follow",
+            ]
+            assert isinstance(awaited, asyncio.Future) or type(awaited).__name__ == "FutureIter"  # C future
