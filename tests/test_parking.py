@@ -45,3 +45,14 @@ async def test_waiters_that_left_are_swept_from_a_quiet_session() -> None:
     for _ in range(1000):
         parking.park("quiet", 30.0).cancel()
     assert len(parking._parked["quiet"]) <= 8
+
+
+async def test_waiters_woken_early_do_not_pile_up_until_their_tick() -> None:
+    """A busy view parks and is woken thousands of times within one time-out: the tick lists hold about
+    the live waiters (here one), not every future parked in the last ``timeout`` seconds."""
+    parking = Parking()
+    for _ in range(10_000):
+        future = parking.park("busy", 15.0)
+        parking.wake("busy")
+        assert future.result() is True
+    assert max(len(due) for due in parking._due.values()) <= 8

@@ -30,8 +30,16 @@ T = TypeVar("T")
 TICK = 0.25
 """Parked waiters time out on a shared clock of this many seconds: up to one tick late."""
 
-# A session's parked futures are swept of the done ones (left by waiters that went away) at this length.
-_SWEEP_AT = 8
+# Waiter lists are swept of done futures (woken early, or left by waiters that went away) whenever their
+# length reaches a power of two from this one on: amortized O(1) per park, at most about twice the live.
+_SWEEP_FROM = 8
+
+
+def _append_swept(waiters: list[asyncio.Future[bool]], future: asyncio.Future[bool]) -> None:
+    size = len(waiters)
+    if size >= _SWEEP_FROM and size & (size - 1) == 0:
+        waiters[:] = [waiter for waiter in waiters if not waiter.done()]
+    waiters.append(future)
 
 
 class Parking:
@@ -47,16 +55,15 @@ class Parking:
         """A future that resolves True at the next ``wake(session_id)``, or False after ``timeout``."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
-        parked = self._parked.setdefault(session_id, [])
-        if len(parked) >= _SWEEP_AT:
-            parked[:] = [waiter for waiter in parked if not waiter.done()]
-        parked.append(future)
+        _append_swept(self._parked.setdefault(session_id, []), future)
         tick = math.ceil((loop.time() + max(timeout, 0.0)) / TICK)
         due = self._due.get(tick)
         if due is None:
             due = self._due[tick] = []
             loop.call_at(tick * TICK, self._time_out, tick)
-        due.append(future)
+        # Most waiters are woken long before their tick (a busy view parks thousands of times a second):
+        # swept as it grows, a tick's list holds about the live ones, not every park of its quarter second.
+        _append_swept(due, future)
         return future
 
     def wake(self, session_id: str) -> None:
