@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from tests.support.proxy import error_of, running_proxy
+from tests.support.scripted import catch_all
 from tests.support.sdk import count_slowly, sdk_session
 
 
@@ -92,8 +93,7 @@ async def test_slow_first_byte_is_504(serve) -> None:
         await release.wait()
         return web.Response(text="late")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", slow)
+    app = catch_all(slow)
     url = await serve(app)
     async with running_proxy(url, first_byte_timeout=0.2) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
@@ -115,8 +115,7 @@ async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -
         response.headers["X-Private"] = "hop"
         return response
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", oauth)
+    app = catch_all(oauth)
     url = await serve(app)
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         base = proxy.url.removesuffix("/mcp")
@@ -150,8 +149,7 @@ def sse_upstream(body: bytes, *, session: str | None = "sess-1", extra: dict[str
         await response.write(body)
         return response
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
+    app = catch_all(handler)
     return app
 
 
@@ -186,8 +184,7 @@ async def test_huge_upstream_header_is_a_clean_502(serve) -> None:
     async def huge(request: web.Request) -> web.Response:
         return web.Response(text="{}", headers={"X-Big": "a" * 200_000})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", huge)
+    app = catch_all(huge)
     url = await serve(app)
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
@@ -219,8 +216,7 @@ async def test_modern_era_requests_pass_straight_through(serve) -> None:
         seen.append(dict(request.headers))
         return web.json_response({"jsonrpc": "2.0", "id": 1, "result": {"ok": True}})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", modern)
+    app = catch_all(modern)
     url = await serve(app)
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}})
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:

@@ -27,6 +27,7 @@ from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import Event, EventKind, EvictReason, Window, WindowLimits
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.scripted import catch_all, initialize_answer
 
 TIMEOUT = 10.0  # generous bound on anything a test awaits (a loaded 2-core box)
 
@@ -62,9 +63,7 @@ class ToolUpstream:
         self.release = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
+        return catch_all(self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "DELETE":
@@ -78,15 +77,7 @@ class ToolUpstream:
         message = orjson.loads(await request.read())
         if message.get("method") == "initialize":
             self.sessions += 1
-            result = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "serverInfo": {"name": "tools", "version": "1"},
-            }
-            return web.json_response(
-                {"jsonrpc": "2.0", "id": message["id"], "result": result},
-                headers={"Mcp-Session-Id": f"tool-session-{self.sessions}"},
-            )
+            return initialize_answer(message, f"tool-session-{self.sessions}", "tools")
         if "id" not in message:
             return web.Response(status=202)
         name = message["params"]["name"]

@@ -21,6 +21,7 @@ from mcpresume.session import NewEvent, StreamOrigin
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, WindowLimits
 from tests.support.proxy import ManualClock, collect, running_proxy
+from tests.support.scripted import catch_all, initialize_answer
 
 SESSION = "review-session-1"
 HEADERS = {
@@ -58,9 +59,7 @@ class GatedUpstream:
         return self.gates.setdefault(request_id, asyncio.Event())
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
+        return catch_all(self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and "Last-Event-ID" not in request.headers:
@@ -79,14 +78,7 @@ class GatedUpstream:
             return web.Response(status=202)
         self.calls.append((method, request_id))
         if method == "initialize":
-            result = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "serverInfo": {"name": "g", "version": "1"},
-            }
-            return web.json_response(
-                {"jsonrpc": "2.0", "id": request_id, "result": result}, headers={"Mcp-Session-Id": SESSION}
-            )
+            return initialize_answer(message, SESSION, "g")
         if method == "json":
             return web.json_response({"jsonrpc": "2.0", "id": request_id, "result": {"json": True}})
         if method == "fail":

@@ -5,12 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 SESSION = "scripted-session-1"
+
+
+def catch_all(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.Application:
+    """An aiohttp app sending every method and path to ``handler``: an MCP endpoint wherever it is put."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    return app
+
+
+def initialize_answer(message: dict[str, Any], session_id: str, name: str) -> web.Response:
+    """A scripted upstream's answer to ``initialize``: it starts session ``session_id``."""
+    result = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "serverInfo": {"name": name, "version": "1"},
+    }
+    return web.json_response(
+        {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": session_id}
+    )
 
 
 @dataclass
@@ -39,9 +60,7 @@ class ScriptedUpstream:
     sessions: int = 0  # initialize requests answered (each gets a fresh session id)
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
+        return catch_all(self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "DELETE":
@@ -60,15 +79,9 @@ class ScriptedUpstream:
         if self.forget_session and "Mcp-Session-Id" in request.headers:
             return web.Response(status=404, text="session not found")
         if message.get("method") == "initialize":
-            result = {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "serverInfo": {"name": "s", "version": "1"},
-            }
             self.sessions += 1
-            session = SESSION if self.sessions == 1 else f"{SESSION}-{self.sessions}"
-            return web.json_response(
-                {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": session}
+            return initialize_answer(
+                message, SESSION if self.sessions == 1 else f"{SESSION}-{self.sessions}", "s"
             )
         if "id" not in message:
             return web.Response(status=202)
