@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from mcpresume.attach import Stalled, write_bounded
+from mcpresume.attach import ClientWriter, Stalled
 from mcpresume.context import ProxyContext
 from mcpresume.errors import BodyTimeout, BodyTooLarge
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
@@ -89,9 +89,10 @@ async def relay(
         await response.prepare(request)
         if is_sse:
             ctx.metrics.open_streams.inc()
+        writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
         try:
             async for chunk in upstream.content.iter_any():
-                await write_bounded(response, chunk, ctx.settings.stall_timeout)
+                await writer.write(chunk)
             await response.write_eof()
         except (aiohttp.ClientError, OSError) as exc:
             log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from mcpresume.app import reap_once
+from mcpresume.attach import ClientWriter, Stalled
 from mcpresume.sse import SSEParser
 from tests.conftest import ServeApp
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
@@ -186,3 +187,55 @@ def _held() -> int:
     gc.collect()
     snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, "*/mcpresume/*")])
     return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+# -- the write bound's fast path ----------------------------------------------------------------------
+
+
+class _Transport:
+    """A transport reporting a chosen write-buffer level (what a real one reports mid-flight)."""
+
+    def __init__(self, buffered: int) -> None:
+        self.buffered = buffered
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16 * 1024, 64 * 1024
+
+
+class _SlowResponse:
+    """A response whose write takes ``delay`` s: stands for a write that waits on a paused protocol."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.written: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.sleep(self.delay)
+        self.written.append(data)
+
+
+@pytest.mark.parametrize(
+    ("buffered", "size", "timed"),
+    [
+        (0, 100, False),  # an empty buffer: the write cannot wait, no time-out armed
+        (16 * 1024, 100, False),  # at the low-water mark the protocol is not paused
+        (16 * 1024 + 1, 100, True),  # over it, the protocol may still be paused from before
+        (0, 64 * 1024, True),  # a write that would cross the high-water mark pauses the protocol
+    ],
+)
+async def test_a_write_is_timed_only_when_it_can_wait(buffered: int, size: int, timed: bool) -> None:
+    response = _SlowResponse(delay=0.05)
+    writer = ClientWriter(response, _Transport(buffered), stall_timeout=0.01)  # type: ignore[arg-type]
+    if timed:
+        with pytest.raises(Stalled):
+            await writer.write(b"x" * size)
+        assert response.written == []
+    else:
+        await writer.write(b"x" * size)  # no time-out armed: the (fake) slow write completes
+        assert response.written == [b"x" * size]
