@@ -130,8 +130,11 @@ async def follow(
                 if result.complete:  # the last events of an ended stream: done (don't read a forgotten one)
                     outcome.complete = True
                     return outcome
-                continue
-            if result.complete:
+                if result.more:
+                    continue
+                # No read to find nothing: the wait returns at once if the session changed since this read
+                # (during the write, say), else parks until it does.
+            elif result.complete:
                 outcome.complete = True
                 return outcome
             if not await store.wait(session_id, result.version, HEARTBEAT_SECONDS):

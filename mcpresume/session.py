@@ -77,7 +77,8 @@ class ReadResult:
     segments: Sequence[Segment]  # what to send, in seq order: copies, safe to keep across an await
     complete: bool  # every stream read has ended and everything has been returned
     gap: bool  # an event after the position was evicted: the reader must stop (the client re-attaches)
-    version: int
+    version: int  # the session's version when read: wait(version) returns at once if anything changed since
+    more: bool = False  # cut at the read limits: more is retained already (read again, do not wait)
 
     @property
     def count(self) -> int:
@@ -267,17 +268,17 @@ class SessionState:
 
     def _forget_gone_streams(self) -> None:
         window = self.window
+        # Eviction takes a stream's events oldest first, so its last one is the last to go.
+        gone = [n for n, s in self.streams.items() if not s.live and window.evicted_through(n) >= s.last_seq]
+        if not gone:
+            return  # the common case (every append to a full window gets here): no reader set to build
         # A stream a registered reader still follows is kept (ended, empty) until that reader is done: a
         # POST + Last-Event-ID view follows the old stream and the new one, and the old one leaving the
         # window must read as "complete", not as a gap.
-        followed = {n for streams, _ in self.readers.values() for n in streams} if self.readers else ()
-        for number in [
-            n
-            for n, s in self.streams.items()
-            # Eviction takes a stream's events oldest first, so its last one is the last to go.
-            if not s.live and window.evicted_through(n) >= s.last_seq and n not in followed
-        ]:
-            del self.streams[number]
+        followed = {n for streams, _ in self.readers.values() for n in streams}
+        for number in gone:
+            if number not in followed:
+                del self.streams[number]
             window.forget_stream(number)
 
     def live_streams(self) -> int:
@@ -325,7 +326,7 @@ class SessionState:
             if truncated:
                 break
         complete = not truncated and all(not self.streams[n].live for n in streams)
-        return ReadResult(found, complete=complete, gap=False, version=self.version)
+        return ReadResult(found, complete=complete, gap=False, version=self.version, more=truncated)
 
     # -- request ids (exactly once per request id) -------------------------------------------------------
 

@@ -295,14 +295,16 @@ class MemoryStore:
         keep_undelivered: bool = False,
         stream: int | None = None,
     ) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = None
         while True:
             session = self._sessions.get(session_id)
             if session is None or session.room_for(
                 count, size, keep_undelivered=keep_undelivered, stream=stream
             ):
                 return True
+            loop = asyncio.get_running_loop()
+            if deadline is None:  # only once there is a wait: the usual call finds room at once
+                deadline = loop.time() + timeout
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False

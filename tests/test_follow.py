@@ -1,0 +1,87 @@
+"""A view's loop (``attach.follow``) against the memory store: what it reads, and when it waits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from mcpresume.attach import ClientWriter, follow
+from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import EventKind, WindowLimits
+
+# Long enough that a test never meets a heartbeat: a view that parks when it should read again fails by
+# timing out, not by being saved by its heartbeat.
+PATIENCE = 5.0
+
+
+def msg(n: int) -> NewEvent:
+    return NewEvent(frame_body(b'{"jsonrpc":"2.0","method":"m","params":{"n":%d}}' % n), EventKind.MESSAGE)
+
+
+class _Client:
+    """A client response and its transport: takes every write at once, then runs ``on_write``."""
+
+    def __init__(self, on_write: Callable[[], object] | None = None) -> None:
+        self.writes: list[bytes] = []
+        self.on_write = on_write
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        if self.on_write is not None:
+            await self.on_write()  # type: ignore[misc]
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16 * 1024, 64 * 1024
+
+
+async def _store_with_stream() -> tuple[MemoryStore, int, int]:
+    store = MemoryStore(
+        WindowLimits(4096, 64 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None
+    )
+    await store.create_session("s", now=0.0)
+    opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    return store, opened.number, opened.priming_seq - 1
+
+
+async def test_a_read_cut_at_the_limits_is_followed_by_another_read_not_a_wait() -> None:
+    store, stream, after = await _store_with_stream()
+    total = 2 * READ_MAX_EVENTS + 10
+    await store.append("s", stream, [msg(n) for n in range(total)], now=0.0)
+    await store.end_stream("s", stream, now=0.0)  # nothing changes after this: a parked view would hang
+    client = _Client()
+    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    async with asyncio.timeout(PATIENCE):
+        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+    assert outcome.complete and outcome.sent == total + 1  # the priming event too
+    assert len(client.writes) == 3  # 512 + 512 + the rest, each one write
+
+
+async def test_events_appended_during_a_write_are_read_without_waiting_for_a_later_change() -> None:
+    """No read after a write: the view waits on the version of its last read, so an append made while it
+    was writing makes the wait return at once."""
+    store, stream, after = await _store_with_stream()
+    appended = 0
+
+    async def append_during_write() -> None:
+        nonlocal appended
+        if appended < 3:
+            appended += 1
+            await store.append("s", stream, [msg(appended)], now=0.0)
+            if appended == 3:
+                await store.end_stream("s", stream, now=0.0)
+
+    client = _Client(append_during_write)
+    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    async with asyncio.timeout(PATIENCE):
+        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+    assert outcome.complete and outcome.sent == 4  # the priming event, then one event per write after it
+    assert [w.count(b"\ndata: ") for w in client.writes] == [1, 1, 1, 1]
