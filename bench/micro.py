@@ -2,20 +2,31 @@
 
     python -m bench.micro
 
-No sockets, no event loop: the SSE parser, the pump's event conversion, the window append and one
-attachment's read and join, on 256-byte events arriving in 64 KiB chunks, as the throughput scenario
-delivers them. It isolates the Python work per event that bounds throughput (see bench/results/profile.md).
+Two measures, no sockets:
+
+* batched: no event loop; the SSE parser, the pump's event conversion, the window append and one
+  attachment's read and join, on 256-byte events arriving in 64 KiB chunks, as the throughput scenario
+  delivers them. The Python work per event that bounds throughput (see bench/results/profile.md).
+* one event per chunk: the real pump task, memory store (with metrics) and view task (``follow`` with a
+  ``ClientWriter``) on uvloop, fed one event per loop iteration, as a paced stream arrives (the latency
+  scenario): the per-event overhead of tasks, store calls and wake-ups, without the sockets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import orjson
+import uvloop
 
+from mcpresume.attach import ClientWriter, follow
+from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.session import SessionState, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.store.memory import MemoryStore
 from mcpresume.window import WindowLimits
 
 EVENTS = 200_000
@@ -79,10 +90,87 @@ def run(ids: bool) -> float:
     return elapsed / EVENTS * 1e6
 
 
+class _Feed:
+    """An upstream response delivering one chunk per loop iteration, as data_received would."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = iter(chunks)
+        self.content = self
+
+    async def readany(self) -> bytes:
+        future = asyncio.get_running_loop().create_future()
+        future.get_loop().call_soon(future.set_result, next(self.chunks, b""))
+        return await future
+
+    def release(self) -> None:
+        return None
+
+
+class _Sink:
+    """A client response that takes every write (and a transport with an empty buffer)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    async def write(self, data: bytes) -> None:
+        self.size += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16 * 1024, 64 * 1024
+
+
+async def _one_event_per_chunk(events: int, ids: bool) -> float:
+    store = MemoryStore(WindowLimits(256, 4 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=1000)
+    await store.create_session("s", now=0.0)
+    opened = await store.open_stream("s", StreamOrigin.POST, ["n:7"], now=0.0)
+    assert opened is not None
+    after = opened.priming_seq - 1
+    reader = await store.add_reader("s", [opened.number], after)
+    payload = upstream_bytes(ids=ids)
+    frames = payload.split(b"\n\n")[:events]
+    done = frame_body(orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))
+    chunks = [frame + b"\n\n" for frame in frames] + [done]
+    pump = Pump(
+        PumpJob("s", opened.number, (7,), "x"),
+        store,
+        Metrics(),
+        _Null(),  # type: ignore[arg-type]  # the upstream: not called unless the stream must be resumed
+        time.monotonic,
+        PumpSettings(4 << 20, 30.0, 256, 1000, 5),
+    )
+    sink = _Sink()
+    writer = ClientWriter(sink, sink, 30.0)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    view = asyncio.ensure_future(
+        follow(writer, store, "s", [opened.number], after, replay_through=0, reader=reader)
+    )
+    await pump.run(_Feed(chunks))  # type: ignore[arg-type]
+    outcome = await view
+    elapsed = time.perf_counter() - start
+    assert outcome.complete and outcome.sent == events + 2, outcome  # the priming event, events, response
+    return elapsed / events * 1e6
+
+
+def one_event_per_chunk(ids: bool, events: int = 50_000) -> float:
+    return uvloop.run(_one_event_per_chunk(events, ids))
+
+
 if __name__ == "__main__":
     for ids in (False, True):
         best = min(run(ids) for _ in range(3))
         print(
             f"{best:.2f} us per event ({1e6 / best:,.0f} events/s on one core), 256 B events, 64 KiB chunks, "
             + ("upstream ids on every event" if ids else "no upstream ids")
+        )
+    for ids in (False, True):
+        best = min(one_event_per_chunk(ids) for _ in range(3))
+        print(
+            f"{best:.2f} us per event, one 256 B event per chunk through pump task, store and view task "
+            + ("(upstream ids)" if ids else "(no upstream ids)")
         )
