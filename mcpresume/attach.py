@@ -137,7 +137,9 @@ async def follow(
             elif result.complete:
                 outcome.complete = True
                 return outcome
-            if not await store.wait(session_id, result.version, HEARTBEAT_SECONDS):
+            version = result.version
+            del result  # a parked view keeps no events alive: the window may evict them meanwhile
+            if not await store.wait(session_id, version, HEARTBEAT_SECONDS):
                 await writer.write(HEARTBEAT)
     except Stalled:
         outcome.reason = "stalled"

@@ -85,3 +85,21 @@ async def test_events_appended_during_a_write_are_read_without_waiting_for_a_lat
         outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
     assert outcome.complete and outcome.sent == 4  # the priming event, then one event per write after it
     assert [w.count(b"\ndata: ") for w in client.writes] == [1, 1, 1, 1]
+
+
+async def test_a_parked_view_keeps_no_events_alive() -> None:
+    """While it waits, a view holds its position and the session's version, not the last read (up to a
+    MiB of frames the window may evict meanwhile)."""
+    store, stream, after = await _store_with_stream()
+    await store.append("s", stream, [msg(n) for n in range(100)], now=0.0)
+    client = _Client()
+    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    coro = follow(writer, store, "s", [stream], after, replay_through=0)
+    view = asyncio.ensure_future(coro)
+    async with asyncio.timeout(PATIENCE):
+        while not client.writes or coro.cr_await is None:
+            await asyncio.sleep(0)
+    assert coro.cr_frame is not None
+    held = coro.cr_frame.f_locals
+    assert "result" not in held and held["version"] > 0
+    view.cancel()
