@@ -36,7 +36,9 @@ class Settings(BaseSettings):
 
     # -- the window (per session) ------------------------------------------------------------------------
     window_events: int = Field(256, ge=1, description="most events retained per session")
-    window_bytes: int = Field(4 * MiB, ge=1024, description="most SSE bytes retained per session")
+    window_bytes: int = Field(
+        4 * MiB, ge=1024, description="most event bytes retained per session (SSE events, id lines aside)"
+    )
     window_ttl: float = Field(300.0, gt=0, description="seconds an event stays resumable")
 
     # -- sessions ----------------------------------------------------------------------------------------

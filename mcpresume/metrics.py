@@ -40,7 +40,11 @@ class Metrics:
         )
         self.sessions = Gauge("mcpresume_sessions", "Sessions tracked.", registry=r)
         self.window_events = Gauge("mcpresume_window_events", "Events retained, all sessions.", registry=r)
-        self.window_bytes = Gauge("mcpresume_window_bytes", "SSE bytes retained, all sessions.", registry=r)
+        self.window_bytes = Gauge(
+            "mcpresume_window_bytes",
+            "Bytes of events retained (SSE events, id lines aside), all sessions.",
+            registry=r,
+        )
         self.evicted_events = Counter(
             "mcpresume_evicted_events",
             "Events evicted from windows, by reason: count, bytes, ttl, global_bytes; and undelivered, "

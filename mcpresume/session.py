@@ -31,7 +31,7 @@ from typing import Final
 
 from mcpresume.cursor import encode_cursor
 from mcpresume.resume import SessionView, StreamView
-from mcpresume.sse import SSERun, frame_run, priming_frame
+from mcpresume.sse import SSERun, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
 
 # A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
@@ -43,6 +43,11 @@ MAX_REQUEST_IDS: Final = 4096
 # window is sent in a few large writes rather than one huge one.
 READ_MAX_EVENTS: Final = 512
 READ_MAX_BYTES: Final = 1 << 20
+
+
+def cursor_prefix(epoch: bytes, stream: int) -> bytes:
+    """The start of the ``id:`` line of the stream's events: the seq and LF complete it."""
+    return b"id: %s-%d-" % (epoch, stream)
 
 
 class StreamOrigin(enum.Enum):
@@ -67,7 +72,7 @@ class StreamState:
 class NewEvent:
     """An upstream event about to be appended: its serialized body and its kind."""
 
-    body: bytes  # the SSE frame without its id line (sse.frame_body); the id is the cursor, added here
+    body: bytes  # the SSE event without its id line (sse.frame_body): kept so, its cursor written on send
     kind: EventKind
     response_key: str | None = None  # for a RESPONSE: the request id it answers
 
@@ -79,10 +84,11 @@ class ReadResult:
     gap: bool  # an event after the position was evicted: the reader must stop (the client re-attaches)
     version: int  # the session's version when read: wait(version) returns at once if anything changed since
     more: bool = False  # cut at the read limits: more is retained already (read again, do not wait)
+    epoch: bytes = b""  # the session's epoch: the cursors written in front of the events
 
     @property
     def count(self) -> int:
-        return sum(len(segment.frames) for segment in self.segments)
+        return sum(len(segment.blocks) for segment in self.segments)
 
     @property
     def last_seq(self) -> int:
@@ -90,20 +96,34 @@ class ReadResult:
         return self.segments[-1].last
 
     def body(self) -> bytes:
-        """Every frame, in order, as one write."""
-        segments = self.segments
+        """Every event, in order, as one write: each one's cursor (``id:`` line) then the event as kept."""
+        segments, epoch = self.segments, self.epoch
         if len(segments) == 1:
-            return b"".join(segments[0].frames)
-        return b"".join([frame for segment in segments for frame in segment.frames])
+            segment = segments[0]
+            return b"".join(frame_parts(cursor_prefix(epoch, segment.stream), segment.seq, segment.blocks))
+        parts: list[bytes] = []
+        for segment in segments:
+            parts += frame_parts(cursor_prefix(epoch, segment.stream), segment.seq, segment.blocks)
+        return b"".join(parts)
 
     def count_through(self, seq: int) -> int:
         """How many of the events returned have a seq of at most ``seq``."""
-        return sum(max(0, min(len(s.frames), seq - s.seq + 1)) for s in self.segments)
+        return sum(max(0, min(len(s.blocks), seq - s.seq + 1)) for s in self.segments)
 
     @property
     def events(self) -> list[Event]:
-        """The events returned, one object each (tests and slow paths; the hot path uses ``body``)."""
-        return [event for segment in self.segments for event in segment.events()]
+        """The events returned as sent, cursor included, one object each (tests and slow paths; the hot
+        path uses ``body``)."""
+        return [
+            Event(
+                event.seq,
+                event.stream,
+                cursor_prefix(self.epoch, event.stream) + b"%d\n" % event.seq + event.body,
+                event.at,
+            )
+            for segment in self.segments
+            for event in segment.events()
+        ]
 
 
 class ClaimOutcome(enum.Enum):
@@ -200,10 +220,10 @@ class SessionState:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
             self.standalone = number
-        frame = priming_frame(encode_cursor(self.epoch, number, seq), self.retry_ms)
+        block = priming_block(self.retry_ms)
         self.last_active = now
-        self._add(Segment.of(number, seq, [frame], now), now)
-        return Event(seq, number, frame, now)
+        self._add(Segment.of(number, seq, [block], now), now)
+        return Event(seq, number, b"id: " + encode_cursor(self.epoch, number, seq) + b"\n" + block, now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
         """Append upstream events to a live stream (events for an ended stream are dropped): the next seqs,
@@ -211,27 +231,18 @@ class SessionState:
         state = self.streams.get(stream)
         if state is None or not state.live or not items:
             return Evicted()
-        prefix, seq = self._cursor_prefix(stream), self.next_seq
-        # join sizes the result exactly; %-formatting over-allocates then shrinks, which fragments the heap
-        # of a proxy holding thousands of these (measured: +0.08x window memory in bench/).
-        frames = [b"".join((prefix, b"%d\n" % (seq + i), item.body)) for i, item in enumerate(items)]
-        return self._add(Segment.of(stream, seq, frames, now), now)
+        return self._add(Segment.of(stream, self.next_seq, [item.body for item in items], now), now)
 
     def append_run(self, stream: int, run: SSERun, now: float) -> Evicted:
-        """Append a run of upstream message events (the hot path: one frame each, one segment in all)."""
+        """Append a run of upstream message events (the hot path: their blocks kept as they came, one
+        segment in all)."""
         state = self.streams.get(stream)
         if state is None or not state.live or not run.blocks:
             return Evicted()
-        seq = self.next_seq
-        return self._add(
-            Segment.of(stream, seq, frame_run(self._cursor_prefix(stream), seq, run.blocks), now), now
-        )
-
-    def _cursor_prefix(self, stream: int) -> bytes:
-        return b"id: %s-%d-" % (self.epoch.encode(), stream)
+        return self._add(Segment.of(stream, self.next_seq, list(run.blocks), now), now)
 
     def _add(self, segment: Segment, now: float) -> Evicted:
-        self.next_seq = segment.seq + len(segment.frames)
+        self.next_seq = segment.seq + len(segment.blocks)
         self.streams[segment.stream].last_seq = self.next_seq - 1
         # Not last_active: upstream traffic is not client activity (an idle session with a chatty
         # standalone stream must still expire).
@@ -306,27 +317,27 @@ class SessionState:
         events = size = 0
         truncated = False
         for segment, start in window.slices_after(tuple(streams), after):
-            frames = segment.frames[start:]  # a copy: the window's lists change in place
-            part = segment.size if not start else sum(map(len, frames))
-            if events + len(frames) > max_events or size + part > max_bytes:
+            blocks = segment.blocks[start:]  # a copy: the window's lists change in place
+            part = segment.size if not start else sum(map(len, blocks))
+            if events + len(blocks) > max_events or size + part > max_bytes:
                 truncated = True
-                frames = frames[: max(0, max_events - events)]
+                blocks = blocks[: max(0, max_events - events)]
                 taken = 0
-                for index, frame in enumerate(frames):
-                    if (events or index) and size + taken + len(frame) > max_bytes:
-                        frames = frames[:index]
+                for index, block in enumerate(blocks):
+                    if (events or index) and size + taken + len(block) > max_bytes:
+                        blocks = blocks[:index]
                         break
-                    taken += len(frame)
+                    taken += len(block)
                 part = taken
-            if frames:
-                times = segment.times[start : start + len(frames)]
-                found.append(Segment(segment.stream, segment.seq + start, frames, times, part))
-                events += len(frames)
+            if blocks:
+                times = segment.times[start : start + len(blocks)]
+                found.append(Segment(segment.stream, segment.seq + start, blocks, times, part))
+                events += len(blocks)
                 size += part
             if truncated:
                 break
         complete = not truncated and all(not self.streams[n].live for n in streams)
-        return ReadResult(found, complete=complete, gap=False, version=self.version, more=truncated)
+        return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
     # -- request ids (exactly once per request id) -------------------------------------------------------
 

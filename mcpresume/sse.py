@@ -47,8 +47,9 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, count
+from itertools import chain
 from operator import itemgetter
 from typing import Final
 
@@ -63,7 +64,8 @@ __all__ = [
     "encode_frame",
     "encode_retry",
     "frame_body",
-    "frame_run",
+    "frame_parts",
+    "priming_block",
     "priming_frame",
 ]
 
@@ -128,7 +130,7 @@ class SSERun:
     one non-empty data line, LF endings), kept as the bytes they arrived in: per event its block without
     its id line (event lines, data line, blank line), and its id line (b"" if none; ``ids`` is None when no
     event has one). A client parsing ``id: <cursor>`` then the block gets the upstream's event with our id:
-    that is how the proxy forwards a run (``frame_run``), with no per-event object."""
+    that is how the proxy forwards a run (``frame_parts``), with no per-event object."""
 
     __slots__ = ("_source", "blocks", "ids", "size")
 
@@ -206,10 +208,13 @@ class SSERun:
         return None
 
 
-def frame_run(prefix: bytes, first_seq: int, blocks: list[bytes]) -> list[bytes]:
-    """The frames of a run's events: ``prefix`` + seq + LF (the proxy's id line) then the event's block
-    (its upstream id line already left out); seqs from ``first_seq`` on."""
-    return [b"%s%d\n%s" % (prefix, seq, block) for seq, block in zip(count(first_seq), blocks)]
+def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[bytes]:
+    """What ``b"".join`` turns into the events' frames: per event, ``prefix`` + seq + LF (the proxy's id
+    line, the cursor) then the event's block (an event without an id line); seqs from ``first_seq`` on."""
+    parts: list[bytes] = [b""] * (2 * len(blocks))
+    parts[0::2] = [prefix + b"%d\n" % seq for seq in range(first_seq, first_seq + len(blocks))]
+    parts[1::2] = blocks
+    return parts
 
 
 def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | None:
@@ -619,11 +624,16 @@ def priming_frame(id: bytes, retry_ms: int | None) -> bytes:
     before any message. The official MCP python client ignores message events with empty data but records
     their id."""
     _check_id(id)
+    return b"id: " + id + b"\n" + priming_block(retry_ms)
+
+
+def priming_block(retry_ms: int | None) -> bytes:
+    """The priming event without its id line: the optional retry hint and the empty data line."""
     if retry_ms is None:
-        return b"id: " + id + b"\ndata: \n\n"
+        return b"data: \n\n"
     if retry_ms < 0:
         raise ValueError("retry_ms must be >= 0")
-    return b"id: " + id + b"\nretry: " + str(retry_ms).encode("ascii") + b"\ndata: \n\n"
+    return b"retry: " + str(retry_ms).encode("ascii") + b"\ndata: \n\n"
 
 
 def encode_comment(text: bytes) -> bytes:

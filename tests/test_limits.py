@@ -562,12 +562,13 @@ async def test_full_session_ids_never_appear_in_logs(example_upstream, http, cap
 
 
 async def _held(store: MemoryStore, session_id: str, stream: int) -> int:
-    """The bytes a session still holds of its one stream (public store API only)."""
+    """The bytes a session still holds of its one stream (public store API only): the events as kept,
+    without the id lines written in front of them when they are sent."""
     view = await store.view(session_id, stream)
     assert view is not None and view.stream is not None
     result = await store.read(session_id, [stream], view.stream.evicted_through)
     assert result is not None and not result.gap
-    return sum(len(e.body) for e in result.events)
+    return sum(segment.size for segment in result.segments)
 
 
 async def _evicted_through(store: MemoryStore, session_id: str, stream: int) -> int:

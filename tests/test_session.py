@@ -27,7 +27,7 @@ from mcpresume.session import (
 )
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
-from tests.support.events import append_events
+from tests.support.events import append_events, kept
 
 EPOCH = "aaaabbbbcccc"
 OTHER_EPOCH = "zzzzyyyyxxxx"
@@ -102,6 +102,33 @@ def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None
 
 
 # -- append / end_stream ---------------------------------------------------------------------------------
+
+
+def test_a_run_is_kept_as_the_upstream_sent_it_and_framed_when_read() -> None:
+    """The window holds the run's own blocks (no copy per event: for a chunk of one event without an id
+    line, the chunk itself); the cursors are written in front of them by the read, in one join."""
+    session = make_session()
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    chunk = b"event: message\ndata: {}\n\n"
+    (run,) = SSEParser(BIG).feed_batched(chunk)
+    assert isinstance(run, SSERun) and run.blocks[0] is chunk
+    session.append_run(stream, run, now=0.0)
+    assert session.window._order[-1].blocks[-1] is chunk  # joined the priming event's segment
+    result = session.read([stream], 1)
+    cursor = encode_cursor(EPOCH, stream, 2)
+    assert result.body() == b"id: " + cursor + b"\n" + chunk
+    assert result.body() == b"".join(e.body for e in result.events)
+
+
+def test_a_read_of_several_streams_frames_each_event_with_its_own_stream_in_its_cursor() -> None:
+    session = make_session()
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    b = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream
+    session.append(a, [msg(b"1")], now=0.0)
+    session.append(b, [msg(b"2")], now=0.0)
+    body = session.read([a, b], 0).body()
+    ids = [e.id for e in SSEParser(BIG).feed(body)]
+    assert ids == [encode_cursor(EPOCH, n, seq) for n, seq in ((a, 1), (b, 2), (a, 3), (b, 4))]
 
 
 def test_append_frames_each_event_with_its_cursor() -> None:
@@ -264,7 +291,7 @@ def test_read_byte_limit() -> None:
     session.append(stream, [msg(chunk) for _ in range(4)], now=0.0)
     first = session.read([stream], 1)
     assert seqs(first.events) == [2, 3]  # a third would pass READ_MAX_BYTES
-    assert sum(len(e.body) for e in first.events) <= READ_MAX_BYTES
+    assert sum(kept(e) for e in first.events) <= READ_MAX_BYTES
     assert seqs(session.read([stream], 3).events) == [4, 5]
     # Explicit limits: the first event is always returned, even when it alone is over the byte limit.
     one = session.read([stream], 1, max_bytes=10)
@@ -313,7 +340,7 @@ def test_expire_drops_old_events_and_forgets_gone_streams() -> None:
     assert session.version == version  # nothing changed, nobody woken
     expiring = list(session.read([a], 0).events)
     evicted = session.expire(11.0)
-    assert evicted.counts == {EvictReason.TTL: [2, sum(len(e.body) for e in expiring)]}
+    assert evicted.counts == {EvictReason.TTL: [2, sum(kept(e) for e in expiring)]}
     assert session.version == version + 1
     assert a not in session.streams and b in session.streams
     assert seqs(session.window) == [3]
@@ -549,7 +576,7 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def enforce(self) -> None:
         retained = self.retained()
-        size = sum(len(r.event.body) for r in retained)
+        size = sum(kept(r.event) for r in retained)
         while retained:
             oldest = retained[0]
             if oldest.event.at > self.now - self.limits.ttl:
@@ -557,7 +584,7 @@ class ResumeMachine(RuleBasedStateMachine):
                 if len(retained) <= 1 or not over:
                     break
             oldest.evicted = True
-            size -= len(oldest.event.body)
+            size -= kept(oldest.event)
             retained.pop(0)
 
     def record(self, event: Event) -> None:
@@ -778,7 +805,7 @@ class ResumeMachine(RuleBasedStateMachine):
         assert not session_module._NO_READERS  # the shared empty readers dict is never written to
         retained = self.retained()
         assert [e.seq for e in session.window] == [r.seq for r in retained]
-        assert session.window.bytes == sum(len(r.event.body) for r in retained)
+        assert session.window.bytes == sum(kept(r.event) for r in retained)
         assert len(session.window) <= self.limits.max_events
         assert session.next_seq == len(self.history) + 1
         assert set(session.streams) == {n for n in self.streams if not self.forgotten(n)}

@@ -18,7 +18,7 @@ from mcpresume.sse import (
     encode_frame,
     encode_retry,
     frame_body,
-    frame_run,
+    frame_parts,
     priming_frame,
 )
 
@@ -768,12 +768,13 @@ def test_run_size_limit_is_per_event() -> None:
         parser.close()
 
 
-def test_frame_run_gives_each_event_our_cursor_and_drops_the_upstream_id() -> None:
+def test_frame_parts_give_each_event_our_cursor_and_drop_the_upstream_id() -> None:
     (run,) = SSEParser(BIG).feed_batched(canonical(b"a", id=b"u1") + canonical(b"b", event=None, id=b"u2"))
     assert isinstance(run, SSERun)
-    frames = frame_run(b"id: c-", 7, run.blocks)
-    assert frames == [b"id: c-7\nevent: message\ndata: a\n\n", b"id: c-8\ndata: b\n\n"]
-    assert parse(b"".join(frames)) == [msg(b"a", b"message", b"c-7"), msg(b"b", None, b"c-8")]
+    parts = frame_parts(b"id: c-", 7, run.blocks)
+    assert parts == [b"id: c-7\n", b"event: message\ndata: a\n\n", b"id: c-8\n", b"data: b\n\n"]
+    assert parse(b"".join(parts)) == [msg(b"a", b"message", b"c-7"), msg(b"b", None, b"c-8")]
+    assert frame_parts(b"id: c-", 1, []) == []
     assert run.split(1, 2).events() == [msg(b"b", None, b"u2")]
 
 
@@ -850,8 +851,8 @@ def test_every_spelling_is_one_run_and_a_stream_may_change_spelling(order: str) 
         (run,) = parser.feed_batched(stream)
         assert isinstance(run, SSERun) and len(run) == 10
         assert run.events() == SSEParser(BIG).feed(stream)
-        frames = frame_run(b"id: c-", 1, run.blocks)
-        assert [e.data for e in parse(b"".join(frames))] == [b"%d" % k for k in range(start, start + 10)]
+        frames = b"".join(frame_parts(b"id: c-", 1, run.blocks))
+        assert [e.data for e in parse(frames)] == [b"%d" % k for k in range(start, start + 10)]
 
 
 @pytest.mark.parametrize("id_first", [None, True, False])

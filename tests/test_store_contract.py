@@ -22,6 +22,7 @@ from mcpresume.sse import frame_body
 from mcpresume.store import OpenedStream, SessionStore, StoreStats
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, EvictReason, WindowLimits
+from tests.support.events import kept
 
 BACKENDS = ["memory"]  # add "redis" here, and its branch in _build
 
@@ -490,7 +491,7 @@ async def test_reap_reports_expired_window_events(store_factory: StoreFactory) -
     assert [e.seq for e in expiring] == [1, 2, 3]
     dropped, evicted = await store.reap(now=12.0)
     assert dropped == []
-    assert evicted.counts == {EvictReason.TTL: [3, sum(len(e.body) for e in expiring)]}
+    assert evicted.counts == {EvictReason.TTL: [3, sum(kept(e) for e in expiring)]}
     after = await store.read(sid, [opened.number], 3)
     assert after is not None and [e.seq for e in after.events] == [4]
     gap = await store.read(sid, [opened.number], 0)
@@ -541,13 +542,13 @@ async def test_stats(store: SessionStore) -> None:
     read_a = await store.read(a, [1], 0)
     read_b = await store.read(b, [1], 0)
     assert read_a is not None and read_b is not None
-    size = sum(len(e.body) for e in [*read_a.events, *read_b.events])
+    size = sum(kept(e) for e in [*read_a.events, *read_b.events])
     assert await store.stats() == StoreStats(sessions=2, window_events=4, window_bytes=size, attached=3)
     await store.detach(b, now=0.0)
     await store.delete_session(a)
     stats = await store.stats()
     assert stats.sessions == 1 and stats.window_events == 1 and stats.attached == 1
-    assert stats.window_bytes == sum(len(e.body) for e in read_b.events)
+    assert stats.window_bytes == sum(kept(e) for e in read_b.events)
 
 
 async def test_close_drops_everything_and_wakes_waiters(store_factory: StoreFactory) -> None:

@@ -338,7 +338,7 @@ def test_appends_of_the_stream_that_appended_last_join_its_segment_up_to_a_bound
             seq += 1
             window.append(Event(seq, stream, b"e", seq / 100), 0.0)
     # Stream 1's first run fills one segment and starts another; stream 2 and stream 1 again get their own.
-    assert [(s.stream, len(s.frames)) for s in window.segments] == [(1, MAX_SEGMENT), (1, 2), (2, 1), (1, 1)]
+    assert [(s.stream, len(s.blocks)) for s in window.segments] == [(1, MAX_SEGMENT), (1, 2), (2, 1), (1, 1)]
     assert [e.at for e in window] == [k / 100 for k in range(1, seq + 1)]  # each event keeps its time
     evicted = window.expire(15.005)  # exactly the events stamped up to 5.00 are older than ttl
     assert evicted.counts == {EvictReason.TTL: [500, 500]}

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcpresume.session import NewEvent, SessionState
+from mcpresume.session import NewEvent, SessionState, cursor_prefix
 from mcpresume.window import Event, Evicted
 
 
 def append_events(
     session: SessionState, stream: int, items: Sequence[NewEvent], now: float
 ) -> tuple[list[Event], Evicted]:
-    """``session.append``, plus the appended events still in the window."""
+    """``session.append``, plus the appended events still in the window, as a client gets them (the
+    window keeps each event without its id line; the cursor goes in front when it is sent)."""
     before = session.next_seq
     evicted = session.append(stream, items, now)
-    return [e for e in session.window.after(stream, before - 1) if e.seq >= before], evicted
+    prefix = cursor_prefix(session.epoch.encode(), stream)
+    return [
+        Event(e.seq, e.stream, prefix + b"%d\n" % e.seq + e.body, e.at)
+        for e in session.window.after(stream, before - 1)
+        if e.seq >= before
+    ], evicted
+
+
+def kept(event: Event) -> int:
+    """The bytes the window keeps of an event as sent: all but its id line (the cursor goes in front when
+    it is sent)."""
+    return len(event.body) - event.body.index(b"\n") - 1
