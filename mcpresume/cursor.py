@@ -62,6 +62,12 @@ def encode_cursor(epoch: str, stream: int, seq: int) -> bytes:
     return f"{epoch}-{stream}-{seq}".encode("ascii")
 
 
+def id_line_prefix(epoch: bytes, stream: int) -> bytes:
+    """``id: `` and the wire form up to the seq: the seq and LF complete the id line of a stream's event
+    (the hot path writes many events of one stream with one prefix)."""
+    return b"id: %s-%d-" % (epoch, stream)
+
+
 def parse_cursor(raw: str | bytes) -> Cursor | CursorParseError:
     """Parse a ``Last-Event-ID`` strictly. Returns a ``Cursor`` or the reason it is not one."""
     if isinstance(raw, str):

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from mcpresume.cursor import encode_cursor
+from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
@@ -43,11 +43,6 @@ MAX_REQUEST_IDS: Final = 4096
 # window is sent in a few large writes rather than one huge one.
 READ_MAX_EVENTS: Final = 512
 READ_MAX_BYTES: Final = 1 << 20
-
-
-def cursor_prefix(epoch: bytes, stream: int) -> bytes:
-    """The start of the ``id:`` line of the stream's events: the seq and LF complete it."""
-    return b"id: %s-%d-" % (epoch, stream)
 
 
 class StreamOrigin(enum.Enum):
@@ -100,10 +95,10 @@ class ReadResult:
         segments, epoch = self.segments, self.epoch
         if len(segments) == 1:
             segment = segments[0]
-            return b"".join(frame_parts(cursor_prefix(epoch, segment.stream), segment.seq, segment.blocks))
+            return b"".join(frame_parts(id_line_prefix(epoch, segment.stream), segment.seq, segment.blocks))
         parts: list[bytes] = []
         for segment in segments:
-            parts += frame_parts(cursor_prefix(epoch, segment.stream), segment.seq, segment.blocks)
+            parts += frame_parts(id_line_prefix(epoch, segment.stream), segment.seq, segment.blocks)
         return b"".join(parts)
 
     def count_through(self, seq: int) -> int:
@@ -118,7 +113,7 @@ class ReadResult:
             Event(
                 event.seq,
                 event.stream,
-                cursor_prefix(self.epoch, event.stream) + b"%d\n" % event.seq + event.body,
+                id_line_prefix(self.epoch, event.stream) + b"%d\n" % event.seq + event.body,
                 event.at,
             )
             for segment in self.segments

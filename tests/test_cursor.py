@@ -16,6 +16,7 @@ from mcpresume.cursor import (
     Cursor,
     CursorParseError,
     encode_cursor,
+    id_line_prefix,
     new_epoch,
     parse_cursor,
 )
@@ -36,6 +37,7 @@ def test_round_trip(epoch: str, stream: int, seq: int) -> None:
     assert len(wire) <= MAX_CURSOR_LEN
     assert parse_cursor(wire) == cursor
     assert parse_cursor(wire.decode("ascii")) == cursor
+    assert id_line_prefix(epoch.encode(), stream) + b"%d\n" % seq == b"id: " + wire + b"\n"
 
 
 def test_examples() -> None:

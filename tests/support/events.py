@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcpresume.session import NewEvent, SessionState, cursor_prefix
+from mcpresume.cursor import id_line_prefix
+from mcpresume.session import NewEvent, SessionState
 from mcpresume.window import Event, Evicted
 
 
@@ -16,7 +17,7 @@ def append_events(
     window keeps each event without its id line; the cursor goes in front when it is sent)."""
     before = session.next_seq
     evicted = session.append(stream, items, now)
-    prefix = cursor_prefix(session.epoch.encode(), stream)
+    prefix = id_line_prefix(session.epoch.encode(), stream)
     return [
         Event(e.seq, e.stream, prefix + b"%d\n" % e.seq + e.body, e.at)
         for e in session.window.after(stream, before - 1)
