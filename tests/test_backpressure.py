@@ -18,6 +18,7 @@ from mcpresume.sse import SSEParser
 from tests.conftest import ServeApp
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import ScriptedUpstream
+from tests.support.transport import BufferedTransport
 
 
 async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
@@ -192,22 +193,6 @@ def _held() -> int:
 # -- the write bound's fast path ----------------------------------------------------------------------
 
 
-class _Transport:
-    """A transport reporting a chosen write-buffer level (what a real one reports mid-flight)."""
-
-    def __init__(self, buffered: int) -> None:
-        self.buffered = buffered
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return 16 * 1024, 64 * 1024
-
-
 class _SlowResponse:
     """A response whose write takes ``delay`` s: stands for a write that waits on a paused protocol."""
 
@@ -231,7 +216,7 @@ class _SlowResponse:
 )
 async def test_a_write_is_timed_only_when_it_can_wait(buffered: int, size: int, timed: bool) -> None:
     response = _SlowResponse(delay=0.05)
-    writer = ClientWriter(response, _Transport(buffered), stall_timeout=0.01)  # type: ignore[arg-type]
+    writer = ClientWriter(response, BufferedTransport(buffered), stall_timeout=0.01)  # type: ignore[arg-type]
     if timed:
         with pytest.raises(Stalled):
             await writer.write(b"x" * size)

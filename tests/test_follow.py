@@ -10,6 +10,7 @@ from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, WindowLimits
+from tests.support.transport import BufferedTransport
 
 # Long enough that a test never meets a heartbeat: a view that parks when it should read again fails by
 # timing out, not by being saved by its heartbeat.
@@ -21,7 +22,7 @@ def msg(n: int) -> NewEvent:
 
 
 class _Client:
-    """A client response and its transport: takes every write at once, then runs ``on_write``."""
+    """A client response: takes every write at once, then runs ``on_write``."""
 
     def __init__(self, on_write: Callable[[], object] | None = None) -> None:
         self.writes: list[bytes] = []
@@ -31,15 +32,6 @@ class _Client:
         self.writes.append(data)
         if self.on_write is not None:
             await self.on_write()  # type: ignore[misc]
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return 16 * 1024, 64 * 1024
 
 
 async def _store_with_stream() -> tuple[MemoryStore, int, int]:
@@ -58,7 +50,7 @@ async def test_a_read_cut_at_the_limits_is_followed_by_another_read_not_a_wait()
     await store.append("s", stream, [msg(n) for n in range(total)], now=0.0)
     await store.end_stream("s", stream, now=0.0)  # nothing changes after this: a parked view would hang
     client = _Client()
-    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     async with asyncio.timeout(PATIENCE):
         outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
     assert outcome.complete and outcome.sent == total + 1  # the priming event too
@@ -80,7 +72,7 @@ async def test_events_appended_during_a_write_are_read_without_waiting_for_a_lat
                 await store.end_stream("s", stream, now=0.0)
 
     client = _Client(append_during_write)
-    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     async with asyncio.timeout(PATIENCE):
         outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
     assert outcome.complete and outcome.sent == 4  # the priming event, then one event per write after it
@@ -93,7 +85,7 @@ async def test_a_parked_view_keeps_no_events_alive() -> None:
     store, stream, after = await _store_with_stream()
     await store.append("s", stream, [msg(n) for n in range(100)], now=0.0)
     client = _Client()
-    writer = ClientWriter(client, client, 30.0)  # type: ignore[arg-type]
+    writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     coro = follow(writer, store, "s", [stream], after, replay_through=0)
     view = asyncio.ensure_future(coro)
     async with asyncio.timeout(PATIENCE):
