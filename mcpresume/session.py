@@ -285,7 +285,7 @@ class SessionState:
         for number in gone:
             if number not in followed:
                 del self.streams[number]
-            window.forget_stream(number)
+                window.forget_stream(number)  # not before: a followed stream's eviction mark is its gap
 
     def live_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live)

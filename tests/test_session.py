@@ -104,6 +104,36 @@ def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None
 # -- append / end_stream ---------------------------------------------------------------------------------
 
 
+def test_a_followed_stream_emptied_by_the_global_cap_still_reads_as_a_gap() -> None:
+    """Regression (found in review): a POST + Last-Event-ID view follows an ended stream whose unsent
+    events the global byte cap then takes; the stream is kept for the reader, and so must its eviction
+    mark be, or the read returns the new stream's events as if nothing was lost."""
+    session = make_session(limits=ROOMY)
+    old = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.append(old, [msg(b"%d" % n) for n in range(5)], now=0.0)  # seqs 2..6
+    session.end_stream(old, now=0.0)
+    new = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream  # seq 7
+    session.add_reader([old, new], 1)  # the client had only the priming event of the old stream
+    session.shed(20)  # takes every event of the old stream
+    assert old in session.streams
+    assert session.read([old, new], 1).gap
+
+
+def test_a_stream_emptied_while_followed_is_forgotten_once_its_reader_leaves() -> None:
+    session = make_session(limits=WindowLimits(max_events=4, max_bytes=1 << 30, ttl=1e9))
+    old = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.append(old, [msg(b"%d" % n) for n in range(5)], now=0.0)
+    session.end_stream(old, now=0.0)
+    token = session.add_reader([old], 6)  # a view done with it
+    new = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    session.append(new, [msg(b"x")] * 10, now=0.0)  # evicts all of the old stream
+    session.remove_reader(token)
+    session.append(new, [msg(b"y")] * 10, now=0.0)
+    assert old not in session.streams  # not kept forever
+    view = session.view(old, 60.0)
+    assert view.stream is None  # a cursor into it is refused, not re-attached to nothing
+
+
 def test_a_run_is_kept_as_the_upstream_sent_it_and_framed_when_read() -> None:
     """The window holds the run's own blocks (no copy per event: for a chunk of one event without an id
     line, the chunk itself); the cursors are written in front of them by the read, in one join."""
