@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mcpresume.store.memory import TICK, Parking
+from mcpresume.store.memory import TICK, Parking, _Waiters
 
 
 async def test_waiters_parked_together_share_one_timer_and_all_time_out() -> None:
@@ -56,3 +56,19 @@ async def test_waiters_woken_early_do_not_pile_up_until_their_tick() -> None:
         parking.wake("busy")
         assert future.result() is True
     assert max(len(due) for due in parking._due.values()) <= 8
+
+
+async def test_a_list_of_mostly_live_waiters_is_not_swept_at_every_park() -> None:
+    """Regression (found in review): sweeping at every power-of-two length rescanned a list holding just
+    under one (1,023 live idle views in a tick) at each further park. The next sweep now waits until the
+    list doubles what the last one kept."""
+    loop = asyncio.get_running_loop()
+    waiters = _Waiters()
+    for _ in range(1023):
+        waiters.add(loop.create_future())  # live: idle views
+    for _ in range(1000):
+        done = loop.create_future()
+        done.set_result(True)
+        waiters.add(done)  # a busy view, woken at once each time
+    assert waiters.sweep_at == 2 * 1023  # swept once, at 1,024 (taking the one done future then held)
+    assert len(waiters) == 1023 + 999  # and not since: not until 2,046

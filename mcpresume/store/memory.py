@@ -30,16 +30,26 @@ T = TypeVar("T")
 TICK = 0.25
 """Parked waiters time out on a shared clock of this many seconds: up to one tick late."""
 
-# Waiter lists are swept of done futures (woken early, or left by waiters that went away) whenever their
-# length reaches a power of two from this one on: amortized O(1) per park, at most about twice the live.
+# Waiter lists are swept of done futures from this length on (see _Waiters).
 _SWEEP_FROM = 8
 
 
-def _append_swept(waiters: list[asyncio.Future[bool]], future: asyncio.Future[bool]) -> None:
-    size = len(waiters)
-    if size >= _SWEEP_FROM and size & (size - 1) == 0:
-        waiters[:] = [waiter for waiter in waiters if not waiter.done()]
-    waiters.append(future)
+class _Waiters(list["asyncio.Future[bool]"]):
+    """Futures parked together. The done ones (woken early, or left by waiters that went away) are swept
+    out when the list reaches twice what the last sweep kept, and at least ``_SWEEP_FROM``: amortized O(1)
+    per park whatever the mix, and never more than about twice the live ones."""
+
+    __slots__ = ("sweep_at",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sweep_at = _SWEEP_FROM
+
+    def add(self, future: asyncio.Future[bool]) -> None:
+        if len(self) >= self.sweep_at:
+            self[:] = [waiter for waiter in self if not waiter.done()]
+            self.sweep_at = max(_SWEEP_FROM, 2 * len(self))
+        self.append(future)
 
 
 class Parking:
@@ -48,22 +58,25 @@ class Parking:
     holds a future and two list slots, not a timer handle of its own."""
 
     def __init__(self) -> None:
-        self._parked: dict[str, list[asyncio.Future[bool]]] = {}
-        self._due: dict[int, list[asyncio.Future[bool]]] = {}
+        self._parked: dict[str, _Waiters] = {}
+        self._due: dict[int, _Waiters] = {}
 
     def park(self, session_id: str, timeout: float) -> asyncio.Future[bool]:
         """A future that resolves True at the next ``wake(session_id)``, or False after ``timeout``."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
-        _append_swept(self._parked.setdefault(session_id, []), future)
+        parked = self._parked.get(session_id)
+        if parked is None:
+            parked = self._parked[session_id] = _Waiters()
+        parked.add(future)
         tick = math.ceil((loop.time() + max(timeout, 0.0)) / TICK)
         due = self._due.get(tick)
         if due is None:
-            due = self._due[tick] = []
+            due = self._due[tick] = _Waiters()
             loop.call_at(tick * TICK, self._time_out, tick)
         # Most waiters are woken long before their tick (a busy view parks thousands of times a second):
         # swept as it grows, a tick's list holds about the live ones, not every park of its quarter second.
-        _append_swept(due, future)
+        due.add(future)
         return future
 
     def wake(self, session_id: str) -> None:
