@@ -564,6 +564,7 @@ class Reader:
 
     stream: int
     position: int
+    token: int  # registered with the session (flow control; a stream it follows is kept while it does)
     delivered: list[int] = field(default_factory=list)
 
 
@@ -589,6 +590,9 @@ class ResumeMachine(RuleBasedStateMachine):
         self.history: list[Ref] = []
         self.streams: dict[int, RefStream] = {}
         self.readers: list[Reader] = []
+        # Streams the session has forgotten: ended and emptied, at a pass (an eviction, an end) when no
+        # registered reader followed them. One a reader follows is kept until the first pass after it left.
+        self.forgotten_streams: set[int] = set()
         self.next_request = 0
         # Another incarnation of the same session id: its cursors must never yield anything here.
         other = SessionState("S", OTHER_EPOCH, self.limits, retry_ms, now=0.0)
@@ -604,7 +608,9 @@ class ResumeMachine(RuleBasedStateMachine):
     def retained(self) -> list[Ref]:
         return [r for r in self.history if not r.evicted]
 
-    def enforce(self) -> None:
+    def enforce(self) -> bool:
+        """Evict as the window does; whether anything was evicted."""
+        evicted = False
         retained = self.retained()
         size = sum(kept(r.event) for r in retained)
         while retained:
@@ -614,19 +620,31 @@ class ResumeMachine(RuleBasedStateMachine):
                 if len(retained) <= 1 or not over:
                     break
             oldest.evicted = True
+            evicted = True
             size -= kept(oldest.event)
             retained.pop(0)
+        return evicted
 
-    def record(self, event: Event) -> None:
+    def forget_pass(self) -> None:
+        """The session's pass over its streams after an eviction or an end."""
+        followed = {reader.stream for reader in self.readers}
+        for number, ref in self.streams.items():
+            if (
+                not ref.live
+                and number not in followed
+                and not any(r.stream == number for r in self.retained())
+            ):
+                self.forgotten_streams.add(number)
+
+    def record(self, event: Event) -> bool:
         assert event.seq == len(self.history) + 1
         assert cursor_of(event) == encode_cursor(EPOCH, event.stream, event.seq)
         self.history.append(Ref(event))
         self.streams[event.stream].last_seq = event.seq
-        self.enforce()
+        return self.enforce()
 
     def forgotten(self, stream: int) -> bool:
-        ref = self.streams.get(stream)
-        return ref is not None and not ref.live and not any(r.stream == stream for r in self.retained())
+        return stream in self.forgotten_streams
 
     def evicted_after(self, stream: int, seq: int) -> bool:
         return any(r.evicted and r.stream == stream and r.seq > seq for r in self.history)
@@ -652,7 +670,8 @@ class ResumeMachine(RuleBasedStateMachine):
         assert priming.body.endswith(b"data: \n\n")  # a priming event: an id, no message
         self.streams[priming.stream] = RefStream(origin, priming.seq, priming.seq)
         self.last_active = self.now  # a client request opened it; upstream events are not client activity
-        self.record(priming)
+        if self.record(priming):
+            self.forget_pass()
 
     @rule(pick=st.integers(0, 1000), sizes=st.lists(st.integers(0, 50), min_size=1, max_size=3))
     def append(self, pick: int, sizes: list[int]) -> None:
@@ -676,10 +695,14 @@ class ResumeMachine(RuleBasedStateMachine):
         if ref is None or not ref.live:
             assert not evicted
             return
+        evicted_any = False
         for offset, body in enumerate(bodies):
             seq = first + offset
             frame = b"id: " + encode_cursor(EPOCH, stream, seq) + b"\n" + body
-            self.record(Event(seq, stream, frame, self.now))
+            evicted_any |= self.record(Event(seq, stream, frame, self.now))
+        assert bool(evicted) == evicted_any
+        if evicted_any:
+            self.forget_pass()
 
     @rule(pick=st.integers(0, 1000))
     def end_stream(self, pick: int) -> None:
@@ -689,6 +712,7 @@ class ResumeMachine(RuleBasedStateMachine):
         if ref is not None and ref.live:
             ref.live = False
             self.last_active = self.now
+            self.forget_pass()
 
     @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 10.0]))
     def tick(self, dt: float) -> None:
@@ -696,8 +720,28 @@ class ResumeMachine(RuleBasedStateMachine):
 
     @rule()
     def expire(self) -> None:
-        self.session.expire(self.now)
-        self.enforce()
+        evicted = self.session.expire(self.now)
+        assert bool(evicted) == self.enforce()
+        if evicted:
+            self.forget_pass()
+
+    @rule(fraction=st.sampled_from([0.0, 0.3, 0.7]))
+    def shed(self, fraction: float) -> None:
+        """The global byte cap trims the window, oldest first, sparing nothing (not even a followed
+        stream's unsent events: its reader must then read a gap)."""
+        retained = self.retained()
+        size = sum(kept(r.event) for r in retained)
+        cap = int(size * fraction)
+        evicted = self.session.shed(cap)
+        gone = False
+        while retained and size > cap:
+            oldest = retained.pop(0)
+            oldest.evicted = True
+            size -= kept(oldest.event)
+            gone = True
+        assert bool(evicted) == gone
+        if gone:
+            self.forget_pass()
 
     # -- resuming -------------------------------------------------------------------------------------
 
@@ -714,7 +758,8 @@ class ResumeMachine(RuleBasedStateMachine):
         assert list(result.events) == expected
         assert result.complete == (not self.streams[cursor.stream].live)
         if len(self.readers) < 4:
-            self.readers.append(Reader(decision.stream, decision.after))
+            token = self.session.add_reader([decision.stream], decision.after)
+            self.readers.append(Reader(decision.stream, decision.after, token))
 
     @precondition(lambda self: self.history)
     @rule(pick=st.integers(0, 10_000))
@@ -794,7 +839,7 @@ class ResumeMachine(RuleBasedStateMachine):
         if result.gap:
             assert lost or self.forgotten(reader.stream)
             assert list(result.events) == []
-            self.readers.remove(reader)
+            self.drop_reader(reader)
             return
         assert not lost, "an event after the reader's position was evicted, and read() did not say so"
         expected = self.expected_after(reader.stream, reader.position)
@@ -806,8 +851,13 @@ class ResumeMachine(RuleBasedStateMachine):
             reader.delivered.append(event.seq)
             reader.position = event.seq
         assert reader.delivered == sorted(set(reader.delivered))  # no duplicate, in order
+        self.session.move_reader(reader.token, reader.position)
         if result.complete:
-            self.readers.remove(reader)
+            self.drop_reader(reader)
+
+    def drop_reader(self, reader: Reader) -> None:
+        self.session.remove_reader(reader.token)
+        self.readers.remove(reader)
 
     @rule(
         picks=st.lists(st.integers(0, 1000), min_size=1, max_size=3, unique=True), after=st.integers(0, 1000)
