@@ -176,6 +176,7 @@ class SessionState:
         retry_ms: int | None,
         now: float,
         first_stream: int = 1,
+        first_version: int = 0,
     ) -> None:
         self.session_id = session_id
         self.retry_ms = retry_ms
@@ -188,7 +189,9 @@ class SessionState:
         # A new incarnation of a session id numbers its streams after the old one's, so a reader or pump of
         # the old incarnation (which holds only the id and a stream number) finds nothing to read or feed.
         self.next_stream = first_stream
-        self.version = 0
+        # And its versions after the old one's: a view of the old incarnation that waits on the version it
+        # last read is woken at once, never parked on the new one by a coincidence of change counts.
+        self.version = first_version
         self.attached = 0
         self.last_active = now
         self.standalone: int | None = None  # the live standalone GET stream, if any

@@ -191,6 +191,21 @@ async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps
     assert not any(b'"id":1' in e.body for e in fresh.events)
 
 
+async def test_a_view_of_the_old_incarnation_is_not_parked_on_the_new_one(store: SessionStore) -> None:
+    """A view waits on the version of its last read. If the session id is re-created meanwhile and the new
+    incarnation happens to reach the same number of changes, that wait must still return at once (the
+    view then reads, and finds the gap), not park until the new incarnation's next change."""
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert old is not None
+    version = await _version(store, sid, old.number)
+    await store.create_session(sid, now=1.0)  # a new incarnation, with as many changes as the old
+    new = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=1.0)
+    assert new is not None
+    assert await asyncio.wait_for(store.wait(sid, version, timeout=LONG), 1.0) is True
+
+
 async def test_max_sessions(store_factory: StoreFactory) -> None:
     store = await store_factory(max_sessions=2)
     a, b, c = new_id(), new_id(), new_id()

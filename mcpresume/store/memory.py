@@ -176,11 +176,13 @@ class MemoryStore:
                 )
         # A re-used id is a new incarnation: a new epoch (old cursors become foreign) and new stream numbers.
         previous = self._sessions.get(session_id)
-        first_stream = previous.next_stream if previous is not None else 1
+        first_stream, first_version = (
+            (1, 0) if previous is None else (previous.next_stream, previous.version + 1)
+        )
         self._drop(session_id)
         epoch = new_epoch()
         self._sessions[session_id] = SessionState(
-            session_id, epoch, self.limits, self.retry_ms, now, first_stream=first_stream
+            session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version
         )
         return epoch
 
