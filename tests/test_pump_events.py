@@ -10,7 +10,7 @@ from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEParser, SSERun
-from mcpresume.window import EventKind
+from mcpresume.window import EventKind, Evicted
 
 NOTE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}'
 
@@ -92,3 +92,27 @@ async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:
     await asyncio.gather(a1, a2)
     await asyncio.sleep(0)  # done callbacks run one loop step after the tasks end
     assert len(pumps) == 0 and not pumps._tasks
+
+
+async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
+    """Flow control asks the store for room for what the window will keep of a run: its blocks, without
+    the upstream id lines the chunk carried (asking for more pauses or detaches a reader too early)."""
+    asked: list[tuple[int, int]] = []
+    appended: list[SSERun] = []
+
+    class Store:
+        async def wait_for_room(self, _sid: str, count: int, size: int, _timeout: float) -> bool:
+            asked.append((count, size))
+            return True
+
+        async def append_run(self, _sid: str, _stream: int, run: SSERun, _now: float) -> Evicted:
+            appended.append(run)
+            return Evicted()
+
+    pump = make_pump(request_ids=())
+    pump.store = Store()  # type: ignore[assignment]
+    chunk = note(1, b"u-1") + note(2, b"u-2")
+    await pump._append(pump._events(SSEParser(1 << 20).feed_batched(chunk)))
+    (run,) = appended
+    assert asked == [(2, sum(map(len, run.blocks)))]
+    assert sum(map(len, run.blocks)) == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
