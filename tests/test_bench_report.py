@@ -1,0 +1,40 @@
+"""The committed benchmark results are true to their data: the report written from ``latest.json`` by the
+current report code has the same tables as the committed ``latest.md`` (the plots aside: matplotlib is a
+bench extra, and the report leaves them out without it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import report
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+def _table_rows(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.startswith("|")]
+
+
+def test_the_committed_report_is_the_report_of_the_committed_results(tmp_path: Path) -> None:
+    results = json.loads((RESULTS / "latest.json").read_text())
+    written = report.write(results, tmp_path).read_text()
+    committed = (RESULTS / "latest.md").read_text()
+    assert _table_rows(written) == _table_rows(committed)
+
+
+def test_every_target_has_a_verdict_and_the_latency_rows_their_late_share() -> None:
+    results = json.loads((RESULTS / "latest.json").read_text())
+    rows, verdicts = report.targets_table(results)
+    assert set(verdicts) == {
+        "throughput",
+        "latency",
+        "resume",
+        "window_memory",
+        "idle_session",
+        "attached_stream",
+    }
+    assert all(row[-1] in ("**met**", "**MISSED**") for row in rows)
+    for rate in results["latency"].values():
+        for path in rate.values():
+            assert 0.0 <= path["over_1ms"] <= 1.0
