@@ -289,8 +289,7 @@ class Pump:
             for start in range(0, len(batch), step):
                 if isinstance(batch, SSERun):
                     run = batch if len(batch) <= step else batch.split(start, start + step)
-                    # the bytes the window will hold: the blocks (run.size counts the upstream id lines too)
-                    await self._make_room(len(run), sum(map(len, run.blocks)))
+                    await self._make_room(len(run), run.size)
                     metrics.upstream_events.inc(len(run))
                     metrics.evicted(await store.append_run(job.session_id, job.stream, run, self.clock()))
                 else:

@@ -237,7 +237,7 @@ class SessionState:
         state = self.streams.get(stream)
         if state is None or not state.live or not run.blocks:
             return Evicted()
-        return self._add(Segment.of(stream, self.next_seq, list(run.blocks), now), now)
+        return self._add(Segment.of(stream, self.next_seq, list(run.blocks), now, run.size), now)
 
     def _add(self, segment: Segment, now: float) -> Evicted:
         self.next_seq = segment.seq + len(segment.blocks)

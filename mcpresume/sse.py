@@ -143,26 +143,23 @@ class SSERun:
     ) -> None:
         self.blocks = blocks
         self.ids = ids
-        self.size = size  # the upstream bytes of the run, id lines included
+        self.size = size  # the bytes of the blocks (what a window keeps: the upstream id lines aside)
         self._source = source  # (chunk, start, end): the run is chunk[start:end]
 
     def __len__(self) -> int:
         return len(self.blocks)
 
     def split(self, start: int, stop: int) -> SSERun:
-        """Events ``start:stop`` (the size is estimated in proportion: it only paces appends)."""
+        """Events ``start:stop``."""
         blocks = self.blocks[start:stop]
         ids = None if self.ids is None else self.ids[start:stop]
-        return SSERun(blocks, ids, self.size * len(blocks) // max(1, len(self.blocks)))
+        return SSERun(blocks, ids, sum(map(len, blocks)))
 
     def keep(self, kept: list[int]) -> SSERun:
         """The events at the indexes ``kept`` (in order)."""
         ids = self.ids
-        return SSERun(
-            [self.blocks[i] for i in kept],
-            None if ids is None else [ids[i] for i in kept],
-            self.size * len(kept) // max(1, len(self.blocks)),
-        )
+        blocks = [self.blocks[i] for i in kept]
+        return SSERun(blocks, None if ids is None else [ids[i] for i in kept], sum(map(len, blocks)))
 
     def first_data_without(self, prefix: bytes) -> int:
         """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
@@ -229,11 +226,13 @@ def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | No
         pairs = _RUN_ID_FIRST.findall(chunk, start, end)
         if sum(map(len, chain.from_iterable(pairs))) != size:
             return None
-        return SSERun(list(map(_SECOND, pairs)), list(map(_FIRST, pairs)), size, source)
+        ids = list(map(_FIRST, pairs))
+        return SSERun(list(map(_SECOND, pairs)), ids, size - sum(map(len, ids)), source)
     parts = _RUN_ANY.findall(chunk, start, end)
     if sum(map(len, chain.from_iterable(parts))) != size:
         return None
-    return SSERun(list(map(b"".join, map(_WITHOUT_ID, parts))), list(map(_SECOND, parts)), size, source)
+    ids = list(map(_SECOND, parts))
+    return SSERun(list(map(b"".join, map(_WITHOUT_ID, parts))), ids, size - sum(map(len, ids)), source)
 
 
 def _parse_retry(value: bytes) -> int | None:

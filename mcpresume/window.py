@@ -89,9 +89,11 @@ class Segment:
     size: int  # bytes of blocks
 
     @classmethod
-    def of(cls, stream: int, seq: int, blocks: list[bytes], now: float) -> Segment:
-        """Events appended together at ``now``."""
-        return cls(stream, seq, blocks, array("d", (now,)) * len(blocks), sum(map(len, blocks)))
+    def of(cls, stream: int, seq: int, blocks: list[bytes], now: float, size: int | None = None) -> Segment:
+        """Events appended together at ``now`` (``size``: their bytes, when the caller knows them)."""
+        if size is None:
+            size = sum(map(len, blocks))
+        return cls(stream, seq, blocks, array("d", (now,)) * len(blocks), size)
 
     @property
     def last(self) -> int:

@@ -721,7 +721,8 @@ def test_a_chunk_of_canonical_events_is_one_run_with_the_same_events() -> None:
     )
     (run,) = SSEParser(BIG).feed_batched(stream)
     assert isinstance(run, SSERun)
-    assert len(run) == 3 and run.size == len(stream) and run.last_id() == b"3"
+    assert len(run) == 3 and run.size + sum(map(len, run.ids or ())) == len(stream) and run.last_id() == b"3"
+    assert run.size == sum(map(len, run.blocks))  # what a window keeps: the upstream id lines aside
     assert run.events() == [msg(b"a", b"message", b"1"), msg(b"b"), msg(b"c", b"message", b"3")]
     assert SSEParser(BIG).feed(stream) == run.events()
 
@@ -798,6 +799,11 @@ def test_property_runs_give_the_same_events_as_the_line_parser(
     got: list[SSEEvent] = []
     for chunk in chunkings(data, stream):
         for item in parser.feed_batched(chunk):
+            if isinstance(item, SSERun):
+                assert item.size == sum(map(len, item.blocks))  # the bytes a window will keep
+                half = len(item) // 2
+                for part in (item.split(0, half), item.keep(list(range(half, len(item))))):
+                    assert part.size == sum(map(len, part.blocks))
             got.extend(item.events() if isinstance(item, SSERun) else [item])
     assert got == expected
     assert parser.close() is False
