@@ -226,19 +226,17 @@ class MemoryStore:
         return None if session is None else session.standalone
 
     async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
-        session = self._sessions.get(session_id)
-        if session is None:
-            return Evicted()
-        evicted = self._mutate(session, lambda s: s.append(stream, events, now))
-        evicted.merge(self._enforce_total())
-        self._notify(session_id)
-        return evicted
+        return self._appended(session_id, lambda s: s.append(stream, events, now))
 
     async def append_run(self, session_id: str, stream: int, run: SSERun, now: float) -> Evicted:
+        return self._appended(session_id, lambda s: s.append_run(stream, run, now))
+
+    def _appended(self, session_id: str, append: Callable[[SessionState], Evicted]) -> Evicted:
+        """Run an append on the session, then the global cap, and wake its views."""
         session = self._sessions.get(session_id)
         if session is None:
             return Evicted()
-        evicted = self._mutate(session, lambda s: s.append_run(stream, run, now))
+        evicted = self._mutate(session, append)
         evicted.merge(self._enforce_total())
         self._notify(session_id)
         return evicted
