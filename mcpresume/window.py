@@ -99,6 +99,10 @@ class Segment:
     def last(self) -> int:
         return self.seq + len(self.blocks) - 1
 
+    def head_size(self, count: int) -> int:
+        """The bytes of the first ``count`` events."""
+        return self.size if count >= len(self.blocks) else sum(map(len, self.blocks[:count]))
+
     def event(self, index: int) -> Event:
         return Event(self.seq + index, self.stream, self.blocks[index], self.times[index])
 
@@ -110,7 +114,7 @@ class Segment:
         (all of them when even those do not reach it)."""
         blocks = self.blocks
         take = min(at_least, len(blocks))
-        size = sum(map(len, blocks[:take])) if take < len(blocks) else self.size
+        size = self.head_size(take)
         while size < excess and take < len(blocks):
             size += len(blocks[take])
             take += 1
@@ -240,12 +244,7 @@ class Window:
             segment = order[gone]
             expired = bisect_right(segment.times, deadline)  # times only grow: the expired lead
             if expired:
-                size = (
-                    segment.size
-                    if expired == len(segment.blocks)
-                    else sum(map(len, segment.blocks[:expired]))
-                )
-                self._cut(segment, expired, size, EvictReason.TTL, evicted)
+                self._cut(segment, expired, segment.head_size(expired), EvictReason.TTL, evicted)
                 if not segment.blocks:
                     gone += 1
                     continue
@@ -257,8 +256,7 @@ class Window:
                 break
             if over > 0:
                 take = min(over, most)
-                size = segment.size if take == length else sum(map(len, segment.blocks[:take]))
-                self._cut(segment, take, size, EvictReason.COUNT, evicted)
+                self._cut(segment, take, segment.head_size(take), EvictReason.COUNT, evicted)
                 if take == length:
                     gone += 1
                     continue
@@ -267,7 +265,7 @@ class Window:
                 take, size = segment.prefix(0, self.bytes - max_bytes)
                 if take > most:
                     take = most
-                    size = sum(map(len, segment.blocks[:take]))
+                    size = segment.head_size(take)
                 self._cut(segment, take, size, EvictReason.BYTES, evicted)
                 if not segment.blocks:
                     gone += 1
@@ -338,7 +336,7 @@ class Window:
         index of its first such block). The segments are the window's own: copy before an await."""
         found: list[tuple[Segment, int]] = []
         for segment in reversed(self._order):
-            if segment.seq + len(segment.blocks) - 1 <= seq:
+            if segment.last <= seq:
                 break
             if segment.stream in streams:
                 found.append((segment, max(0, seq - segment.seq + 1)))
