@@ -31,7 +31,7 @@ from typing import Final
 
 from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.resume import SessionView, StreamView
-from mcpresume.sse import SSERun, frame_parts, priming_block
+from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
 
 # A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
@@ -109,16 +109,12 @@ class ReadResult:
     def events(self) -> list[Event]:
         """The events returned as sent, cursor included, one object each (tests and slow paths; the hot
         path uses ``body``)."""
-        return [
-            Event(
-                event.seq,
-                event.stream,
-                id_line_prefix(self.epoch, event.stream) + b"%d\n" % event.seq + event.body,
-                event.at,
-            )
-            for segment in self.segments
-            for event in segment.events()
-        ]
+        events = []
+        for segment in self.segments:
+            parts = frame_parts(id_line_prefix(self.epoch, segment.stream), segment.seq, segment.blocks)
+            for i, at in enumerate(segment.times):
+                events.append(Event(segment.seq + i, segment.stream, parts[2 * i] + parts[2 * i + 1], at))
+        return events
 
 
 class ClaimOutcome(enum.Enum):
@@ -221,7 +217,7 @@ class SessionState:
         block = priming_block(self.retry_ms)
         self.last_active = now
         self._add(Segment.of(number, seq, [block], now), now)
-        return Event(seq, number, b"id: " + encode_cursor(self.epoch, number, seq) + b"\n" + block, now)
+        return Event(seq, number, encode_frame(encode_cursor(self.epoch, number, seq), block), now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
         """Append upstream events to a live stream (events for an ended stream are dropped): the next seqs,

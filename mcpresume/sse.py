@@ -66,7 +66,6 @@ __all__ = [
     "frame_body",
     "frame_parts",
     "priming_block",
-    "priming_frame",
 ]
 
 # WHATWG: "One leading U+FEFF BYTE ORDER MARK character must be ignored if any are present." The stream is
@@ -618,16 +617,10 @@ def encode_frame(id: bytes, body: bytes) -> bytes:
     return b"id: " + id + b"\n" + body
 
 
-def priming_frame(id: bytes, retry_ms: int | None) -> bytes:
-    """An event with an id and empty data (MCP 2025-11-25, SEP-1699 "priming"): it gives the client a cursor
-    before any message. The official MCP python client ignores message events with empty data but records
-    their id."""
-    _check_id(id)
-    return b"id: " + id + b"\n" + priming_block(retry_ms)
-
-
 def priming_block(retry_ms: int | None) -> bytes:
-    """The priming event without its id line: the optional retry hint and the empty data line."""
+    """An event with empty data, sent with an id (``encode_frame``; MCP 2025-11-25, SEP-1699 "priming"): it
+    gives the client a cursor before any message, and the optional retry hint. The official MCP python
+    client ignores message events with empty data but records their id."""
     if retry_ms is None:
         return b"data: \n\n"
     if retry_ms < 0:

@@ -19,7 +19,7 @@ from mcpresume.sse import (
     encode_retry,
     frame_body,
     frame_parts,
-    priming_frame,
+    priming_block,
 )
 
 BIG = 1 << 20
@@ -395,11 +395,11 @@ def test_encode_frame_exact_bytes() -> None:
 
 
 def test_priming_frame() -> None:
-    assert priming_frame(b"c0", None) == b"id: c0\ndata: \n\n"
-    assert priming_frame(b"c0", 2500) == b"id: c0\nretry: 2500\ndata: \n\n"
-    assert parse(priming_frame(b"c0", 2500)) == [SSEEvent(b"", None, b"c0", 2500, True)]
+    assert encode_frame(b"c0", priming_block(None)) == b"id: c0\ndata: \n\n"
+    assert encode_frame(b"c0", priming_block(2500)) == b"id: c0\nretry: 2500\ndata: \n\n"
+    assert parse(encode_frame(b"c0", priming_block(2500))) == [SSEEvent(b"", None, b"c0", 2500, True)]
     with pytest.raises(ValueError):
-        priming_frame(b"c0", -1)
+        priming_block(-1)
 
 
 def test_encode_comment() -> None:
@@ -600,7 +600,7 @@ def test_property_all_serializers_roundtrip(data: st.DataObject, items: list[tup
                 expected.append(SSEEvent(d, b"message", id, None, True))
             case ("priming", bytes(id), retry):
                 assert retry is None or isinstance(retry, int)
-                stream += priming_frame(id, retry)
+                stream += encode_frame(id, priming_block(retry))
                 expected.append(SSEEvent(b"", None, id, retry, True))
             case ("comment", bytes(text)):
                 stream += encode_comment(text)

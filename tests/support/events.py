@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcpresume.cursor import id_line_prefix
+from mcpresume.cursor import encode_cursor
 from mcpresume.session import NewEvent, SessionState
+from mcpresume.sse import encode_frame
 from mcpresume.window import Event, Evicted
 
 
@@ -17,9 +18,8 @@ def append_events(
     window keeps each event without its id line; the cursor goes in front when it is sent)."""
     before = session.next_seq
     evicted = session.append(stream, items, now)
-    prefix = id_line_prefix(session.epoch.encode(), stream)
     return [
-        Event(e.seq, e.stream, prefix + b"%d\n" % e.seq + e.body, e.at)
+        Event(e.seq, e.stream, encode_frame(encode_cursor(session.epoch, stream, e.seq), e.body), e.at)
         for e in session.window.after(stream, before - 1)
         if e.seq >= before
     ], evicted
