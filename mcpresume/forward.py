@@ -19,6 +19,7 @@ from mcpresume.attach import ClientWriter, Stalled
 from mcpresume.context import ProxyContext
 from mcpresume.errors import BodyTimeout, BodyTooLarge
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
+from mcpresume.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -72,9 +73,7 @@ async def passthrough(
     return await relay(ctx, request, upstream)
 
 
-async def relay(
-    ctx: ProxyContext, request: web.Request, upstream: aiohttp.ClientResponse
-) -> web.StreamResponse:
+async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswer) -> web.StreamResponse:
     """Stream an upstream answer to the client as it arrives, end-to-end headers only."""
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)

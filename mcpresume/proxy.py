@@ -63,6 +63,7 @@ from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, decide
 from mcpresume.session import ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
+from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.proxy")
@@ -334,7 +335,7 @@ class Proxy:
             session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
         )
 
-    def _spawn_pump(self, job: PumpJob, upstream: aiohttp.ClientResponse) -> None:
+    def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer) -> None:
         pump = Pump(job, self.store, self.metrics, self.upstream, self.ctx.clock, self._pump_settings)
         self.ctx.pumps.spawn(job.session_id, pump.run(upstream))
 
@@ -439,9 +440,7 @@ class Proxy:
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
-    async def _standalone_plan(
-        self, request: web.Request, session_id: str
-    ) -> ViewPlan | aiohttp.ClientResponse:
+    async def _standalone_plan(self, request: web.Request, session_id: str) -> ViewPlan | UpstreamAnswer:
         """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
         and its pump); the upstream's response when that GET did not open an SSE stream."""
         while True:
@@ -460,7 +459,7 @@ class Proxy:
         self._opening_standalone[session_id] = opened_here
         opened = None
         try:
-            upstream = await self.upstream.request("GET", request.path_qs, upstream_headers(request), None)
+            upstream = await self.upstream.open_get(request.path_qs, upstream_headers(request))
             if upstream.status == 404:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
             if upstream.status == 200 and upstream.content_type == SSE:
@@ -567,8 +566,8 @@ class _Opened:
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
 
 
-def _client_headers(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+def _client_headers(upstream: UpstreamAnswer) -> list[tuple[str, str]]:
     """The upstream's end-to-end response headers, with the SSE no-buffering headers set."""
     ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
     kept = [(n, v) for n, v in end_to_end(upstream.headers.items(), request=False) if n.lower() not in ours]
-    return kept + list(SSE_RESPONSE_HEADERS)
+    return kept + _SSE_HEADERS if kept else _SSE_HEADERS  # one shared list when nothing else is kept

@@ -36,7 +36,7 @@ from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
 from mcpresume.store import SessionStore
-from mcpresume.upstream import Upstream
+from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.pump")
@@ -160,8 +160,8 @@ class Pump:
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
 
-    async def run(self, response: aiohttp.ClientResponse) -> None:
-        current: aiohttp.ClientResponse | None = response
+    async def run(self, response: UpstreamAnswer) -> None:
+        current: UpstreamAnswer | None = response
         try:
             while current is not None:
                 end = await self._read(current)
@@ -178,7 +178,7 @@ class Pump:
 
     # -- one upstream connection -------------------------------------------------------------------------
 
-    async def _read(self, response: aiohttp.ClientResponse) -> _End:
+    async def _read(self, response: UpstreamAnswer) -> _End:
         parser = SSEParser(self.settings.max_event_bytes)
         try:
             content = response.content
@@ -325,7 +325,7 @@ class Pump:
 
     # -- resuming upstream -------------------------------------------------------------------------------
 
-    async def _resume(self) -> aiohttp.ClientResponse | None:
+    async def _resume(self) -> UpstreamAnswer | None:
         """Reconnect with the last upstream id; None when the stream cannot be resumed."""
         outcomes = self.metrics.upstream_resumptions
         if self.last_id is None:
@@ -339,7 +339,7 @@ class Pump:
             await asyncio.sleep(min(MAX_RESUME_DELAY, base * 2**self.attempts))
             self.attempts += 1
             try:
-                response = await self.upstream.request("GET", self.job.path_qs, headers, None)
+                response = await self.upstream.open_get(self.job.path_qs, headers)
             except ProxyError as error:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue

@@ -1,14 +1,43 @@
-"""The client side: one pooled aiohttp session to the upstream, with errors mapped into our tree."""
+"""The client side: one pooled aiohttp session to the upstream, and held GETs (``heldget.py``) for the
+long-lived GET streams, with errors mapped into our tree."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Sequence
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import aiohttp
+import h11
+from multidict import CIMultiDictProxy
 from yarl import URL
 
-from mcpresume.errors import UpstreamTimeout, UpstreamUnreachable
+from mcpresume.errors import BadRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.heldget import HeldGet, NotHTTP11
+
+
+class BodyReader(Protocol):
+    def readany(self) -> Any: ...  # awaitable of bytes; b"" at the end
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+
+
+class UpstreamAnswer(Protocol):
+    """What the proxy reads of an upstream answer: an ``aiohttp.ClientResponse``, or a ``HeldGet``."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def content_length(self) -> int | None: ...
+    @property
+    def content(self) -> BodyReader: ...
+    def release(self) -> Any: ...
 
 
 class Upstream:
@@ -21,6 +50,11 @@ class Upstream:
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
         self._session: aiohttp.ClientSession | None = None
+        # Held GETs connect themselves: to the origin's host and port, with TLS verified for https.
+        self._host = self.url.raw_host or ""
+        self._port = self.url.port or (443 if self.url.scheme == "https" else 80)
+        self._authority = self.url.host_port_subcomponent or self._host
+        self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -70,3 +104,44 @@ class Upstream:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
+
+    async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
+        """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
+        connection of its own; returns once the upstream's head arrived. Raises as ``request`` does, and
+        ``UpstreamBadResponse`` for an answer that is not HTTP/1.1. The caller must release it."""
+        try:
+            held = HeldGet(self._authority, path_qs, headers)
+        except h11.LocalProtocolError as exc:
+            raise BadRequest(f"the request cannot be forwarded: {exc}") from None
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                await self._connect(held)
+                await held.head()
+            return held
+        except TimeoutError:
+            held.release()
+            raise UpstreamTimeout(
+                f"upstream sent no response headers within {self.first_byte_timeout} s",
+                timeout=self.first_byte_timeout,
+            ) from None
+        except NotHTTP11 as exc:
+            held.release()
+            raise UpstreamBadResponse(str(exc)) from None
+        except OSError as exc:
+            held.release()
+            raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
+        except BaseException:
+            held.release()
+            raise
+
+    async def _connect(self, held: HeldGet) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await loop.create_connection(lambda: held, self._host, self._port, ssl=self._ssl)
+        except TimeoutError:
+            raise UpstreamUnreachable(
+                f"cannot connect to the upstream within {self.connect_timeout} s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}") from None
