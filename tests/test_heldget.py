@@ -15,14 +15,18 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpresume.errors import BadRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.heldget import HIGH_WATER, HeldGet, NotHTTP11
+from mcpresume.sse import SSEEvent
 from mcpresume.upstream import Upstream
+from tests.support.proxy import ScriptedClient, running_proxy, sse_events
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -232,6 +236,33 @@ def test_a_held_get_under_uvloop() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(main()) == b"data: 1\n\n"
+
+
+def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server_under_uvloop() -> None:
+    """End to end as the daemon runs (uvloop): the official SDK server behind the proxy, a standalone GET
+    answered with the proxy's priming event once the upstream's GET is held, then released on DELETE."""
+
+    async def main() -> tuple[int, SSEEvent, int]:
+        async with (
+            serve_example_upstream() as url,
+            running_proxy(url) as proxy,
+            aiohttp.ClientSession() as http,
+        ):
+            client = ScriptedClient(http, proxy.url)
+            await client.initialize()
+            get = await http.get(proxy.url, headers=client.headers(Accept="text/event-stream"))
+            priming = await anext(sse_events(get))
+            pumps = len(proxy.ctx.pumps)
+            async with http.delete(proxy.url, headers=client.headers()) as deleted:
+                assert deleted.status == 200
+            get.close()
+            return get.status, priming, pumps
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        status, priming, pumps = runner.run(main())
+    assert status == 200
+    assert priming.data == b"" and priming.id is not None and priming.id.count(b"-") == 2  # epoch-stream-seq
+    assert pumps == 1  # the upstream GET, held by its pump
 
 
 # -- the protocol fed directly: any framing, any TCP split ---------------------------------------------------
