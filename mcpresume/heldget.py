@@ -118,6 +118,8 @@ class HeldGet(asyncio.Protocol):
         that (after what did arrive): reset or closed early (``ConnectionResetError``), or framing the
         upstream broke (``NotHTTP11``). Reading the body lets go of the head (``headers`` is empty from then
         on): a held stream lives for hours, and its head was read when it began."""
+        if self._waiter is not None and not self._waiter.done():
+            raise RuntimeError("readany() while another read of this body is pending")
         self.headers = _NO_HEADERS
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if not self._settle(future):

@@ -457,22 +457,32 @@ class Proxy:
             await asyncio.shield(opening)  # then look again: joined, or that open failed and this one tries
         opened_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._opening_standalone[session_id] = opened_here
-        opened = None
+        plan: ViewPlan | None = None
+        upstream: UpstreamAnswer | None = None
         try:
-            upstream = await self.upstream.open_get(request.path_qs, upstream_headers(request))
-            if upstream.status == 404:
+            upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
+            if answer.status == 404:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
-            if upstream.status == 200 and upstream.content_type == SSE:
+            opened = None
+            if answer.status == 200 and answer.content_type == SSE:
                 opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
-                self._spawn_pump(self._job(request, session_id, opened.number, ()), upstream)
+                job = self._job(request, session_id, opened.number, ())
+                # The head is read before the pump starts reading the body (which lets go of it).
+                plan = ViewPlan(
+                    (opened.number,), opened.priming_seq - 1, _client_headers(answer), reader=reader
+                )
+                self._spawn_pump(job, answer)
+                upstream = None  # the pump owns it now
+        except BaseException:
+            if upstream is not None:
+                upstream.release()
+            raise
         finally:
             del self._opening_standalone[session_id]
             opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
-        if opened is None:
-            return upstream
-        return ViewPlan((opened.number,), opened.priming_seq - 1, _client_headers(upstream), reader=reader)
+        return answer if plan is None else plan
 
     async def _post_with_cursor(
         self, request: web.Request, body: bytes, message: ClientMessage, session_id: str, cursor_header: str

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from mcpresume.errors import SERVER_ERROR, EventTooLarge, ProxyError
+from mcpresume.errors import SERVER_ERROR, BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_key
 from mcpresume.metrics import Metrics
@@ -332,7 +332,9 @@ class Pump:
             self.failure += ", and sent no event ids to resume from"
             outcomes.labels("not_resumable").inc()
             return None
-        cursor = self.last_id.decode("ascii", "replace")
+        # An SSE id keeps the spaces after the one the field's colon takes; a header value cannot (RFC 9110
+        # 5.5: a recipient strips them anyway).
+        cursor = self.last_id.decode("ascii", "replace").strip()
         headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
         while self.attempts < self.settings.resume_attempts:
             base = (self.retry_ms if self.retry_ms is not None else self.settings.retry_ms) / 1000
@@ -340,6 +342,10 @@ class Pump:
             self.attempts += 1
             try:
                 response = await self.upstream.open_get(self.job.path_qs, headers)
+            except BadRequest as error:  # the upstream's own id cannot be sent back: retrying cannot help
+                self.failure = f"resuming the upstream stream failed: {error.message}"
+                outcomes.labels("refused").inc()
+                return None
             except ProxyError as error:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue

@@ -8,10 +8,11 @@ import asyncio
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.relay import CuttingRelay
-from tests.support.scripted import ScriptedUpstream, random_drops
+from tests.support.scripted import SESSION, ScriptedUpstream, catch_all, initialize_answer, random_drops
 from tests.support.sdk import count_slowly, sdk_session
 
 
@@ -127,3 +128,49 @@ async def test_upstream_that_forgot_the_session_gives_404_and_the_proxy_drops_it
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             assert response.status == 404  # the client must re-initialize
         assert not await proxy.ctx.store.has_session(client.session_id)
+
+
+@pytest.mark.parametrize(
+    ("upstream_id", "resumed"),
+    [(b"   7", True), (b"a\x0bb", False)],
+    ids=["spaces-around-the-id", "a-control-character-in-the-id"],
+)
+async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_is_refused_at_once(
+    serve, upstream_id: bytes, resumed: bool
+) -> None:
+    """An SSE id keeps the spaces after the one its colon takes; a header value cannot have them (a recipient
+    strips them): they are stripped. An id with a control character cannot be sent back at all: the resume is
+    refused without a GET or a retry, and the client gets the synthesized error."""
+    gets: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            gets.append(request.headers["Last-Event-ID"])
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"jsonrpc":"2.0","id":2,"result":{"content":[]}}\n\n')
+            return response
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "ids")
+        if "id" not in message:
+            return web.Response(status=202)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        note = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p2",'
+        note += b'"progress":1}}'
+        await response.write(b"id:" + upstream_id + b"\nretry: 10\ndata: " + note + b"\n\n")
+        return response  # ends the stream before the response: the proxy resumes it
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url, upstream_resume_attempts=3) as proxy:
+        async with asyncio.timeout(10):
+            progress, responses = await call(proxy.url, 1)
+        refused = proxy.ctx.metrics.upstream_resumptions.labels("refused")._value.get()
+    assert progress == [1]
+    if resumed:
+        assert gets == ["7"]
+        assert responses == [{"jsonrpc": "2.0", "id": 2, "result": {"content": []}}]
+    else:
+        assert gets == [] and refused == 1
+        assert responses[0]["error"]["data"]["reason"] == "upstream_stream_lost"
