@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Sequence
 from typing import Any, Final, Protocol
 
 import aiohappyeyeballs
@@ -23,7 +23,7 @@ HAPPY_EYEBALLS: Final = 0.25
 
 
 class BodyReader(Protocol):
-    def readany(self) -> Any: ...  # awaitable of bytes; b"" at the end
+    def readany(self) -> Awaitable[bytes]: ...  # what arrived since the last read; b"" at the end
     def iter_any(self) -> AsyncIterator[bytes]: ...
 
 
