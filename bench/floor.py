@@ -9,9 +9,12 @@ below while it is built on aiohttp:
   one comment and waits; N raw connections from a child process hold such responses open.
 * client half: a bare ``aiohttp.ClientSession`` (uvloop) holding N streaming GET responses open against a
   raw asyncio server in a child process that sends the headers and one chunk.
+* held-GET half: the same, held by mcpresume's own reader of long-lived upstream GETs
+  (``mcpresume.heldget``, what the proxy uses for a standalone stream), for comparison.
 
 Each half is the RSS growth of the measuring process over N held streams (after 50 for warm-up), divided
-by N. Loopback only; children die with this process.
+by N, each half in a fresh process (memory one half freed would be reused by the next and hide it).
+Loopback only; children die with this process.
 """
 
 from __future__ import annotations
@@ -136,22 +139,86 @@ async def client_half(count: int) -> float:
         await child.wait()
 
 
-async def main(count: int) -> None:
+async def held_half(count: int) -> float:
+    from mcpresume.heldget import HeldGet
+    from mcpresume.upstream import Upstream
+
+    child = await _spawn("--child", "serve")
+    try:
+        assert child.stdout is not None
+        port = int(await child.stdout.readline())
+        upstream = Upstream(f"http://{LOOPBACK}:{port}/", connect_timeout=10, first_byte_timeout=10)
+        held: list[HeldGet] = []
+
+        async def one() -> None:
+            response = await upstream.open_get("/", [("Accept", "text/event-stream")])
+            await response.readany()  # the one chunk (as the proxy's pump reads it: the head let go)
+            held.append(response)
+
+        for _ in range(WARM_UP):
+            await one()
+        gc.collect()
+        base = _rss_bytes()
+        for _ in range(count):
+            await one()
+        await asyncio.sleep(1)
+        gc.collect()
+        per_stream = (_rss_bytes() - base) / count
+        for response in held:
+            response.release()
+        return per_stream
+    finally:
+        child.kill()
+        await child.wait()
+
+
+HALVES = {"server": server_half, "client": client_half, "held": held_half}
+
+
+async def measure_half(name: str, count: int) -> float:
+    """One half in a process of its own: memory another half freed would otherwise be reused and hide."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.floor",
+        "--half",
+        name,
+        "--streams",
+        str(count),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"bench.floor --half {name} exited with {child.returncode}")
+    return float(out.decode().split()[-1])
+
+
+async def one_half(name: str, count: int) -> None:
     raise_fd_limit()
-    server = await server_half(count)
-    client = await client_half(count)
+    print(await HALVES[name](count), flush=True)
+
+
+async def main(count: int) -> None:
+    server = await measure_half("server", count)
+    client = await measure_half("client", count)
+    held = await measure_half("held", count)
     print(f"aiohttp server half: {server:,.0f} B per held SSE response ({count:,} streams)")
     print(f"aiohttp client half: {client:,.0f} B per held streaming response ({count:,} streams)")
     print(f"both halves, nothing of mcpresume: {server + client:,.0f} B = {(server + client) / 1024:.1f} KiB")
+    print(f"mcpresume's held GET instead of the client half: {held:,.0f} B per held streaming response")
+    print(f"aiohttp server half + held GET: {server + held:,.0f} B = {(server + held) / 1024:.1f} KiB")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=5000)
+    parser.add_argument("--half", choices=sorted(HALVES), help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=["hold-clients", "serve"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         uvloop.run(_child(args.child, args.port, args.streams))
+    elif args.half:
+        uvloop.run(one_half(args.half, args.streams))
     else:
         uvloop.run(main(args.streams))
