@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import uvloop
@@ -107,69 +109,58 @@ async def server_half(count: int) -> float:
         await runner.cleanup()
 
 
-async def client_half(count: int) -> float:
+@contextlib.asynccontextmanager
+async def _serving() -> AsyncIterator[int]:
+    """The raw SSE server in a child process; yields its port."""
     child = await _spawn("--child", "serve")
     try:
         assert child.stdout is not None
-        port = int(await child.stdout.readline())
-        held: list[aiohttp.ClientResponse] = []
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-            async def one() -> None:
-                response = await session.get(
-                    f"http://{LOOPBACK}:{port}/", headers={"Accept": "text/event-stream"}
-                )
-                await response.content.readuntil(b"\n\n")
-                held.append(response)
-
-            for _ in range(WARM_UP):
-                await one()
-            gc.collect()
-            base = _rss_bytes()
-            for _ in range(count):
-                await one()
-            await asyncio.sleep(1)
-            gc.collect()
-            per_stream = (_rss_bytes() - base) / count
-            for response in held:
-                response.close()
-            return per_stream
+        yield int(await child.stdout.readline())
     finally:
         child.kill()
         await child.wait()
+
+
+async def _per_stream(count: int, open_one: Callable[[], Awaitable[Callable[[], object]]]) -> float:
+    """RSS growth per stream over ``count`` held streams (after WARM_UP); ``open_one`` opens one and returns
+    how to close it."""
+    closers = [await open_one() for _ in range(WARM_UP)]
+    gc.collect()
+    base = _rss_bytes()
+    closers += [await open_one() for _ in range(count)]
+    await asyncio.sleep(1)
+    gc.collect()
+    per_stream = (_rss_bytes() - base) / count
+    for close in closers:
+        close()
+    return per_stream
+
+
+async def client_half(count: int) -> float:
+    async with _serving() as port, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> Callable[[], object]:
+            response = await session.get(
+                f"http://{LOOPBACK}:{port}/", headers={"Accept": "text/event-stream"}
+            )
+            await response.content.readuntil(b"\n\n")
+            return response.close
+
+        return await _per_stream(count, one)
 
 
 async def held_half(count: int) -> float:
-    from mcpresume.heldget import HeldGet
     from mcpresume.upstream import Upstream
 
-    child = await _spawn("--child", "serve")
-    try:
-        assert child.stdout is not None
-        port = int(await child.stdout.readline())
+    async with _serving() as port:
         upstream = Upstream(f"http://{LOOPBACK}:{port}/", connect_timeout=10, first_byte_timeout=10)
-        held: list[HeldGet] = []
 
-        async def one() -> None:
+        async def one() -> Callable[[], object]:
             response = await upstream.open_get("/", [("Accept", "text/event-stream")])
             await response.readany()  # the one chunk (as the proxy's pump reads it: the head let go)
-            held.append(response)
+            return response.release
 
-        for _ in range(WARM_UP):
-            await one()
-        gc.collect()
-        base = _rss_bytes()
-        for _ in range(count):
-            await one()
-        await asyncio.sleep(1)
-        gc.collect()
-        per_stream = (_rss_bytes() - base) / count
-        for response in held:
-            response.release()
-        return per_stream
-    finally:
-        child.kill()
-        await child.wait()
+        return await _per_stream(count, one)
 
 
 HALVES = {"server": server_half, "client": client_half, "held": held_half}
