@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -9,8 +10,10 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvloop
 from aiohttp import web
 
 from mcpresume.examples.event_store import InMemoryEventStore
@@ -125,3 +128,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.kill()
         proc.wait()
     pytest.fail(f"redis-server did not start:\n{last_error}", pytrace=False)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    """Every async test runs twice: on uvloop, the loop the daemon runs on (Linux, macOS), and on asyncio's
+    own, its fallback elsewhere. uvloop differs where it matters here (its transports are not
+    asyncio.Transport subclasses; its create_connection has no happy_eyeballs_delay)."""
+    return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}

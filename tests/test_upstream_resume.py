@@ -4,6 +4,8 @@ continuous stream whatever happens upstream."""
 from __future__ import annotations
 
 import asyncio
+import copy
+from typing import Any
 
 import aiohttp
 import orjson
@@ -57,17 +59,18 @@ async def test_upstream_replaying_events_twice_reaches_the_client_once(serve) ->
 
 
 @pytest.mark.parametrize(
-    ("upstream", "outcome"),
+    ("script", "outcome"),
     [
-        (ScriptedUpstream(total=10, drops=[3], resumable=False), "refused"),
-        (ScriptedUpstream(total=10, drops=[3], send_ids=False), "not_resumable"),
-        (ScriptedUpstream(total=10, drops=[3, 0, 0, 0]), "exhausted"),
+        ({"drops": [3], "resumable": False}, "refused"),
+        ({"drops": [3], "send_ids": False}, "not_resumable"),
+        ({"drops": [3, 0, 0, 0]}, "exhausted"),
     ],
     ids=["upstream-404", "no-ids", "no-progress"],
 )
 async def test_unresumable_upstream_gives_the_client_a_synthesized_error_promptly(
-    serve, upstream, outcome
+    serve, script: dict[str, Any], outcome
 ) -> None:
+    upstream = ScriptedUpstream(total=10, **copy.deepcopy(script))  # per run: it consumes its drops
     url = await serve(upstream.app())
     async with running_proxy(url, upstream_resume_attempts=3) as proxy:
         async with asyncio.timeout(10):  # retry 10 ms, doubling: well under a second
