@@ -1,9 +1,10 @@
 """Held GETs (``mcpresume.heldget``): the long-lived upstream GET streams, read through h11.
 
 Over real loopback sockets against a raw server that sends exactly the bytes a test scripts (framing a real
-HTTP server would never get wrong on demand: a cut chunk, a broken head, a 1xx before the answer), under
-asyncio's loop and under uvloop (whose transports are not ``asyncio.Transport`` subclasses); and, for
-arbitrary framing and arbitrary TCP splits, the protocol object fed directly (hypothesis).
+HTTP server would never get wrong on demand: a cut chunk, a broken head, a 1xx before the answer), on both
+loops as every async test (uvloop's transports are not ``asyncio.Transport`` subclasses: a first version
+failed there only); and, for arbitrary framing and arbitrary TCP splits, the protocol object fed directly
+(hypothesis).
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpresume.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.heldget import HIGH_WATER, HeldGet, NotHTTP11
-from mcpresume.sse import SSEEvent
 from mcpresume.upstream import Upstream
 from tests.support.proxy import ScriptedClient, running_proxy, sse_events
 
@@ -288,45 +287,24 @@ async def test_reading_pauses_at_high_water_and_resumes_when_the_reader_takes_th
         held.release()
 
 
-def test_a_held_get_under_uvloop() -> None:
-    """The proxy runs on uvloop, whose transports are not asyncio.Transport subclasses."""
-
-    async def main() -> bytes:
-        async with RawServer(sends(SSE_HEAD, chunked(b"data: 1\n\n"))) as upstream:
-            held = await upstream.open_get("/mcp", [])
-            body = await read_all(held)
-            held.release()
-            return body
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        assert runner.run(main()) == b"data: 1\n\n"
-
-
-def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server_under_uvloop() -> None:
-    """End to end as the daemon runs (uvloop): the official SDK server behind the proxy, a standalone GET
-    answered with the proxy's priming event once the upstream's GET is held, then released on DELETE."""
-
-    async def main() -> tuple[int, SSEEvent, int]:
-        async with (
-            serve_example_upstream() as url,
-            running_proxy(url) as proxy,
-            aiohttp.ClientSession() as http,
-        ):
-            client = ScriptedClient(http, proxy.url)
-            await client.initialize()
-            get = await http.get(proxy.url, headers=client.headers(Accept="text/event-stream"))
-            priming = await anext(sse_events(get))
-            pumps = len(proxy.ctx.pumps)
-            async with http.delete(proxy.url, headers=client.headers()) as deleted:
-                assert deleted.status == 200
-            get.close()
-            return get.status, priming, pumps
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        status, priming, pumps = runner.run(main())
-    assert status == 200
+async def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server() -> None:
+    """End to end: the official SDK server behind the proxy, a standalone GET answered with the proxy's
+    priming event once the upstream's GET is held, then released on DELETE."""
+    async with (
+        serve_example_upstream() as url,
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        get = await http.get(proxy.url, headers=client.headers(Accept="text/event-stream"))
+        priming = await anext(sse_events(get))
+        assert len(proxy.ctx.pumps) == 1  # the upstream GET, held by its pump
+        async with http.delete(proxy.url, headers=client.headers()) as deleted:
+            assert deleted.status == 200
+        get.close()
+    assert get.status == 200
     assert priming.data == b"" and priming.id is not None and priming.id.count(b"-") == 2  # epoch-stream-seq
-    assert pumps == 1  # the upstream GET, held by its pump
 
 
 # -- the protocol fed directly: any framing, any TCP split ---------------------------------------------------
