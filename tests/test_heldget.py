@@ -13,7 +13,10 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,8 +45,9 @@ class RawServer:
     """Answers every connection with ``script``; keeps each request head it read, and sees the proxy side
     close a connection the script holds (``closed``)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, tls: ssl.SSLContext | None = None) -> None:
         self.script = script
+        self.tls = tls
         self.heads: list[bytes] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
@@ -62,9 +66,10 @@ class RawServer:
             await self.closed.wait()
 
     async def __aenter__(self) -> Upstream:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         port = self.server.sockets[0].getsockname()[1]
-        return Upstream(f"http://127.0.0.1:{port}/mcp", connect_timeout=5, first_byte_timeout=5)
+        scheme = "https" if self.tls else "http"
+        return Upstream(f"{scheme}://127.0.0.1:{port}/mcp", connect_timeout=5, first_byte_timeout=5)
 
     async def __aexit__(self, *exc: object) -> None:
         for writer in self.writers:
@@ -285,6 +290,36 @@ async def test_reading_pauses_at_high_water_and_resumes_when_the_reader_takes_th
         body = await read_all(held)
         assert body == piece * total
         held.release()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl, installed by .ci/run), and its key."""
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    command = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2"
+    command += " -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1"
+    argv = [*command.split(), "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(argv, check=True, capture_output=True)
+    return cert, key
+
+
+async def test_an_https_upstream_is_verified_and_held(
+    certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = certificate
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    async with RawServer(sends(SSE_HEAD, chunked(b"data: 1\n\n")), tls) as upstream:
+        with pytest.raises(UpstreamUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await upstream.open_get("/mcp", [])  # not trusted by the system's store
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted, as an operator would add a private CA
+    server = RawServer(sends(SSE_HEAD, chunked(b"data: 1\n\n")), tls)
+    async with server as upstream:
+        held = await upstream.open_get("/mcp", [])
+        assert await read_all(held) == b"data: 1\n\n"
+        held.release()
+    assert server.heads[-1].split(b"\r\n")[1] == b"Host: 127.0.0.1:%d" % int(upstream.url.port or 0)
 
 
 async def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server() -> None:
