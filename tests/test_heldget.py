@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +31,7 @@ from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.heldget import HIGH_WATER, HeldGet, NotHTTP11
 from mcpresume.upstream import Upstream
 from tests.support.proxy import ScriptedClient, running_proxy, sse_events
+from tests.support.scripted import SESSION, catch_all, initialize_answer
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -340,6 +343,32 @@ async def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server() -> None:
         get.close()
     assert get.status == 200
     assert priming.data == b"" and priming.id is not None and priming.id.count(b"-") == 2  # epoch-stream-seq
+
+
+async def test_an_upstream_without_a_standalone_stream_answers_through_the_proxy(serve: Any) -> None:
+    """A server that offers no standalone stream answers the GET 405 (the spec's way): the client gets that
+    answer as the upstream gave it, and the session lives on."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return web.Response(status=405, text="no standalone stream", headers={"Allow": "POST, DELETE"})
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "no-get")
+        return web.Response(status=202)
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with http.get(proxy.url, headers=client.headers(Accept="text/event-stream")) as answer:
+            assert (answer.status, answer.headers["Allow"], await answer.text()) == (
+                405,
+                "POST, DELETE",
+                "no standalone stream",
+            )
+        assert await proxy.ctx.store.has_session(SESSION)
+        assert len(proxy.ctx.pumps) == 0
 
 
 # -- the protocol fed directly: any framing, any TCP split ---------------------------------------------------
