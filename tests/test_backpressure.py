@@ -6,7 +6,6 @@ import asyncio
 import gc
 import socket
 import tracemalloc
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -16,16 +15,10 @@ from mcpresume.app import reap_once
 from mcpresume.attach import ClientWriter, Stalled
 from mcpresume.sse import SSEParser
 from tests.conftest import ServeApp
+from tests.support.poll import until
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import ScriptedUpstream
 from tests.support.transport import BufferedTransport
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    """Poll a condition the proxy offers no event for (a background pump finishing), with a deadline."""
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.02)
 
 
 async def raw_post(
@@ -56,9 +49,9 @@ async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(
         request_id, body = client.tool_call("work", {})
         reader, writer = await raw_post(proxy.port, body, client.headers(), rcvbuf=4096)
         metrics = proxy.ctx.metrics
-        await until(lambda: _value(metrics.backpressure_detaches))
+        await until(lambda: _value_now(metrics.backpressure_detaches) > 0)
         # The slow client never slowed the pump: the whole stream reached the window anyway.
-        await until(lambda: _true(len(proxy.ctx.pumps) == 0))
+        await until(lambda: len(proxy.ctx.pumps) == 0)
         # Another session is unaffected meanwhile.
         other = ScriptedClient(http, proxy.url)
         await other.initialize()
@@ -94,14 +87,6 @@ def _value_now(counter: object) -> float:
     return counter._value.get()  # type: ignore[attr-defined,no-any-return]
 
 
-async def _value(counter: object) -> bool:
-    return _value_now(counter) > 0
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
 @pytest.mark.parametrize("overflow", ["evict", "pause"])
 async def test_overflow_policy_while_no_client_reads(serve: ServeApp, overflow: str) -> None:
     """evict: the ring drops the oldest and a resume behind it gets 409; pause: the pump stops reading the
@@ -124,7 +109,7 @@ async def test_overflow_policy_while_no_client_reads(serve: ServeApp, overflow: 
         assert cursor is not None
         store = proxy.ctx.store
         if overflow == "evict":
-            await until(lambda: _true(len(proxy.ctx.pumps) == 0))  # read to the end, evicting as it went
+            await until(lambda: len(proxy.ctx.pumps) == 0)  # read to the end, evicting as it went
         else:
             await until(lambda: _paused(store, client.session_id))  # window full of undelivered: it waits
             assert len(proxy.ctx.pumps) == 1
@@ -167,7 +152,7 @@ async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: ServeApp) -
                 _, body = client.tool_call("work", {})
                 async with http.post(client.url, data=body, headers=client.headers()) as response:
                     await response.content.readany()  # a first chunk, then the client vanishes
-            await until(lambda: _true(len(proxy.ctx.pumps) == 0), timeout=60)
+            await until(lambda: len(proxy.ctx.pumps) == 0, timeout=60)
             stats = await proxy.ctx.store.stats()
             held = _held() - baseline
             assert stats.sessions == sessions

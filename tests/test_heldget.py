@@ -30,6 +30,7 @@ from mcpresume.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.heldget import HIGH_WATER, HeldGet, NotHTTP11
 from mcpresume.upstream import Upstream
+from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, running_proxy, sse_events
 from tests.support.scripted import SESSION, catch_all, initialize_answer
 
@@ -95,12 +96,6 @@ def sends(*parts: bytes, close: bool = True) -> Script:
             writer.close()
 
     return script
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 async def read_all(held: HeldGet) -> bytes:

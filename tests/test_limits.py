@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +26,7 @@ from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import Event, EventKind, EvictReason, Window, WindowLimits
+from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
 
@@ -167,16 +168,6 @@ async def works(
 def count(metric: Any, *labels: str) -> float:
     value: float = (metric.labels(*labels) if labels else metric)._value.get()
     return value
-
-
-async def eventually(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = TIMEOUT) -> None:
-    """Poll ``condition`` every 50 ms until it holds; fail after ``timeout`` (for what cannot be awaited)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 def raw_request(
@@ -428,7 +419,7 @@ async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(ex
                 assert error["data"]["limit"] == 2
                 assert count(proxy.ctx.metrics.requests, "GET", "429") == 1
                 views.pop(0).close()
-            await eventually(lambda: attached(1), "the closed view is detached")
+            await until(lambda: attached(1), timeout=TIMEOUT, what="the closed view is detached")
             async with asyncio.timeout(TIMEOUT):
                 async with http.get(client.url, headers=client.headers()) as fourth:
                     assert fourth.status == 200
@@ -727,7 +718,7 @@ async def test_client_that_drops_at_once_loses_undelivered_events_with_overflow_
         async def finished() -> bool:
             return len(pumps) == 0
 
-        await eventually(finished, "the dropped call's pump finished")
+        await until(finished, timeout=TIMEOUT, what="the dropped call's pump finished")
         undelivered = count(metrics.evicted_events, "undelivered")
         assert undelivered > 0
         assert undelivered <= count(metrics.evicted_events, "count")
@@ -820,6 +811,6 @@ async def test_max_total_window_bytes_setting_caps_the_windows_of_a_running_prox
         async def finished() -> bool:
             return len(proxy.ctx.pumps) == 0
 
-        await eventually(finished, "the call's pump finished")
+        await until(finished, timeout=TIMEOUT, what="the call's pump finished")
         assert (await proxy.ctx.store.stats()).window_bytes <= cap
         assert count(proxy.ctx.metrics.evicted_events, "global_bytes") > 0

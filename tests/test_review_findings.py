@@ -20,6 +20,7 @@ from mcpresume.app import reap_once
 from mcpresume.session import NewEvent, StreamOrigin
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, WindowLimits
+from tests.support.poll import until
 from tests.support.proxy import ManualClock, collect, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
 
@@ -29,16 +30,6 @@ HEADERS = {
     "Content-Type": "application/json",
     "MCP-Protocol-Version": "2025-11-25",
 }
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Bounded polling: wait until ``condition()`` holds, fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -240,7 +231,7 @@ async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(
         cursor = await drop_after_first_progress(http, proxy.url, 2)
         upstream.gate(2).set()
         session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
-        await until(lambda: not any(s.live for s in session.streams.values()))
+        await until(lambda: not any(s.live for s in session.streams.values()), timeout=5.0)
         headers = in_session(**{"Last-Event-ID": cursor})
         async with http.post(proxy.url, data=call(3, "slow"), headers=headers) as response:
             assert response.status == 200
@@ -272,7 +263,7 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
         async with http.get(proxy.url, headers=in_session()) as response:
             assert response.status == 200
             await collect(response, limit=0)  # the priming event; then the client goes away for good
-        await until(lambda: session.attached == 0)
+        await until(lambda: session.attached == 0, timeout=5.0)
         note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {}})
         for _ in range(3):  # a server that logs something every 6 s, to nobody
             clock.advance(6.0)
@@ -280,7 +271,7 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
                 break  # reaped: its pump was cancelled, nothing more reaches it
             before = session.version
             upstream.pushes.put_nowait(note)
-            await until(lambda before=before: session.version != before)
+            await until(lambda before=before: session.version != before, timeout=5.0)
             await reap_once(proxy.ctx)
         # 18 s with no client and no POST stream, session_ttl = 10 s: the session must be gone.
         assert not await proxy.ctx.store.has_session(SESSION)
@@ -333,13 +324,14 @@ async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) ->
                 return await collect(response, limit=1)
 
         first = asyncio.ensure_future(view())
-        await until(lambda: upstream.gets == 1)  # its upstream GET is held at the gate
+        await until(lambda: upstream.gets == 1, timeout=5.0)  # its upstream GET is held at the gate
         second = asyncio.ensure_future(view())
-        await until(lambda: session.attached == 2)  # the second view is in, while the first is still opening
+        # the second view is in, while the first is still opening
+        await until(lambda: session.attached == 2, timeout=5.0)
         for _ in range(20):
             await asyncio.sleep(0)
         upstream.get_gate.set()
-        await until(lambda: len(session.readers) == 2)  # both views follow the one stream
+        await until(lambda: len(session.readers) == 2, timeout=5.0)  # both views follow the one stream
         note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 1}})
         upstream.pushes.put_nowait(note)
         async with asyncio.timeout(5):
@@ -372,7 +364,7 @@ async def test_a_held_standalone_view_parks_five_frames_deep_on_a_bare_future(ht
         session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
         async with http.get(proxy.url, headers=in_session()) as response:
             assert response.status == 200
-            await until(lambda: len(session.readers) == 1)
+            await until(lambda: len(session.readers) == 1, timeout=5.0)
             for _ in range(5):
                 await asyncio.sleep(0)  # let the view reach its wait
             chains = [_await_chain(task) for task in asyncio.all_tasks()]
