@@ -97,14 +97,9 @@ class Upstream:
                     allow_redirects=False,  # redirects are the client's to follow, with its own policy
                 )
         except aiohttp.ConnectionTimeoutError:
-            raise UpstreamUnreachable(
-                f"cannot connect to the upstream within {self.connect_timeout} s"
-            ) from None
+            raise self._connect_timed_out() from None
         except TimeoutError:
-            raise UpstreamTimeout(
-                f"upstream sent no response headers within {self.first_byte_timeout} s",
-                timeout=self.first_byte_timeout,
-            ) from None
+            raise self._head_timed_out() from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -112,8 +107,9 @@ class Upstream:
 
     async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
-        connection of its own; returns once the upstream's head arrived. Raises as ``request`` does, and
-        ``UpstreamBadResponse`` for an answer that is not HTTP/1.1. The caller must release it."""
+        connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
+        answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
         try:
             held = HeldGet(self._authority, path_qs, headers)
         except h11.LocalProtocolError:
@@ -123,22 +119,18 @@ class Upstream:
                 "character, or surrounding whitespace)"
             ) from None
         try:
-            async with asyncio.timeout(self.first_byte_timeout):
-                await self._connect(held)
-                await held.head()
-            return held
-        except TimeoutError:
-            held.release()
-            raise UpstreamTimeout(
-                f"upstream sent no response headers within {self.first_byte_timeout} s",
-                timeout=self.first_byte_timeout,
-            ) from None
-        except OSError as exc:  # reset, closed before the head, or not HTTP/1.1 (NotHTTP11): as aiohttp's
-            held.release()
-            raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
+            try:
+                async with asyncio.timeout(self.first_byte_timeout):
+                    await self._connect(held)
+                    await held.head()
+            except TimeoutError:
+                raise self._head_timed_out() from None
+            except OSError as exc:  # reset, closed before the head, or not HTTP/1.1 (NotHTTP11)
+                raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
         except BaseException:
             held.release()
             raise
+        return held
 
     async def _connect(self, held: HeldGet) -> None:
         loop = asyncio.get_running_loop()
@@ -155,8 +147,15 @@ class Upstream:
                     lambda: held, sock=sock, ssl=self._ssl, server_hostname=server_hostname
                 )
         except TimeoutError:
-            raise UpstreamUnreachable(
-                f"cannot connect to the upstream within {self.connect_timeout} s"
-            ) from None
+            raise self._connect_timed_out() from None
         except OSError as exc:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}") from None
+
+    def _connect_timed_out(self) -> UpstreamUnreachable:
+        return UpstreamUnreachable(f"cannot connect to the upstream within {self.connect_timeout} s")
+
+    def _head_timed_out(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"upstream sent no response headers within {self.first_byte_timeout} s",
+            timeout=self.first_byte_timeout,
+        )
