@@ -92,14 +92,17 @@ class ReadResult:
 
     def body(self) -> bytes:
         """Every event, in order, as one write: each one's cursor (``id:`` line) then the event as kept."""
-        segments, epoch = self.segments, self.epoch
+        segments = self.segments
         if len(segments) == 1:
-            segment = segments[0]
-            return b"".join(frame_parts(id_line_prefix(epoch, segment.stream), segment.seq, segment.blocks))
+            return b"".join(self._frame_parts(segments[0]))
         parts: list[bytes] = []
         for segment in segments:
-            parts += frame_parts(id_line_prefix(epoch, segment.stream), segment.seq, segment.blocks)
+            parts += self._frame_parts(segment)
         return b"".join(parts)
+
+    def _frame_parts(self, segment: Segment) -> list[bytes]:
+        """A segment's events framed with their cursors, in parts (``sse.frame_parts``)."""
+        return frame_parts(id_line_prefix(self.epoch, segment.stream), segment.seq, segment.blocks)
 
     def count_through(self, seq: int) -> int:
         """How many of the events returned have a seq of at most ``seq``."""
@@ -111,7 +114,7 @@ class ReadResult:
         path uses ``body``)."""
         events = []
         for segment in self.segments:
-            parts = frame_parts(id_line_prefix(self.epoch, segment.stream), segment.seq, segment.blocks)
+            parts = self._frame_parts(segment)
             for i, at in enumerate(segment.times):
                 events.append(Event(segment.seq + i, segment.stream, parts[2 * i] + parts[2 * i + 1], at))
         return events
