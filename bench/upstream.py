@@ -33,6 +33,8 @@ import time
 import uuid
 from typing import Any
 
+from bench.pacer import Pacer
+
 TS_DIGITS = 19  # time.time_ns() has 19 digits until the year 2286
 _PREFIX = (
     b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
@@ -74,6 +76,7 @@ class Upstream:
     def __init__(self) -> None:
         self.connections: set[asyncio.StreamWriter] = set()
         self.sessions_issued = 0
+        self.pacer = Pacer()  # paced streams wait on it (asyncio.sleep would spin under uvloop)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         transport = writer.transport
@@ -196,16 +199,12 @@ class Upstream:
                 writer.write(chunk(event * (count - sent)))
         else:
             prefix, suffix = event_parts(size)
-            loop = asyncio.get_running_loop()
             interval = 1.0 / rate
-            start = loop.time() + min(max(delay, 0.0), 10.0)
+            start = time.monotonic() + min(max(delay, 0.0), 10.0)
             sent = 0
             while sent < count:
-                due = start + sent * interval
-                now = loop.time()
-                if due > now:
-                    await asyncio.sleep(due - now)
-                    now = loop.time()
+                await self.pacer.until(start + sent * interval)
+                now = time.monotonic()
                 parts = []
                 # every event that is due now, each stamped just before the write
                 while sent < count and start + sent * interval <= now:
@@ -232,6 +231,7 @@ async def serve(host: str, port: int) -> None:
         server.close()
         for writer in list(upstream.connections):
             writer.transport.abort()
+    upstream.pacer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
