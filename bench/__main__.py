@@ -237,8 +237,7 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
             row[name] = {
                 "streams": mode["lat_streams"],
                 "latency_ms": percentiles(pooled[name]),
-                # the share of events later than 1 ms: on this VM mostly idle-vCPU wake-ups, one chance per
-                # process hop, and what moves p99 across the 1 ms step (see bench/README.md)
+                # the share of events later than 1 ms: p99 passes 1 ms when it passes 1%
                 "over_1ms": sum(ms > 1.0 for ms in pooled[name]) / max(1, len(pooled[name])),
                 "segment_p99_ms": segment_p99[name],
                 "curve_ms": quantile_curve(pooled[name]),
