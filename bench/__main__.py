@@ -202,14 +202,17 @@ def throughput(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]
 
 
 def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -> dict[str, Any]:
-    """Per rate: ``lat_segments`` interleaved segments per target (rotating order), samples pooled."""
+    """Per rate: ``lat_segments`` interleaved segments per target (rotating order), samples pooled. The
+    upstream's CPU share is kept per path too: a pacer that spins takes the cores it measures on."""
     out: dict[str, Any] = {}
     names = list(targets)
+    upstream = targets["direct"]
     for rate in mode["lat_rates"]:
         pooled: dict[str, list[float]] = {name: [] for name in names}
         segment_p99: dict[str, list[float]] = {name: [] for name in names}
         counts: dict[str, list[int]] = {name: [0, 0] for name in names}
         cpu: dict[str, list[float]] = {name: [] for name in names}
+        upstream_cpu: dict[str, list[float]] = {name: [] for name in names}
         for segment in range(mode["lat_segments"]):
             order = names[segment % len(names) :] + names[: segment % len(names)]
             for name in order:
@@ -222,11 +225,12 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
                     "duration": mode["lat_duration"],
                     "warmup": mode["lat_warmup"],
                 }
-                cpu0, t0 = _cpu(targets[name]), time.monotonic()
+                cpu0, up0, t0 = _cpu(targets[name]), cpu_seconds(upstream.pid), time.monotonic()
                 result = run_client(procs, spec, timeout=mode["lat_duration"] + 60)
-                cpu1, t1 = _cpu(targets[name]), time.monotonic()
+                cpu1, up1, t1 = _cpu(targets[name]), cpu_seconds(upstream.pid), time.monotonic()
                 if cpu0 is not None and cpu1 is not None:
                     cpu[name].append((cpu1 - cpu0) / (t1 - t0))
+                upstream_cpu[name].append((up1 - up0) / (t1 - t0))
                 samples = [us / 1000 for us in result["samples_us"]]
                 pooled[name] += samples
                 segment_p99[name].append(percentiles(samples).get("p99", float("nan")))
@@ -245,6 +249,7 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
                 "expected": counts[name][1],
                 # the proxy's CPU share of one core over each client run (setup included)
                 "cpu_share": statistics.median(cpu[name]) if cpu[name] else None,
+                "upstream_cpu_share": statistics.median(upstream_cpu[name]),
             }
         for name in names:
             if name == "direct":

@@ -276,6 +276,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
                         _ms(r.get("added_p99_median_segment_ms")) if added else "",
                         _ms(statistics.median(r["segment_p99_ms"])) if r.get("segment_p99_ms") else "",
                         f"{r['cpu_share']:.0%}" if r.get("cpu_share") is not None else "",
+                        f"{r['upstream_cpu_share']:.0%}" if "upstream_cpu_share" in r else "",
                         f"{r['received']:,}/{r['expected']:,}",
                     ]
                 )
@@ -291,7 +292,9 @@ def write(results: dict[str, Any], out: Path) -> Path:
             "direct's (pooled). 'seg. p99' = the median over segments of each segment's p99, and 'added "
             "seg. p99' its difference to direct's: a few scheduler stalls of the shared machine move the "
             "pooled p99, much less this one. '> 1 ms' = the share of events later than 1 ms: p99 moves by "
-            "a whole millisecond when it crosses 1%. CPU = mcpresume's share of one core. Default settings.",
+            "a whole millisecond when it crosses 1%. CPU = mcpresume's share of one core; upstream CPU = the "
+            "paced upstream's (it shares the two cores with what it measures, so it must stay small). "
+            "Default settings.",
             "",
             _table(
                 [
@@ -308,6 +311,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
                     "added seg. p99",
                     "seg. p99",
                     "CPU",
+                    "upstream CPU",
                     "received",
                 ],
                 rows,
