@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 import time
+from collections.abc import Callable
 
 
 class _Timespec(ctypes.Structure):
@@ -33,7 +34,7 @@ class _Itimerspec(ctypes.Structure):
 _TFD_TIMER_ABSTIME = 1
 
 
-def _timerfd_api() -> tuple[object, object] | None:
+def _timerfd_api() -> tuple[Callable[..., int], Callable[..., int]] | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc.timerfd_create, libc.timerfd_settime
@@ -54,7 +55,7 @@ class Pacer:
         api = _timerfd_api()
         if api is not None:
             create, self._settime = api
-            fd = create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)  # type: ignore[operator]
+            fd = create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
             if fd >= 0:
                 self._fd = fd
 
@@ -80,7 +81,7 @@ class Pacer:
         if deadline is not None:  # all zero disarms
             nanoseconds = max(1, math.ceil(deadline * 1e9))
             spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(nanoseconds, 1_000_000_000)
-        if self._settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:  # type: ignore[operator]
+        if self._settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
         self._armed = deadline
 
