@@ -1,11 +1,14 @@
 """The deployment files say what the code does: settings, ports, admin paths and metric names.
 
-deploy/kubernetes/sidecar.yaml, deploy/prometheus/alerts.yaml and the Dockerfile are not run by the test
-suite (no cluster, Prometheus or Docker here), so these tests pin the facts they share with the code.
+deploy/kubernetes/sidecar.yaml, deploy/prometheus/alerts.yaml, deploy/grafana/mcpresume.json and the
+Dockerfile are not run by the test suite (no cluster, Prometheus, Grafana or Docker here), so these tests
+pin the facts they share with the code.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import shlex
@@ -22,6 +25,7 @@ from mcpresume.metrics import Metrics
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR = ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "mcpresume.json"
 DOCKERFILE = ROOT / "Dockerfile"
 UPSTREAM = "http://127.0.0.1:8000/mcp"
 UPSTREAM_PORT = 8000
@@ -192,12 +196,17 @@ def test_alerts_use_only_metrics_that_exist(rules: list[dict[str, Any]]) -> None
         assert name in used
 
 
+def _label_values(expr: str) -> list[str]:
+    """The values an expression matches the outcome and reason labels against."""
+    found = re.findall(r'\b(?:outcome|reason)\s*(?:=|!=|=~|!~)\s*"([^"]*)"', expr)
+    return [part for value in found for part in value.split("|")]
+
+
 def test_alert_label_values_exist_in_the_code(rules: list[dict[str, Any]]) -> None:
     literals = _source_string_literals()
     for rule in rules:
-        for _label, value in re.findall(r'\b(outcome|reason)\s*(?:=|!=|=~|!~)\s*"([^"]*)"', rule["expr"]):
-            for part in value.split("|"):
-                assert part in literals, f"{rule['alert']}: label value {part!r} never produced by the code"
+        for value in _label_values(rule["expr"]):
+            assert value in literals, f"{rule['alert']}: label value {value!r} never produced by the code"
 
 
 def test_alerts_say_what_to_do(rules: list[dict[str, Any]]) -> None:
@@ -213,6 +222,68 @@ def test_sessions_alert_threshold_is_a_fraction_of_the_exported_max(rules: list[
     fraction = float(re.findall(r">\s*([0-9.]+)\s*\*", rule["expr"])[-1])
     assert 0.5 <= fraction < 1
     assert "mcpresume_max_sessions" in rule["expr"]
+
+
+# -- Grafana dashboard -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(DASHBOARD.read_text()))
+
+
+def _graphs(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+
+
+def test_dashboard_shows_every_metric_and_only_metrics_that_exist(dashboard: dict[str, Any]) -> None:
+    exprs = [target["expr"] for panel in _graphs(dashboard) for target in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\bmcpresume_\w+", expr)}
+    exported = _exported_metric_names()
+    assert used <= exported, f"the dashboard uses metrics mcpresume does not export: {used - exported}"
+    assert exported <= used, f"metrics the dashboard does not show: {exported - used}"
+
+
+def test_dashboard_label_values_exist_in_the_code(dashboard: dict[str, Any]) -> None:
+    literals = _source_string_literals()
+    for panel in _graphs(dashboard):
+        for target in panel["targets"]:
+            for value in _label_values(target["expr"]):
+                assert value in literals, (
+                    f"{panel['title']}: label value {value!r} never produced by the code"
+                )
+
+
+def test_dashboard_panels_follow_its_variables(dashboard: dict[str, Any]) -> None:
+    variables = {variable["name"] for variable in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "job", "instance"}
+    for panel in _graphs(dashboard):
+        assert panel["datasource"]["uid"] == "${datasource}"
+        assert panel["description"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+            # every selector is narrowed to the chosen jobs and instances
+            selectors = re.findall(r"mcpresume_\w+\{([^}]*)\}", target["expr"])
+            assert selectors and len(selectors) == len(re.findall(r"\bmcpresume_\w+", target["expr"]))
+            for selector in selectors:
+                assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, target["expr"]
+            assert target["expr"].count("(") == target["expr"].count(")"), target["expr"]
+
+
+def test_dashboard_panels_have_unique_ids_and_do_not_overlap(dashboard: dict[str, Any]) -> None:
+    panels = dashboard["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    cells = [
+        {
+            (x, y)
+            for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
+            for y in range(p["gridPos"]["y"], p["gridPos"]["y"] + p["gridPos"]["h"])
+        }
+        for p in panels
+    ]
+    for first, second in itertools.combinations(range(len(panels)), 2):
+        assert not cells[first] & cells[second], (panels[first]["title"], panels[second]["title"])
+    assert all(p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels)
 
 
 # -- Dockerfile ------------------------------------------------------------------------------------------
