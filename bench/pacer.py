@@ -60,16 +60,19 @@ class Pacer:
                 self._fd = fd
 
     async def until(self, deadline: float) -> None:
-        delay = deadline - time.monotonic()
-        if delay <= 0:
+        if deadline <= time.monotonic():
             return
         if self._fd < 0:
-            await asyncio.sleep(delay)
+            # uvloop's sleeps may end early (see above): sleep again until the deadline has passed
+            while (delay := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(delay)
             return
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self._fd, self._fire)
+        elif loop is not self._loop:
+            raise RuntimeError("a Pacer serves the event loop it was first used on")
         future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._waiters, (deadline, next(self._order), future))
         if self._armed is None or deadline < self._armed:

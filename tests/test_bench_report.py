@@ -23,7 +23,7 @@ def test_the_committed_report_is_the_report_of_the_committed_results(tmp_path: P
     assert _table_rows(written) == _table_rows(committed)
 
 
-def test_every_target_has_a_verdict_and_the_latency_rows_their_late_share() -> None:
+def test_every_target_has_a_verdict_and_the_latency_rows_their_late_share_and_upstream_cpu() -> None:
     results = json.loads((RESULTS / "latest.json").read_text())
     rows, verdicts = report.targets_table(results)
     assert set(verdicts) == {
@@ -38,3 +38,6 @@ def test_every_target_has_a_verdict_and_the_latency_rows_their_late_share() -> N
     for rate in results["latency"].values():
         for path in rate.values():
             assert 0.0 <= path["over_1ms"] <= 1.0
+            # the paced upstream's CPU share, measured beside every path (a pacer that spins shows here)
+            assert 0.0 <= path["upstream_cpu_share"] <= 1.0
+    assert "| upstream CPU |" in (RESULTS / "latest.md").read_text()
