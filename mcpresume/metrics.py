@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from mcpresume.resume import OUTCOMES
 from mcpresume.store import StoreStats
 from mcpresume.window import Evicted, EvictReason
 
@@ -35,6 +36,8 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in OUTCOMES:  # exported at 0 from the start: a ratio or rate() sees the first one
+            self.resumptions.labels(outcome)
         self.replayed_events = Counter(
             "mcpresume_replayed_events", "Events sent from the window on re-attach.", registry=r
         )

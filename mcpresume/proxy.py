@@ -60,7 +60,7 @@ from mcpresume.headers import (
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.resume import ReAttach, decide
+from mcpresume.resume import ReAttach, decide, outcome_label
 from mcpresume.session import ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
 from mcpresume.upstream import UpstreamAnswer
@@ -387,8 +387,7 @@ class Proxy:
         cursor = parse_cursor(cursor_header)
         view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
         decision = decide(view, cursor, self.ctx.clock())
-        outcome = "reattach" if isinstance(decision, ReAttach) else decision.reason
-        self.metrics.resumptions.labels(outcome).inc()
+        self.metrics.resumptions.labels(outcome_label(decision)).inc()
         return decision, view.newest_seq if view is not None else 0
 
     def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:

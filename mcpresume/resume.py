@@ -28,7 +28,7 @@ There is no row that falls back to "from the start" (DESIGN.md #5).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from mcpresume.cursor import Cursor, CursorParseError, encode_cursor
 from mcpresume.errors import (
@@ -70,6 +70,22 @@ class ReAttach:
 
 
 Decision = ReAttach | ProxyError
+
+REATTACH: Final = "reattach"
+# Every outcome of ``decide`` as the resumptions metric labels it: a re-attach, or a rejection's reason.
+OUTCOMES: Final = (
+    REATTACH,
+    UnknownSession.reason,
+    MalformedCursor.reason,
+    ForeignCursor.reason,
+    CursorAhead.reason,
+    CursorOutOfWindow.reason,
+)
+
+
+def outcome_label(decision: Decision) -> str:
+    """The decision's label in ``OUTCOMES``."""
+    return REATTACH if isinstance(decision, ReAttach) else decision.reason
 
 
 def decide(view: SessionView | None, cursor: Cursor | CursorParseError, now: float) -> Decision:

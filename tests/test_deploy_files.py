@@ -21,6 +21,7 @@ import yaml
 from mcpresume.app import build_admin_app
 from mcpresume.config import Settings
 from mcpresume.metrics import Metrics
+from mcpresume.resume import OUTCOMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR = ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
@@ -252,6 +253,14 @@ def test_dashboard_label_values_exist_in_the_code(dashboard: dict[str, Any]) -> 
                 assert value in literals, (
                     f"{panel['title']}: label value {value!r} never produced by the code"
                 )
+
+
+def test_every_resume_outcome_is_exported_before_the_first_resume() -> None:
+    # The dashboard's re-attach share divides the reattach series by all: without the series at 0 it shows
+    # "No data" while every resume is refused, and rate() misses a series' first increment.
+    rendered = Metrics().render().decode()
+    for outcome in OUTCOMES:
+        assert f'mcpresume_resumptions_total{{outcome="{outcome}"}} 0.0' in rendered
 
 
 def test_dashboard_panels_follow_its_variables(dashboard: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from mcpresume.errors import (
     ProxyError,
     UnknownSession,
 )
-from mcpresume.resume import ReAttach, SessionView, StreamView, decide
+from mcpresume.resume import OUTCOMES, ReAttach, SessionView, StreamView, decide, outcome_label
 from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.window import Event, EventKind, WindowLimits
@@ -259,6 +259,7 @@ cursors = st.one_of(
 @given(view=views(), cursor=cursors)
 def test_decide_is_total_and_honest(view: SessionView | None, cursor: Cursor | CursorParseError) -> None:
     decision = decide(view, cursor, NOW)
+    assert outcome_label(decision) in OUTCOMES  # the metric exports every label from the start
     gone = view is None or (view.expires_at is not None and view.expires_at <= NOW)
     if isinstance(decision, ReAttach):
         # Re-attach only when every fact allows it (DESIGN.md #4, #5).
