@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from mcpresume.config import Settings
 from mcpresume.context import ProxyContext, log_id
@@ -33,6 +34,28 @@ CONTEXT = web.AppKey("context", ProxyContext)
 # How often idle sessions and expired events are reaped, at most. A tenth of the TTL keeps the overshoot
 # small; the cap keeps gauges fresh for scrapes.
 REAP_INTERVAL_MAX = 5.0
+
+
+class _OneLineForUnparsableRequests(logging.Filter):
+    """A request aiohttp cannot parse as HTTP (a bad chunk size, a folded header line) is answered by
+    aiohttp itself (400, text/plain, before any handler) and logged by it at ERROR with a traceback: any
+    client could fill the log with them. Made one WARNING line each, with the client and the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg = "unparsable request from %s: %s"
+            record.args = (
+                record.args[0] if isinstance(record.args, tuple) and record.args else None,
+                error.message,
+            )
+            record.exc_info = None
+            if record.levelno > logging.WARNING:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_UNPARSABLE = _OneLineForUnparsableRequests()
 
 
 def build_store(settings: Settings) -> SessionStore:
@@ -162,9 +185,23 @@ async def start_proxy(
     metrics.max_sessions.set(settings.max_sessions)
     # handler_cancellation: a client that goes away cancels its handler, so its attachment ends at once
     # (pumps are separate tasks and are not affected).
+    # aiohttp's HTTP parser refuses a header line over 8190 bytes before the proxy sees the request (400,
+    # text/plain): a line may be as long as max_header_bytes allows in all (an OAuth bearer token can pass
+    # 8 KiB). Its 128 headers at most stay: the parser has no limit on the total, so the count bounds what
+    # one request head can hold before the proxy's own check (431) runs: 128 x max_header_bytes.
+    header_limit = settings.max_header_bytes
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.drain_timeout
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=settings.drain_timeout,
+        max_line_size=header_limit,
+        max_field_size=header_limit,
+        max_headers=128,
     )
+    server_log = logging.getLogger("aiohttp.server")
+    if _UNPARSABLE not in server_log.filters:
+        server_log.addFilter(_UNPARSABLE)
     await runner.setup()
     sock = _listen(settings.host, settings.port)
     site = web.SockSite(runner, sock)

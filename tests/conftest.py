@@ -30,8 +30,16 @@ async def serve() -> AsyncIterator[ServeApp]:
 
     async def start(app: web.Application) -> str:
         # handler_cancellation: a proxy that drops the connection ends the handler, as with a real server;
-        # a short shutdown_timeout: a handler still holding a stream at teardown must not hold the test.
-        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        # a short shutdown_timeout: a handler still holding a stream at teardown must not hold the test;
+        # header limits over the proxy's (an upstream that takes a 9 KB bearer token, as the proxy does).
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=1.0,
+            max_line_size=1 << 16,
+            max_field_size=1 << 16,
+            max_headers=1 << 13,
+        )
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         runners.append(runner)

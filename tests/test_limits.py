@@ -57,6 +57,7 @@ class ToolUpstream:
 
     def __init__(self) -> None:
         self.posts = 0
+        self.authorization: str | None = None  # of the last POST
         self.gets = 0
         self.sessions = 0
         self.calls: list[str] = []
@@ -75,6 +76,7 @@ class ToolUpstream:
             await self.release.wait()
             return response
         self.posts += 1
+        self.authorization = request.headers.get("Authorization")
         message = orjson.loads(await request.read())
         if message.get("method") == "initialize":
             self.sessions += 1
@@ -234,6 +236,55 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
         _, answer = await call_tool(same_session(client, small), "echo", {"text": "y"})
         assert "result" in answer
         await works(http, proxy.url)
+
+
+async def test_a_header_line_over_8_kib_within_max_header_bytes_is_forwarded(serve, http) -> None:
+    # aiohttp's parser alone would refuse a line over 8190 bytes with a plain 400 before the proxy saw it.
+    upstream = ToolUpstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:  # max_header_bytes: 16 KiB
+        client = await works(http, proxy.url)
+        bearer = {"Authorization": "Bearer " + "t" * 9000}
+        _, answer = await call_tool(same_session(client, bearer), "echo", {"text": "long"})
+        assert "result" in answer
+        assert upstream.authorization == bearer["Authorization"]  # forwarded untouched
+        # Lines that each fit, over the limit together: 431 with its JSON-RPC body.
+        for headers in ({"X-A": "v" * 9000, "X-B": "v" * 9000}, {f"X-H-{i}": "v" * 200 for i in range(100)}):
+            _, body = client.tool_call("echo", {"text": "x"})
+            async with http.post(client.url, data=body, headers=client.headers(**headers)) as response:
+                assert response.status == 431
+                assert (await error_of(response))["data"]["reason"] == "headers_too_large"
+        assert count(proxy.ctx.metrics.requests, "POST", "431") == 2
+
+
+@pytest.mark.parametrize(
+    "headers, body",
+    [
+        ([(b"Transfer-Encoding", b"chunked")], b"zz\r\n"),  # not a chunk size
+        ([(b"X-Big", b"v" * 17000)], b"{}"),  # one line longer than max_header_bytes: the parser's limit
+    ],
+    ids=["bad-chunk", "line-over-max-header-bytes"],
+)
+async def test_a_request_that_is_not_valid_http_is_one_warning_line_and_harms_nothing(
+    serve, http, caplog: pytest.LogCaptureFixture, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    upstream = ToolUpstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:
+        client = await works(http, proxy.url)
+        posts = upstream.posts
+        request = raw_request("POST", proxy.port, [(b"Content-Type", b"application/json"), *headers], body)
+        with caplog.at_level(logging.INFO):
+            status, _ = await raw_exchange(proxy.port, request)
+        assert status == 400
+        assert upstream.posts == posts
+        records = [r for r in caplog.records if r.name == "aiohttp.server"]
+        assert len(records) == 1, [r.getMessage() for r in records]
+        (record,) = records
+        assert record.levelno == logging.WARNING and record.exc_info is None  # no traceback
+        assert record.getMessage().startswith("unparsable request from 127.0.0.1: ")
+        _, answer = await call_tool(client, "echo", {"text": "after"})  # the session goes on
+        assert "result" in answer
 
 
 # -- 2. slow bodies --------------------------------------------------------------------------------------
