@@ -60,7 +60,7 @@ from mcpresume.headers import (
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.resume import ReAttach, decide, outcome_label
+from mcpresume.resume import ReAttach, SessionView, decide, outcome_label
 from mcpresume.session import ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
 from mcpresume.upstream import UpstreamAnswer
@@ -383,12 +383,17 @@ class Proxy:
 
     # -- resumption --------------------------------------------------------------------------------------
 
-    async def _decide(self, session_id: str, cursor_header: str) -> tuple[ReAttach | ProxyError, int]:
+    async def _decide(self, session_id: str, cursor_header: str) -> tuple[ReAttach, SessionView] | ProxyError:
+        """The resume decision: a re-attach with the view it was made on (it names the cursor's stream), or
+        the rejection."""
         cursor = parse_cursor(cursor_header)
         view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
         decision = decide(view, cursor, self.ctx.clock())
         self.metrics.resumptions.labels(outcome_label(decision)).inc()
-        return decision, view.newest_seq if view is not None else 0
+        if isinstance(decision, ProxyError):
+            return decision
+        assert view is not None  # decide re-attaches only to a session it was shown
+        return decision, view
 
     def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:
         preface = encode_retry(self.settings.retry_ms) + encode_comment(f"resumed {epoch_cursor}".encode())
@@ -409,9 +414,25 @@ class Proxy:
             return await passthrough(self.ctx, request, None)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
         if cursor_header is not None:
-            decision, newest = await self._decide(session_id, cursor_header)
-            if not isinstance(decision, ReAttach):
-                return self.ctx.reject(request, decision, None)
+            decided = await self._decide(session_id, cursor_header)
+            if isinstance(decided, ProxyError):
+                return self.ctx.reject(request, decided, None)
+            decision, view = decided
+            stream = view.stream
+            if (
+                stream is not None
+                and stream.standalone
+                and not stream.live
+                and decision.after >= stream.last_seq
+            ):
+                # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
+                # client has all of it: the session's server-to-client channel goes on in a new standalone
+                # stream, as a client connected to the upstream directly would get (a re-attach to the ended
+                # one would answer an empty stream to every retry, and no server message would arrive again).
+                log.info(
+                    "session %s: standalone stream %d ended; a new one", log_id(session_id), stream.number
+                )
+                return await self._standalone(request, session_id)
             log.info(
                 "session %s re-attaches to stream %d after %d",
                 log_id(session_id),
@@ -419,7 +440,9 @@ class Proxy:
                 decision.after,
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            plan = ViewPlan((decision.stream,), decision.after, _SSE_HEADERS, preface, replay_through=newest)
+            plan = ViewPlan(
+                (decision.stream,), decision.after, _SSE_HEADERS, preface, replay_through=view.newest_seq
+            )
             return await attach_view(self.ctx, request, session_id, plan)
         if not await self.store.has_session(session_id):
             return await passthrough(self.ctx, request, None)
@@ -488,9 +511,11 @@ class Proxy:
     ) -> web.StreamResponse:
         """The design note's client: POST + ``Last-Event-ID``. The cursor is checked before anything is
         forwarded; then this response carries the old stream's tail and the new request's events."""
-        decision, newest = await self._decide(session_id, cursor_header)
-        if not isinstance(decision, ReAttach):
-            return self.ctx.reject(request, decision, message.first_id)
+        decided = await self._decide(session_id, cursor_header)
+        if isinstance(decided, ProxyError):
+            return self.ctx.reject(request, decided, message.first_id)
+        decision, view = decided
+        newest = view.newest_seq
         refused = await self._claim_and_reserve(request, session_id, message)
         if refused is not None:
             return refused

@@ -48,6 +48,7 @@ class StreamView:
     first_seq: int
     last_seq: int
     evicted_through: int
+    standalone: bool = False  # a GET stream (server-initiated messages), not the answer to a POST
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,7 +399,12 @@ class SessionState:
             stream=None
             if state is None
             else StreamView(
-                stream, state.live, state.first_seq, state.last_seq, window.evicted_through(stream)
+                stream,
+                state.live,
+                state.first_seq,
+                state.last_seq,
+                window.evicted_through(stream),
+                state.origin is StreamOrigin.GET,
             ),
         )
 

@@ -177,3 +177,55 @@ async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_i
     else:
         assert gets == [] and refused == 1
         assert responses[0]["error"]["data"]["reason"] == "upstream_stream_lost"
+
+
+async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a_client_that_has_it_all(
+    serve,
+) -> None:
+    """The upstream ends its standalone GET without event ids (not resumable). A client that re-attaches with
+    the last cursor of it gets a new standalone stream (a new upstream GET), as it would connected directly;
+    a re-attach to the ended one answered an empty stream to every retry, and no server message came again.
+    A cursor before its end still gets the tail first, and only the tail."""
+    gets = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal gets
+        if request.method == "GET":
+            gets += 1
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": gets}}
+            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
+            return response  # ends the stream: no id, nothing to resume it from
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "standalone")
+        return web.Response(status=202)
+
+    def notes(events: list[Any]) -> list[int]:
+        return [orjson.loads(e.data)["params"]["get"] for e in events if e.data]
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with asyncio.timeout(10):
+            async with http.get(client.url, headers=client.headers()) as response:
+                first = await collect(response)  # until the proxy ends it
+            assert notes(first) == [1]
+            assert first[0].id is not None and first[-1].id is not None
+            priming, last = first[0].id.decode(), first[-1].id.decode()
+            # A cursor before the end: the tail, then the end (the ended stream is still the one named).
+            async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
+                assert response.status == 200
+                tail = await collect(response)
+            assert notes(tail) == [1] and gets == 1
+            # The whole of it: a new standalone stream.
+            async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
+                assert response.status == 200
+                fresh = await collect(response)
+            assert notes(fresh) == [2] and gets == 2
+            assert fresh[-1].id is not None
+            assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
+        reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
+    assert reattached == 2
