@@ -146,13 +146,15 @@ class Proxy:
             if message.is_initialize:
                 return await self._initialize(request, body, message)
             return await passthrough(self.ctx, request, body)
+        cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        if cursor_header is not None:
+            # Checked first: a cursor of a session the proxy does not know cannot be resumed (404, as a GET
+            # gets), and adopting the session would drop the events after it without a word.
+            return await self._post_with_cursor(request, body, message, session_id, cursor_header)
         if not await self.store.has_session(session_id):
             # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
             # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
             return await self._forward_in_session(request, body, message, session_id, adopt=True)
-        cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
-        if cursor_header is not None:
-            return await self._post_with_cursor(request, body, message, session_id, cursor_header)
         return await self._forward_in_session(request, body, message, session_id, adopt=False)
 
     async def _initialize(

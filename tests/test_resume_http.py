@@ -263,6 +263,29 @@ async def test_post_with_bad_cursor_is_rejected_before_forwarding(http, proxy) -
         assert [r["id"] for r in responses(await collect(response))] == [request_id]
 
 
+async def test_post_with_a_cursor_of_a_session_the_proxy_does_not_know_is_404_not_an_adoption(
+    http, proxy
+) -> None:
+    client = await started(http, proxy)
+    _, body = client.tool_call("echo", {"text": "x"})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        cursor = (await collect(response))[-1].id.decode()
+    # The proxy forgets the session (a restart, say); the upstream still knows it.
+    assert await proxy.ctx.store.delete_session(client.session_id)
+    request_id, body = client.tool_call("echo", {"text": "with the old cursor"})
+    async with http.post(
+        client.url, data=body, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 404  # as a GET with that cursor: the events after it cannot be resumed
+        error_body = orjson.loads(await response.read())
+    assert error_body["id"] == request_id and error_body["error"]["data"]["reason"] == "unknown_session"
+    assert not await proxy.ctx.store.has_session(client.session_id)  # not adopted
+    # Without a cursor the session is adopted, as documented (the upstream knows it).
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        assert [r["id"] for r in responses(await collect(response))] == [request_id]
+    assert await proxy.ctx.store.has_session(client.session_id)
+
+
 async def test_get_without_cursor_replays_no_history(http, proxy) -> None:
     client = await started(http, proxy)
     _, body = client.tool_call("echo", {"text": "x"})
