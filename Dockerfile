@@ -63,8 +63,8 @@ USER 10001:10001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=3)"]
 
-# mcpresume drains open streams on SIGTERM (up to MCPRESUME_DRAIN_TIMEOUT seconds, about twice that at
-# worst): give `docker stop` a longer timeout than that (-t). It runs as PID 1 and handles SIGTERM itself.
+# mcpresume drains open streams on SIGTERM (up to MCPRESUME_DRAIN_TIMEOUT seconds, 2 s more at worst):
+# give `docker stop` a longer timeout than that (-t). It runs as PID 1 and handles SIGTERM itself.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["mcpresume"]
 CMD ["serve"]

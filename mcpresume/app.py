@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -165,12 +166,27 @@ class RunningProxy:
         return self.app[CONTEXT]
 
     async def stop(self) -> None:
-        """Graceful drain: refuse new work (readyz turns 503), let open streams finish within drain_timeout,
-        then stop. The admin listener goes last, so metrics and health stay scrapeable while draining."""
-        self.ctx.start_draining()
+        """Graceful drain: refuse new work (readyz turns 503), end standalone views at once (they never
+        complete), let the other open streams finish within drain_timeout and end the ones still open then,
+        then stop. Views end cleanly: their clients re-attach with their cursors. The admin listener goes
+        last, so metrics and health stay scrapeable while draining."""
+        ctx = self.ctx
+        ctx.start_draining()
+        ended = ctx.end_views(standalone_only=True)
+        if ended:
+            log.info("draining: %d standalone views ended", ended)
+        deadline = asyncio.get_running_loop().call_later(ctx.settings.drain_timeout, self._end_the_rest)
         runners, self.runners = self.runners, []  # idempotent: a second stop has nothing left to do
-        for runner in runners:
-            await runner.cleanup()
+        try:
+            for runner in runners:
+                await runner.cleanup()
+        finally:
+            deadline.cancel()
+
+    def _end_the_rest(self) -> None:
+        ended = self.ctx.end_views()
+        if ended:
+            log.info("drain_timeout: %d client views still open ended", ended)
 
 
 async def start_proxy(
@@ -194,7 +210,9 @@ async def start_proxy(
         app,
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=settings.drain_timeout,
+        # aiohttp waits this long for handlers before it cancels them: the drain ends views cleanly at
+        # drain_timeout (RunningProxy.stop), so this comes after, for a write that cannot finish
+        shutdown_timeout=settings.drain_timeout + DRAIN_GRACE,
         max_line_size=header_limit,
         max_field_size=header_limit,
         max_headers=128,

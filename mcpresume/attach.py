@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from mcpresume.context import ProxyContext, log_id
+from mcpresume.context import DRAIN, ProxyContext, log_id
 from mcpresume.errors import TooManyAttachments
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.store import SessionStore
@@ -33,6 +33,9 @@ log = logging.getLogger("mcpresume.proxy")
 # alive through load balancers (the design note's 60 s idle timeout) and shows a vanished client early.
 HEARTBEAT_SECONDS = 15.0
 HEARTBEAT = b": keepalive\n\n"
+
+# How long a view a drain ended may take to end its response (a client that takes nothing is cut then).
+DRAIN_GRACE = 2.0
 
 
 class Stalled(Exception):
@@ -60,6 +63,7 @@ class ViewPlan:
     preface: bytes = b""
     replay_through: int = 0
     reader: int | None = None
+    standalone: bool = False  # it follows a standalone stream: never complete, a drain ends it first
 
 
 # Bytes aiohttp may add around a write (a chunk-size line and CRLF), when checking that a write fits.
@@ -144,13 +148,27 @@ async def follow(
     except Stalled:
         outcome.reason = "stalled"
         return outcome
-    except (ConnectionError, asyncio.CancelledError) as exc:
-        outcome.reason = "client_gone"
-        if isinstance(exc, asyncio.CancelledError):
+    except asyncio.CancelledError as exc:
+        if not _ended_for_drain(exc):
+            outcome.reason = "client_gone"
             raise
+        outcome.reason = "draining"
+        return outcome
+    except ConnectionError:
+        outcome.reason = "client_gone"
         return outcome
     finally:
         await store.remove_reader(session_id, reader)
+
+
+def _ended_for_drain(exc: asyncio.CancelledError) -> bool:
+    """The cancellation is a drain's (``ProxyContext.end_views``): taken back, so the view ends cleanly."""
+    if exc.args != (DRAIN,):
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return True
 
 
 async def reserve_view(
@@ -204,6 +222,9 @@ async def serve_view(
         return response
     metrics = ctx.metrics
     metrics.open_streams.inc()
+    task = asyncio.current_task()
+    if task is not None:
+        ctx.views[task] = plan.standalone
     try:
         outcome = await follow(
             writer,
@@ -214,7 +235,13 @@ async def serve_view(
             replay_through=plan.replay_through,
             reader=plan.reader,
         )
+    except asyncio.CancelledError as exc:
+        if not _ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
+            raise
+        outcome = AttachOutcome(reason="draining")
     finally:
+        if task is not None:
+            ctx.views.pop(task, None)
         metrics.open_streams.dec()
     metrics.replayed_events.inc(outcome.replayed)
     if outcome.reason == "stalled":
@@ -234,4 +261,13 @@ async def serve_view(
     if outcome.complete:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
+    elif outcome.reason == "draining":
+        try:
+            async with asyncio.timeout(DRAIN_GRACE):
+                await response.write_eof()
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+        except ConnectionError:
+            pass
     return response

@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     )
 
     # -- operations --------------------------------------------------------------------------------------
-    drain_timeout: float = Field(10.0, ge=0, description="seconds to let streams finish on shutdown")
+    drain_timeout: float = Field(10.0, ge=0, description="seconds to let POST streams finish on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
 

@@ -27,6 +27,9 @@ from mcpresume.upstream import Upstream
 
 log = logging.getLogger("mcpresume.proxy")
 
+# The message of the cancellation that ends a client view for a drain (any other is the client leaving).
+DRAIN = "mcpresume: draining"
+
 
 def log_id(session_id: str) -> str:
     """A short, stable hash of a session id: full session ids stay out of logs (they are bearer-like)."""
@@ -45,11 +48,24 @@ class ProxyContext:
     pumps: Pumps = field(default_factory=Pumps)
     draining: bool = False
     drain_deadline: float = 0.0  # on the event loop's clock
+    # The tasks serving a client view now, each with whether it follows a standalone stream (one that never
+    # completes): what a drain ends (``end_views``).
+    views: dict[asyncio.Task[Any], bool] = field(default_factory=dict)
 
     def start_draining(self) -> None:
         if not self.draining:
             self.draining = True
             self.drain_deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout
+
+    def end_views(self, *, standalone_only: bool = False) -> int:
+        """End client views cleanly (the response ends; the client re-attaches with its cursor, elsewhere):
+        at the start of a drain the standalone ones, which would hold it to the end; at its deadline the
+        rest. Each view is ended once; returns how many were."""
+        ending = [task for task, standalone in self.views.items() if standalone or not standalone_only]
+        for task in ending:
+            del self.views[task]
+            task.cancel(DRAIN)
+        return len(ending)
 
     def drain_remaining(self) -> float:
         return max(0.0, self.drain_deadline - asyncio.get_running_loop().time())

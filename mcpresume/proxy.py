@@ -337,9 +337,9 @@ class Proxy:
             session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
         )
 
-    def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer) -> None:
+    def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer, *, standalone: bool = False) -> None:
         pump = Pump(job, self.store, self.metrics, self.upstream, self.ctx.clock, self._pump_settings)
-        self.ctx.pumps.spawn(job.session_id, pump.run(upstream))
+        self.ctx.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone)
 
     async def _claim(
         self, request: web.Request, session_id: str, message: ClientMessage
@@ -443,7 +443,12 @@ class Proxy:
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
             plan = ViewPlan(
-                (decision.stream,), decision.after, _SSE_HEADERS, preface, replay_through=view.newest_seq
+                (decision.stream,),
+                decision.after,
+                _SSE_HEADERS,
+                preface,
+                replay_through=view.newest_seq,
+                standalone=stream is not None and stream.standalone,
             )
             return await attach_view(self.ctx, request, session_id, plan)
         if not await self.store.has_session(session_id):
@@ -474,7 +479,7 @@ class Proxy:
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head.
                     preface = encode_retry(self.settings.retry_ms)
-                    return ViewPlan((stream,), view.stream.last_seq, _SSE_HEADERS, preface)
+                    return ViewPlan((stream,), view.stream.last_seq, _SSE_HEADERS, preface, standalone=True)
             opening = self._opening_standalone.get(session_id)
             if opening is None:
                 break
@@ -495,9 +500,13 @@ class Proxy:
                 job = self._job(request, session_id, opened.number, ())
                 # The head is read before the pump starts reading the body (which lets go of it).
                 plan = ViewPlan(
-                    (opened.number,), opened.priming_seq - 1, _client_headers(answer), reader=reader
+                    (opened.number,),
+                    opened.priming_seq - 1,
+                    _client_headers(answer),
+                    reader=reader,
+                    standalone=True,
                 )
-                self._spawn_pump(job, answer)
+                self._spawn_pump(job, answer, standalone=True)
                 upstream = None  # the pump owns it now
         except BaseException:
             if upstream is not None:

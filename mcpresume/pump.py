@@ -86,6 +86,13 @@ class _End(enum.Enum):
     TOO_LARGE = "too_large"  # an event over max_event_bytes: resuming would meet it again
 
 
+# Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
+# the standalone ones at once (they end only with the session). A constant name is also less memory than
+# asyncio's numbered default, one string per task.
+PUMP = "mcpresume-pump"
+STANDALONE_PUMP = "mcpresume-standalone-pump"
+
+
 class Pumps:
     """Owns the pump tasks (strong references), per session, so they can be cancelled or drained."""
 
@@ -93,8 +100,10 @@ class Pumps:
         # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
 
-    def spawn(self, session_id: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
+    def spawn(
+        self, session_id: str, coro: Coroutine[Any, Any, None], *, standalone: bool = False
+    ) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=STANDALONE_PUMP if standalone else PUMP)
         tasks = self._tasks.get(session_id)
         if tasks is None:
             self._tasks[session_id] = [task]
@@ -118,10 +127,12 @@ class Pumps:
         return sum(len(t) for t in self._tasks.values())
 
     async def drain(self, timeout: float) -> None:
-        """Let running pumps finish for up to ``timeout`` seconds, then cancel what is left."""
+        """Let running pumps finish for up to ``timeout`` seconds, then cancel what is left; standalone
+        pumps are not waited for (they never finish)."""
         tasks = [t for ts in self._tasks.values() for t in ts]
-        if tasks and timeout > 0:
-            await asyncio.wait(tasks, timeout=timeout)
+        finite = [t for t in tasks if t.get_name() != STANDALONE_PUMP]
+        if finite and timeout > 0:
+            await asyncio.wait(finite, timeout=timeout)
         for task in tasks:
             task.cancel()
         if tasks:

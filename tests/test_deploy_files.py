@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from mcpresume.app import build_admin_app
+from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.metrics import Metrics
 from mcpresume.resume import OUTCOMES
@@ -135,9 +136,11 @@ def test_grace_period_covers_prestop_and_drain(
     command = sidecar["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     pre_stop = float(command[1])
-    # Shutdown waits up to drain_timeout for client responses, then up to drain_timeout for upstream streams.
-    needed = pre_stop + 2 * sidecar_settings.drain_timeout
+    # The drain ends every client view by drain_timeout, and each response within DRAIN_GRACE after it.
+    needed = pre_stop + sidecar_settings.drain_timeout + DRAIN_GRACE
     assert pod["spec"]["terminationGracePeriodSeconds"] > needed
+    (upstream,) = [c for c in pod["spec"]["containers"] if c["name"] != "mcpresume"]
+    assert float(upstream["lifecycle"]["preStop"]["exec"]["command"][1]) >= needed  # serves while it drains
     assert sidecar_settings.drain_timeout > 0
 
 

@@ -76,3 +76,54 @@ async def test_sigterm_drains_and_exits_zero(example_upstream: str) -> None:
         _, err = await process.communicate()
     assert process.returncode == 0
     assert b"draining" in err
+
+
+async def test_drain_ends_standalone_views_at_once_and_cleanly_while_calls_finish(
+    example_upstream: str,
+) -> None:
+    """A standalone view never completes: the drain ends it at its start (the response ends cleanly, the
+    client re-attaches elsewhere), instead of holding the drain to its deadline and past it (aiohttp then
+    cancelled it, twice drain_timeout after the SIGTERM, with a truncated body)."""
+    async with (
+        running_proxy(example_upstream, drain_timeout=30) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("count_slowly", {"n": 4, "delay": 1.0})
+        async with (
+            http.get(client.url, headers=client.headers()) as standalone,
+            http.post(client.url, data=body, headers=client.headers()) as call,
+        ):
+            assert standalone.status == 200 and call.status == 200
+            assert await call.content.readany()  # the call is running
+            async with asyncio.timeout(20):
+                stopping = asyncio.ensure_future(proxy.stop())
+                events = await collect(standalone)  # ends, and cleanly: collect raises on a cut body
+                assert not call.content.at_eof()  # while the call still runs
+                assert events[0].id is not None  # the priming event: a cursor to re-attach with
+                rest = await collect(call)
+                await stopping
+    messages = [orjson.loads(e.data) for e in rest if e.data]
+    assert [m["id"] for m in messages if "result" in m] == [request_id]  # the open call finished
+
+
+async def test_drain_ends_a_view_still_open_at_drain_timeout_cleanly(example_upstream: str) -> None:
+    async with (
+        running_proxy(example_upstream, drain_timeout=0.5) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        _, body = client.tool_call("count_slowly", {"n": 20, "delay": 0.5})
+        async with http.post(client.url, data=body, headers=client.headers()) as call:
+            assert await call.content.readany()
+            async with asyncio.timeout(20):
+                stopping = asyncio.ensure_future(proxy.stop())
+                events = await collect(call)  # ended at the deadline, cleanly, before the call's response
+                await stopping
+    messages = [orjson.loads(e.data) for e in events if e.data]
+    assert messages and not [m for m in messages if "result" in m]
+    assert all(
+        e.id is not None for e in events
+    )  # each with its cursor: the client re-attaches after the last
