@@ -61,7 +61,7 @@ from mcpresume.headers import (
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, SessionView, decide, outcome_label
-from mcpresume.session import ClaimOutcome, NewEvent, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -175,6 +175,7 @@ class Proxy:
         if session_id is not None and not adopt and message.request_keys:
             refused = await self._claim_and_reserve(request, session_id, message)
             if refused is not None:
+                assert not isinstance(refused, int)  # a merge is never asked here
                 return refused
             reserved = True
         elif session_id is None and message.is_initialize and not await self._has_room():
@@ -199,14 +200,32 @@ class Proxy:
                 await self.store.detach(session_id, self.ctx.clock())
 
     async def _claim_and_reserve(
-        self, request: web.Request, session_id: str, message: ClientMessage
-    ) -> web.StreamResponse | None:
+        self, request: web.Request, session_id: str, message: ClientMessage, *, merge_after: int | None = None
+    ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
-        will get (a request refused for too many views must not run upstream). An answer if refused."""
+        will get (a request refused for too many views must not run upstream). An answer if refused.
+
+        ``merge_after`` (POST + ``Last-Event-ID``): a re-sent request whose stream began after that seq is
+        not answered here: its stream number is returned, for the caller's view to follow with the cursor's
+        (the view is counted)."""
         if message.request_keys:
-            refused = await self._claim(request, session_id, message)
-            if refused is not None:
-                return refused
+            limit = self.settings.max_streams_per_session
+            claim = await self.store.claim(session_id, message.request_keys, limit)
+            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
+                merged = None
+                if (
+                    merge_after is not None
+                    and claim.outcome is ClaimOutcome.ATTACH
+                    and claim.stream is not None
+                ):
+                    view = await self.store.view(session_id, claim.stream)
+                    if view is not None and view.stream is not None and view.stream.first_seq > merge_after:
+                        merged = claim.stream
+                if merged is None:
+                    return await self._refuse_claim(request, session_id, message, claim)
+                self.metrics.duplicate_requests.inc()
+                refused = await reserve_view(self.ctx, request, session_id, message.first_id)
+                return merged if refused is None else refused
         refused = await reserve_view(self.ctx, request, session_id, message.first_id)
         if refused is not None:
             await self.store.release(session_id, message.request_keys)  # the same id may come back
@@ -341,15 +360,12 @@ class Proxy:
         pump = Pump(job, self.store, self.metrics, self.upstream, self.ctx.clock, self._pump_settings)
         self.ctx.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone)
 
-    async def _claim(
-        self, request: web.Request, session_id: str, message: ClientMessage
-    ) -> web.StreamResponse | None:
-        """Claim the request ids before forwarding; an answer instead when they must not be forwarded."""
-        limit = self.settings.max_streams_per_session
-        claim = await self.store.claim(session_id, message.request_keys, limit)
-        if claim is None or claim.outcome is ClaimOutcome.NEW:
-            return None
+    async def _refuse_claim(
+        self, request: web.Request, session_id: str, message: ClientMessage, claim: Claim
+    ) -> web.StreamResponse:
+        """The answer to request ids that must not be forwarded (a duplicate, or too many streams)."""
         if claim.outcome is ClaimOutcome.LIMITED:
+            limit = self.settings.max_streams_per_session
             error = TooManyStreams(f"the session already has {limit} live streams", limit=limit)
             return self.ctx.reject(request, error, message.first_id)
         return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
@@ -443,7 +459,7 @@ class Proxy:
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
             plan = ViewPlan(
-                (decision.stream,),
+                (decision.stream, *(stream.group if stream is not None else ())),
                 decision.after,
                 _SSE_HEADERS,
                 preface,
@@ -521,35 +537,48 @@ class Proxy:
         self, request: web.Request, body: bytes, message: ClientMessage, session_id: str, cursor_header: str
     ) -> web.StreamResponse:
         """The design note's client: POST + ``Last-Event-ID``. The cursor is checked before anything is
-        forwarded; then this response carries the old stream's tail and the new request's events."""
+        forwarded; then this response carries the old stream's tail and the new request's events (a
+        re-sent request's stream instead, when it began after the cursor). The streams one view followed
+        are grouped: the client holds one cursor for them, so a re-attach with it follows them all."""
         decided = await self._decide(session_id, cursor_header)
         if isinstance(decided, ProxyError):
             return self.ctx.reject(request, decided, message.first_id)
         decision, view = decided
-        newest = view.newest_seq
-        refused = await self._claim_and_reserve(request, session_id, message)
-        if refused is not None:
-            return refused
+        stream = view.stream
+        assert stream is not None  # a re-attach names a retained stream
+        # A standalone stream never ends and this response must: its events stay for a GET re-attach.
+        followed = [] if stream.standalone else [decision.stream, *stream.group]
+        claimed = await self._claim_and_reserve(request, session_id, message, merge_after=decision.after)
+        if isinstance(claimed, web.StreamResponse):
+            return claimed
         try:
-            opened = await self._forward_claimed(request, body, message, session_id, False)
-            if isinstance(opened, web.Response):
-                return opened
-            streams = [decision.stream]
-            if isinstance(opened, _Opened):
-                streams.append(opened.stream)
-            elif opened.status == 200 and opened.content_type == "application/json":
-                streams.append(await self._retain_answer(session_id, message, opened))
-            elif opened.status == 202:
-                opened.release()  # notifications only: the view carries the old stream's tail alone
+            reader = None
+            if isinstance(claimed, int):  # re-sent: its stream is followed, the request not forwarded again
+                streams = [*followed, claimed]
             else:
-                return await relay(self.ctx, request, opened)  # an upstream error is the answer
-            # This view's reader covers both streams, registered before anything is written, so no burst
-            # of the new stream can be evicted under it; the new stream's own first reader is then dropped.
-            reader = await self.store.add_reader(session_id, streams, decision.after)
-            if isinstance(opened, _Opened):
-                await self.store.remove_reader(session_id, opened.reader)
-            preface = self._resume_preface(session_id, cursor_header, decision.stream)
-            plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
+                opened = await self._forward_claimed(request, body, message, session_id, False)
+                if isinstance(opened, web.Response):
+                    return opened
+                streams = list(followed)
+                if isinstance(opened, _Opened):
+                    streams.append(opened.stream)
+                elif opened.status == 200 and opened.content_type == "application/json":
+                    streams.append(await self._retain_answer(session_id, message, opened))
+                elif opened.status == 202:
+                    opened.release()  # notifications only: the view carries the old stream's tail alone
+                    if not streams:
+                        return web.Response(status=202)
+                else:
+                    return await relay(self.ctx, request, opened)  # an upstream error is the answer
+                # This view's reader covers every stream, registered before anything is written, so no
+                # burst of the new stream can be evicted under it; the new stream's first reader then goes.
+                reader = await self.store.add_reader(session_id, streams, decision.after)
+                if isinstance(opened, _Opened):
+                    await self.store.remove_reader(session_id, opened.reader)
+            if len(streams) > 1:
+                await self.store.group_streams(session_id, streams)
+            preface = self._resume_preface(session_id, cursor_header, decision.stream) if followed else b""
+            plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, view.newest_seq, reader)
             return await serve_view(self.ctx, request, session_id, plan)
         finally:
             await self.store.detach(session_id, self.ctx.clock())

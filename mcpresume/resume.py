@@ -49,6 +49,9 @@ class StreamView:
     last_seq: int
     evicted_through: int
     standalone: bool = False  # a GET stream (server-initiated messages), not the answer to a POST
+    group: tuple[
+        int, ...
+    ] = ()  # the retained streams one client view followed with it (a re-attach follows all)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,9 @@ class StreamState:
     # The highest seq some client was sent: what overflow=pause protects, and what an eviction of
     # "undelivered" events is counted against.
     delivered: int = 0
+    # The streams one client view followed together with this one (POST + Last-Event-ID): a re-attach with a
+    # cursor of any of them follows them all, since that view's client holds one cursor for all of them.
+    group: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -260,6 +263,19 @@ class SessionState:
         self.last_active = now
         self._forget_gone_streams()
 
+    def group_streams(self, streams: Sequence[int]) -> None:
+        """Record that one client view follows ``streams`` together (with the groups they are in already)."""
+        members = set()
+        for number in streams:
+            state = self.streams.get(number)
+            if state is not None:
+                members.add(number)
+                members.update(state.group)
+        for number in members:
+            state = self.streams.get(number)
+            if state is not None:
+                state.group = tuple(sorted(members - {number}))
+
     def expire(self, now: float) -> Evicted:
         return self._after_eviction(self.window.expire(now))
 
@@ -405,6 +421,7 @@ class SessionState:
                 state.last_seq,
                 window.evicted_through(stream),
                 state.origin is StreamOrigin.GET,
+                tuple(n for n in state.group if n in self.streams),
             ),
         )
 

@@ -6,6 +6,7 @@ Last-Event-ID; exactly once per request id.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -248,6 +249,78 @@ async def test_post_with_last_event_id_delivers_old_tail_then_new_request(http, 
     assert sorted(r["id"] for r in responses(events)) == sorted([first_id, second_id])
     ids = [e.id for e in events if e.id]
     assert len(ids) == len(set(ids))
+
+
+def stream_of(event_id: bytes) -> int:
+    return int(event_id.decode().rsplit("-", 2)[1])
+
+
+async def test_a_re_attach_after_a_merged_view_follows_every_stream_of_it(http, proxy) -> None:
+    """POST + Last-Event-ID merges the old stream's tail and the new request's events in one response; the
+    client then holds one cursor, of whichever stream its last event came from. A re-attach with it follows
+    both streams (they are grouped): it followed only the cursor's, and the other's response was lost."""
+    client = await started(http, proxy)
+    first_id, first = client.tool_call("count_slowly", {"n": 6, "delay": 0.05})
+    async with http.post(client.url, data=first, headers=client.headers()) as response:
+        cursor = (await collect(response, limit=2))[-1].id.decode()  # then the connection drops
+    second_id, second = client.tool_call("count_slowly", {"n": 6, "delay": 0.05})
+    async with http.post(
+        client.url, data=second, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 200
+        seen = await collect(response, limit=4)  # and drops again
+    assert len({stream_of(e.id) for e in seen if e.id}) == 2  # the view carried both streams
+    last = seen[-1].id.decode()
+    async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
+        assert response.status == 200
+        rest = await collect(response)
+    events = seen + rest
+    assert sorted(r["id"] for r in responses(events)) == sorted([first_id, second_id])  # each once
+    ids = [e.id for e in events if e.id]
+    assert len(ids) == len(set(ids))
+
+
+async def test_a_re_sent_request_with_a_cursor_gets_its_stream_and_the_cursors_tail(http, proxy) -> None:
+    """A re-sent request id is never forwarded again; with Last-Event-ID its stream (begun after the cursor)
+    comes with the cursor stream's tail. It came alone, and the tail, with its response, was lost."""
+    client = await started(http, proxy)
+    first_id, first = client.tool_call("count_slowly", {"n": 4, "delay": 0.05})
+    async with http.post(client.url, data=first, headers=client.headers()) as response:
+        cursor = (await collect(response, limit=2))[-1].id.decode()
+    second_id, second = client.tool_call("count_slowly", {"n": 2, "delay": 0.05})
+    async with http.post(client.url, data=second, headers=client.headers()) as response:
+        assert response.status == 200  # forwarded; dropped before anything was read
+    duplicates = proxy.ctx.metrics.duplicate_requests._value.get()
+    async with http.post(
+        client.url, data=second, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 200
+        events = await collect(response)
+    assert proxy.ctx.metrics.duplicate_requests._value.get() == duplicates + 1  # not forwarded again
+    assert sorted(r["id"] for r in responses(events)) == sorted([first_id, second_id])
+    second_stream = [e for e in events if e.id and stream_of(e.id) != stream_of(cursor.encode())]
+    assert [m["params"]["progress"] for m in messages(second_stream) if "params" in m] == [1, 2]  # whole
+    ids = [e.id for e in events if e.id]
+    assert len(ids) == len(set(ids))
+
+
+async def test_post_with_a_cursor_of_the_standalone_stream_ends_with_its_request(http, proxy) -> None:
+    """The standalone stream never ends: merged into a POST response it held that response open for good.
+    The response carries the request's events and ends; the standalone stream's stay for a GET re-attach."""
+    client = await started(http, proxy)
+    async with http.get(client.url, headers=client.headers()) as standalone:
+        assert standalone.status == 200
+        priming = await anext(aiter(_events(standalone)))
+    assert priming.id is not None
+    cursor = priming.id.decode()
+    request_id, body = client.tool_call("echo", {"text": "with a standalone cursor"})
+    async with http.post(
+        client.url, data=body, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 200
+        async with asyncio.timeout(10):
+            events = await collect(response)
+    assert [r["id"] for r in responses(events)] == [request_id]
 
 
 async def test_post_with_bad_cursor_is_rejected_before_forwarding(http, proxy) -> None:

@@ -308,8 +308,43 @@ async def test_standalone_stream(store: SessionStore) -> None:
     get = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert get is not None
     assert await store.standalone_stream(sid) == get.number
+    for number, standalone in ((get.number, True), (get.number - 1, False)):
+        view = await store.view(sid, number)
+        assert view is not None and view.stream is not None and view.stream.standalone is standalone
     await store.end_stream(sid, get.number, now=0.0)
     assert await store.standalone_stream(sid) is None
+
+
+async def test_grouped_streams_name_each_other_in_their_views(store_factory: StoreFactory) -> None:
+    store = await store_factory(limits=WindowLimits(max_events=6, max_bytes=1 << 20, ttl=300.0))
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    numbers = []
+    for key in ("n:1", "n:2", "n:3", "n:4"):
+        opened = await store.open_stream(sid, StreamOrigin.POST, [key], now=1.0)
+        assert opened is not None
+        numbers.append(opened.number)
+    one, two, three, four = numbers
+
+    async def group(stream: int) -> set[int]:
+        view = await store.view(sid, stream)
+        assert view is not None and view.stream is not None
+        assert view.stream.number not in view.stream.group
+        return set(view.stream.group)
+
+    assert await group(one) == set()  # not grouped: alone
+    await store.group_streams(sid, [one, two])
+    await store.group_streams(sid, [two, three])  # joins the group two is in
+    assert (await group(one), await group(two), await group(three)) == (
+        {two, three},
+        {one, three},
+        {one, two},
+    )
+    assert await group(four) == set()
+    # A member that is gone (ended, its events evicted) is no longer named.
+    await store.end_stream(sid, one, now=2.0)
+    await store.append(sid, four, [msg() for _ in range(6)], now=3.0)  # the window of 6 evicts stream one's
+    assert await group(two) == {three}
 
 
 async def test_view(store: SessionStore) -> None:

@@ -85,6 +85,11 @@ class SessionStore(Protocol):
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...
 
+    async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
+        """Record that one client view follows ``streams`` together (POST + ``Last-Event-ID``): the view
+        of any of them then names the others (``StreamView.group``), and a re-attach follows them all."""
+        ...
+
     async def view(self, session_id: str, stream: int) -> SessionView | None:
         """What the resume decision needs, for a cursor naming ``stream`` (None: session unknown)."""
         ...

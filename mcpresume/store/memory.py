@@ -247,6 +247,11 @@ class MemoryStore:
             session.end_stream(stream, now)
             self._notify(session_id)
 
+    async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.group_streams(streams)
+
     async def view(self, session_id: str, stream: int) -> SessionView | None:
         session = self._sessions.get(session_id)
         return None if session is None else session.view(stream, self.session_ttl)
