@@ -213,8 +213,8 @@ async def start_proxy(
         # aiohttp waits this long for handlers before it cancels them: the drain ends views cleanly at
         # drain_timeout (RunningProxy.stop), so this comes after, for a write that cannot finish
         shutdown_timeout=settings.drain_timeout + DRAIN_GRACE,
-        max_line_size=header_limit,
-        max_field_size=header_limit,
+        max_line_size=max(8190, header_limit),  # the request line too: never below aiohttp's own
+        max_field_size=max(8190, header_limit),
         max_headers=128,
     )
     server_log = logging.getLogger("aiohttp.server")

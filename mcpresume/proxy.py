@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -200,36 +201,53 @@ class Proxy:
                 await self.store.detach(session_id, self.ctx.clock())
 
     async def _claim_and_reserve(
-        self, request: web.Request, session_id: str, message: ClientMessage, *, merge_after: int | None = None
+        self,
+        request: web.Request,
+        session_id: str,
+        message: ClientMessage,
+        *,
+        resume: tuple[int, Sequence[int]] | None = None,
     ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
         will get (a request refused for too many views must not run upstream). An answer if refused.
 
-        ``merge_after`` (POST + ``Last-Event-ID``): a re-sent request whose stream began after that seq is
-        not answered here: its stream number is returned, for the caller's view to follow with the cursor's
-        (the view is counted)."""
+        ``resume`` (POST + ``Last-Event-ID``: the cursor's seq and the streams it resumes): a re-sent request
+        whose stream the client can take from there is not answered here; its stream number is returned for
+        the caller's view (counted already) to follow."""
         if message.request_keys:
             limit = self.settings.max_streams_per_session
             claim = await self.store.claim(session_id, message.request_keys, limit)
             if claim is not None and claim.outcome is not ClaimOutcome.NEW:
-                merged = None
-                if (
-                    merge_after is not None
-                    and claim.outcome is ClaimOutcome.ATTACH
-                    and claim.stream is not None
-                ):
-                    view = await self.store.view(session_id, claim.stream)
-                    if view is not None and view.stream is not None and view.stream.first_seq > merge_after:
-                        merged = claim.stream
-                if merged is None:
+                stream = None
+                if resume is not None and claim.outcome is ClaimOutcome.ATTACH and claim.stream is not None:
+                    stream = await self._resumable_duplicate(session_id, claim.stream, *resume)
+                if stream is None:
                     return await self._refuse_claim(request, session_id, message, claim)
                 self.metrics.duplicate_requests.inc()
                 refused = await reserve_view(self.ctx, request, session_id, message.first_id)
-                return merged if refused is None else refused
+                return stream if refused is None else refused
         refused = await reserve_view(self.ctx, request, session_id, message.first_id)
         if refused is not None:
             await self.store.release(session_id, message.request_keys)  # the same id may come back
         return refused
+
+    async def _resumable_duplicate(
+        self, session_id: str, stream: int, after: int, resumed: Sequence[int]
+    ) -> int | None:
+        """The stream of a request re-sent with a cursor, if the client can take it from the cursor without
+        an event twice: it is one of the streams the cursor resumes (the design note's client re-sends its
+        request with its last event's id), or no client was sent anything of it past the cursor (so it
+        comes whole with the cursor's tail). None: answered as a re-send without a cursor."""
+        if stream in resumed:
+            return stream
+        view = await self.store.view(session_id, stream)
+        if view is None or view.stream is None:
+            return None
+        return (
+            stream
+            if view.stream.first_seq > after and view.stream.delivered <= view.stream.first_seq
+            else None
+        )
 
     async def _forward_claimed(
         self,
@@ -548,13 +566,15 @@ class Proxy:
         assert stream is not None  # a re-attach names a retained stream
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
-        claimed = await self._claim_and_reserve(request, session_id, message, merge_after=decision.after)
+        claimed = await self._claim_and_reserve(
+            request, session_id, message, resume=(decision.after, followed)
+        )
         if isinstance(claimed, web.StreamResponse):
             return claimed
         try:
             reader = None
             if isinstance(claimed, int):  # re-sent: its stream is followed, the request not forwarded again
-                streams = [*followed, claimed]
+                streams = followed if claimed in followed else [*followed, claimed]
             else:
                 opened = await self._forward_claimed(request, body, message, session_id, False)
                 if isinstance(opened, web.Response):

@@ -16,7 +16,8 @@ row    condition                                     status  reason
 5      stream or seq 0 (numbering starts at 1)       400     malformed_cursor
 6      cursor's stream no longer retained            409     cursor_out_of_window
 7      seq outside its stream's issued range         400     malformed_cursor
-8      an event of the stream after it was evicted   409     cursor_out_of_window
+8      an event of the stream (or of its group)      409     cursor_out_of_window
+       after it was evicted
 9      otherwise                                     200     re-attach after seq
 =====  ============================================  ======  ========================
 
@@ -49,9 +50,11 @@ class StreamView:
     last_seq: int
     evicted_through: int
     standalone: bool = False  # a GET stream (server-initiated messages), not the answer to a POST
-    group: tuple[
-        int, ...
-    ] = ()  # the retained streams one client view followed with it (a re-attach follows all)
+    # The retained streams one client view followed with this one (a re-attach follows them all), and the
+    # highest seq evicted of any of them, gone ones included: past the cursor, events of the group were lost.
+    group: tuple[int, ...] = ()
+    group_evicted_through: int = 0
+    delivered: int = 0  # the highest seq of the stream some client was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ def decide(view: SessionView | None, cursor: Cursor | CursorParseError, now: flo
         return CursorOutOfWindow("the cursor's stream is no longer retained", **facts)
     if not stream.first_seq <= cursor.seq <= stream.last_seq:
         return MalformedCursor("cursor's position is not an event of its stream", **facts)
-    if stream.evicted_through > cursor.seq:
+    if max(stream.evicted_through, stream.group_evicted_through) > cursor.seq:
         return CursorOutOfWindow("events after the cursor were evicted from the window", **facts)
     return ReAttach(stream.number, cursor.seq)
 

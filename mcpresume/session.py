@@ -63,7 +63,9 @@ class StreamState:
     delivered: int = 0
     # The streams one client view followed together with this one (POST + Last-Event-ID): a re-attach with a
     # cursor of any of them follows them all, since that view's client holds one cursor for all of them.
+    # Retained ones only (bounded by the window); ``group_lost``: the last seq of members gone since.
     group: tuple[int, ...] = ()
+    group_lost: int = 0
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -265,16 +267,19 @@ class SessionState:
 
     def group_streams(self, streams: Sequence[int]) -> None:
         """Record that one client view follows ``streams`` together (with the groups they are in already)."""
-        members = set()
+        states = self.streams
+        members: set[int] = set()
+        lost = 0
         for number in streams:
-            state = self.streams.get(number)
+            state = states.get(number)
             if state is not None:
                 members.add(number)
-                members.update(state.group)
+                members.update(n for n in state.group if n in states)
+                lost = max(lost, state.group_lost)
         for number in members:
-            state = self.streams.get(number)
-            if state is not None:
-                state.group = tuple(sorted(members - {number}))
+            state = states[number]
+            state.group = tuple(sorted(members - {number}))
+            state.group_lost = max(state.group_lost, lost)
 
     def expire(self, now: float) -> Evicted:
         return self._after_eviction(self.window.expire(now))
@@ -302,8 +307,13 @@ class SessionState:
         followed = {n for streams, _ in self.readers.values() for n in streams}
         for number in gone:
             if number not in followed:
-                del self.streams[number]
+                state = self.streams.pop(number)
                 window.forget_stream(number)  # not before: a followed stream's eviction mark is its gap
+                for member in state.group:  # they name it no more, and remember what of it was lost
+                    other = self.streams.get(member)
+                    if other is not None:
+                        other.group = tuple(n for n in other.group if n != number)
+                        other.group_lost = max(other.group_lost, state.last_seq)
 
     def live_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live)
@@ -421,7 +431,9 @@ class SessionState:
                 state.last_seq,
                 window.evicted_through(stream),
                 state.origin is StreamOrigin.GET,
-                tuple(n for n in state.group if n in self.streams),
+                state.group,
+                max([state.group_lost, *(window.evicted_through(n) for n in state.group)]),
+                state.delivered,
             ),
         )
 

@@ -304,6 +304,30 @@ async def test_a_re_sent_request_with_a_cursor_gets_its_stream_and_the_cursors_t
     assert len(ids) == len(set(ids))
 
 
+async def test_the_design_notes_client_re_sends_its_request_with_its_last_id_and_gets_only_the_rest(
+    http, proxy
+) -> None:
+    """The design note's exact sequence: the client has e1 and e2, drops, and re-POSTs the same request with
+    Last-Event-ID: e2. It gets exactly what follows e2 (its stream was replayed from the start: e1 and e2
+    twice), and the request is not run again."""
+    client = await started(http, proxy)
+    request_id, body = client.tool_call("count_slowly", {"n": 5, "delay": 0.05})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        seen = await collect(response, limit=2)
+    cursor = seen[-1].id.decode()
+    duplicates = proxy.ctx.metrics.duplicate_requests._value.get()
+    async with http.post(
+        client.url, data=body, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 200
+        rest = await collect(response)
+    assert proxy.ctx.metrics.duplicate_requests._value.get() == duplicates + 1  # not forwarded again
+    assert progress_values(seen) + progress_values(rest) == [1, 2, 3, 4, 5]
+    assert [r["id"] for r in responses(rest)] == [request_id]
+    ids = [e.id for e in seen + rest if e.id]
+    assert len(ids) == len(set(ids))
+
+
 async def test_post_with_a_cursor_of_the_standalone_stream_ends_with_its_request(http, proxy) -> None:
     """The standalone stream never ends: merged into a POST response it held that response open for good.
     The response carries the request's events and ends; the standalone stream's stay for a GET re-attach."""

@@ -1033,3 +1033,60 @@ def test_sessions_without_readers_share_one_empty_dict_that_stays_empty() -> Non
     assert a.readers is session_module._NO_READERS and not session_module._NO_READERS
     a.move_reader(first, 5)  # a dropped reader's move is ignored, and writes nothing shared
     assert not session_module._NO_READERS and b.add_reader([1], 0) == 1 and len(b.readers) == 1
+
+
+# -- stream groups (POST + Last-Event-ID) ------------------------------------------------------------------
+
+
+def _grouped_pair(limits: WindowLimits) -> tuple[SessionState, int, int]:
+    session = make_session(limits)
+    a = session.open_stream(StreamOrigin.POST, ["n:1"], 0.0).stream
+    b = session.open_stream(StreamOrigin.POST, ["n:2"], 0.0).stream
+    session.group_streams([a, b])
+    return session, a, b
+
+
+def test_a_re_attach_to_a_group_that_lost_events_after_the_cursor_is_out_of_window() -> None:
+    """The view of a group follows every member: an eviction past the cursor in any of them is a gap, so
+    decide answers 409 (it looked at the cursor's stream alone: a 200 with nothing, to every retry)."""
+    session, a, b = _grouped_pair(WindowLimits(max_events=6, max_bytes=BIG, ttl=1e9))
+    session.append(b, [msg()], 0.0)
+    cursor_seq = session.next_seq - 1  # the client's last event: of b
+    session.append(a, [msg()], 0.0)  # a's event after the cursor ...
+    for _ in range(6):
+        session.append(b, [msg()], 0.0)  # ... evicted by b's (window of 6: seqs 1-4 go)
+    view = session.view(b, 60.0)
+    assert view.stream is not None
+    assert view.stream.evicted_through <= cursor_seq  # b itself lost nothing after the cursor
+    decision = decide(view, Cursor(EPOCH, b, cursor_seq), 0.0)
+    assert isinstance(decision, CursorOutOfWindow)
+    assert session.read([b, a], cursor_seq).gap  # what the view would have found
+
+
+def test_a_group_names_retained_members_only_and_remembers_what_a_gone_one_lost() -> None:
+    session, a, b = _grouped_pair(WindowLimits(max_events=4, max_bytes=BIG, ttl=1e9))
+    session.append(a, [msg(), response(1)], 0.0)
+    cursor_seq = session.next_seq - 1
+    session.end_stream(a, 0.0)
+    for _ in range(4):
+        session.append(b, [msg()], 0.0)  # evicts all of a: gone
+    assert a not in session.streams
+    state = session.streams[b]
+    assert state.group == ()  # no gone member kept: bounded by what the window holds
+    view = session.view(b, 60.0)
+    assert view.stream is not None and view.stream.group_evicted_through == cursor_seq
+    assert isinstance(decide(view, Cursor(EPOCH, b, cursor_seq - 1), 0.0), CursorOutOfWindow)  # a's response
+    assert isinstance(decide(view, Cursor(EPOCH, b, session.next_seq - 1), 0.0), ReAttach)
+
+
+def test_grouping_many_streams_over_time_keeps_each_group_within_the_retained_streams() -> None:
+    session = make_session(WindowLimits(max_events=8, max_bytes=BIG, ttl=1e9))
+    previous = session.open_stream(StreamOrigin.POST, ["n:0"], 0.0).stream
+    for request in range(1, 300):  # a client that sends its cursor with every request
+        stream = session.open_stream(StreamOrigin.POST, [f"n:{request}"], 0.0).stream
+        session.group_streams([previous, stream])
+        session.append(previous, [response(request - 1)], 0.0)
+        session.end_stream(previous, 0.0)
+        previous = stream
+    assert len(session.streams) <= 9
+    assert max(len(s.group) for s in session.streams.values()) < len(session.streams)
