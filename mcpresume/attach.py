@@ -105,11 +105,13 @@ async def follow(
     *,
     replay_through: int,
     reader: int | None = None,
+    wait: bool = True,
 ) -> AttachOutcome:
     """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves.
 
     ``reader``: a reader token already registered at ``after`` (a new stream registers its first reader
     before its pump starts, so not even the first burst can overrun it); registered here otherwise.
+    ``wait=False``: stop (reason "draining") when everything retained is sent instead of waiting for more.
     """
     outcome = AttachOutcome()
     position = after
@@ -141,6 +143,9 @@ async def follow(
             elif result.complete:
                 outcome.complete = True
                 return outcome
+            if not wait:
+                outcome.reason = "draining"
+                return outcome
             version = result.version
             del result  # a parked view keeps no events alive: the window may evict them meanwhile
             if not await store.wait(session_id, version, HEARTBEAT_SECONDS):
@@ -149,7 +154,7 @@ async def follow(
         outcome.reason = "stalled"
         return outcome
     except asyncio.CancelledError as exc:
-        if not _ended_for_drain(exc):
+        if not ended_for_drain(exc):
             outcome.reason = "client_gone"
             raise
         outcome.reason = "draining"
@@ -161,7 +166,7 @@ async def follow(
         await store.remove_reader(session_id, reader)
 
 
-def _ended_for_drain(exc: asyncio.CancelledError) -> bool:
+def ended_for_drain(exc: asyncio.CancelledError) -> bool:
     """The cancellation is a drain's (``ProxyContext.end_views``): taken back, so the view ends cleanly."""
     if exc.args != (DRAIN,):
         return False
@@ -223,7 +228,9 @@ async def serve_view(
     metrics = ctx.metrics
     metrics.open_streams.inc()
     task = asyncio.current_task()
-    if task is not None:
+    # Opened after the drain ended such views: it sends what is there now, then ends as they did.
+    late = ctx.view_ends_at_once(plan.standalone)
+    if task is not None and not late:
         ctx.views[task] = plan.standalone
     try:
         outcome = await follow(
@@ -234,9 +241,10 @@ async def serve_view(
             plan.after,
             replay_through=plan.replay_through,
             reader=plan.reader,
+            wait=not late,
         )
     except asyncio.CancelledError as exc:
-        if not _ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
+        if not ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
             raise
         outcome = AttachOutcome(reason="draining")
     finally:
@@ -262,12 +270,17 @@ async def serve_view(
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
     elif outcome.reason == "draining":
-        try:
-            async with asyncio.timeout(DRAIN_GRACE):
-                await response.write_eof()
-        except TimeoutError:
-            if request.transport is not None:
-                request.transport.abort()
-        except ConnectionError:
-            pass
+        await end_for_drain(request, response)
     return response
+
+
+async def end_for_drain(request: web.Request, response: web.StreamResponse) -> None:
+    """End a response the drain ended: cleanly (its client re-attaches), or cut after DRAIN_GRACE."""
+    try:
+        async with asyncio.timeout(DRAIN_GRACE):
+            await response.write_eof()
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+    except ConnectionError:
+        pass

@@ -57,6 +57,11 @@ class ProxyContext:
             self.draining = True
             self.drain_deadline = asyncio.get_running_loop().time() + self.settings.drain_timeout
 
+    def view_ends_at_once(self, standalone: bool) -> bool:
+        """A view opening now has nothing to wait for: it is standalone and a drain began, or the drain's
+        deadline passed (``end_views`` ended the ones open then; this one came after)."""
+        return self.draining and (standalone or self.drain_remaining() <= 0)
+
     def end_views(self, *, standalone_only: bool = False) -> int:
         """End client views cleanly (the response ends; the client re-attaches with its cursor, elsewhere):
         at the start of a drain the standalone ones, which would hold it to the end; at its deadline the

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from mcpresume.attach import ClientWriter, Stalled
+from mcpresume.attach import ClientWriter, Stalled, end_for_drain, ended_for_drain
 from mcpresume.context import ProxyContext
 from mcpresume.errors import BodyTimeout, BodyTooLarge
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
@@ -89,10 +89,20 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
         if is_sse:
             ctx.metrics.open_streams.inc()
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
+        task = asyncio.current_task()
+        if is_sse and task is not None:  # a stream the drain ends at its deadline, as a view
+            ctx.views[task] = False
         try:
+            if is_sse and ctx.view_ends_at_once(False):  # begun after the drain's deadline
+                await end_for_drain(request, response)
+                return response
             async for chunk in upstream.content.iter_any():
                 await writer.write(chunk)
             await response.write_eof()
+        except asyncio.CancelledError as exc:
+            if not ended_for_drain(exc):
+                raise
+            await end_for_drain(request, response)
         except (aiohttp.ClientError, OSError) as exc:
             log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)
         except Stalled:
@@ -102,6 +112,8 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
                 request.transport.abort()
         finally:
             if is_sse:
+                if task is not None:
+                    ctx.views.pop(task, None)
                 ctx.metrics.open_streams.dec()
         return response
     finally:

@@ -10,8 +10,10 @@ import sys
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from tests.support.proxy import ScriptedClient, collect, running_proxy
+from tests.support.scripted import SESSION, catch_all, initialize_answer
 
 
 def free_port() -> int:
@@ -127,3 +129,63 @@ async def test_drain_ends_a_view_still_open_at_drain_timeout_cleanly(example_ups
     assert all(
         e.id is not None for e in events
     )  # each with its cursor: the client re-attaches after the last
+
+
+async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) -> None:
+    """An SSE stream the proxy relays as is (any path but the MCP endpoint; every request of a newer
+    protocol era) is a view too: the drain ends it at its deadline, cleanly. It was cut when aiohttp gave
+    up on it, twice the grace later."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: first\n\n")
+        await asyncio.sleep(3600)  # open until the proxy goes
+        return response
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url, drain_timeout=0.5) as proxy, aiohttp.ClientSession() as http:
+        other = proxy.url.rsplit("/", 1)[0] + "/events"  # not the MCP endpoint: relayed as is
+        async with http.get(other) as relayed:
+            assert relayed.status == 200
+            async with asyncio.timeout(20):
+                stopping = asyncio.ensure_future(proxy.stop())
+                events = await collect(relayed)  # ends cleanly: collect raises on a cut body
+                await stopping
+    assert [e.data for e in events] == [b"first"]
+
+
+async def test_a_standalone_view_that_opens_as_the_drain_begins_ends_at_once(serve) -> None:
+    """Its GET arrived before the drain, its upstream answered after the drain ended the standalone views:
+    it ends as soon as it opens, not at the drain's deadline."""
+    asked, answered = asyncio.Event(), asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            asked.set()
+            await answered.wait()  # the head comes after the drain began
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await asyncio.sleep(3600)
+            return response
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "late")
+        return web.Response(status=202)
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url, drain_timeout=30) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with asyncio.timeout(10):  # the drain's deadline is 30 s away
+            getting = asyncio.ensure_future(http.get(client.url, headers=client.headers()))
+            await asked.wait()
+            stopping = asyncio.ensure_future(proxy.stop())
+            await asyncio.sleep(0)
+            assert proxy.ctx.draining
+            answered.set()
+            async with await getting as standalone:
+                assert standalone.status == 200
+                events = await collect(standalone)  # ends cleanly, at once
+            await stopping
+    assert events and events[0].data == b""  # its priming event: a cursor for a re-attach
