@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMessage
 
 from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
@@ -44,11 +44,12 @@ class _OneLineForUnparsableRequests(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
+        if isinstance(error, BadHttpMessage):
+            # The error's name, not its message: that quotes the offending line, which may hold a token.
             record.msg = "unparsable request from %s: %s"
             record.args = (
                 record.args[0] if isinstance(record.args, tuple) and record.args else None,
-                error.message,
+                type(error).__name__,
             )
             record.exc_info = None
             if record.levelno > logging.WARNING:
