@@ -159,6 +159,7 @@ class SessionState:
         "_requests",
         "attached",
         "epoch",
+        "gone_standalone",
         "in_flight",
         "last_active",
         "next_seq",
@@ -199,6 +200,9 @@ class SessionState:
         self.attached = 0
         self.last_active = now
         self.standalone: int | None = None  # the live standalone GET stream, if any
+        # (number, first seq, last seq) of the last standalone stream that ended and left the window: a
+        # re-attach with its last cursor then still opens a new one (its client missed nothing).
+        self.gone_standalone: tuple[int, int, int] | None = None
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
         self.readers: dict[int, tuple[tuple[int, ...], int]] = _NO_READERS
         self._next_reader = 0
@@ -309,6 +313,8 @@ class SessionState:
             if number not in followed:
                 state = self.streams.pop(number)
                 window.forget_stream(number)  # not before: a followed stream's eviction mark is its gap
+                if state.origin is StreamOrigin.GET:
+                    self.gone_standalone = (number, state.first_seq, state.last_seq)
                 for member in state.group:  # they name it no more, and remember what of it was lost
                     other = self.streams.get(member)
                     if other is not None:
@@ -422,7 +428,7 @@ class SessionState:
             newest_seq=self.next_seq - 1,
             oldest=(oldest.stream, oldest.seq) if oldest else None,
             newest=(newest.stream, newest.seq) if newest else None,
-            stream=None
+            stream=self._gone_view(stream)
             if state is None
             else StreamView(
                 stream,
@@ -436,6 +442,15 @@ class SessionState:
                 state.delivered,
             ),
         )
+
+    def _gone_view(self, stream: int) -> StreamView | None:
+        """The last standalone stream that ended and left the window, as it was: all of it evicted (only a
+        cursor at its very end can be re-attached: to a new standalone stream). Other gone streams: None."""
+        gone = self.gone_standalone
+        if gone is None or gone[0] != stream:
+            return None
+        _, first_seq, last_seq = gone
+        return StreamView(stream, False, first_seq, last_seq, last_seq, standalone=True)
 
     # -- readers (flow control) --------------------------------------------------------------------------
 

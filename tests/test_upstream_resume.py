@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.support.proxy import ScriptedClient, collect, running_proxy
+from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.relay import CuttingRelay
 from tests.support.scripted import SESSION, ScriptedUpstream, catch_all, initialize_answer, random_drops
 from tests.support.sdk import count_slowly, sdk_session
@@ -229,3 +229,54 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
             assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
         reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
     assert reattached == 2
+
+
+async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_window(serve) -> None:
+    """As above, once the ended stream's events were all evicted: a re-attach with its last cursor still
+    opens a new standalone stream (it got 409 "no longer retained", and the SDK client stopped retrying: no
+    server message came again); a cursor before its end is 409, since events after it were lost."""
+    gets = 0
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal gets
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if request.method == "GET":
+            gets += 1
+            await response.prepare(request)
+            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": gets}}
+            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
+            return response  # ends the stream: no id, nothing to resume it from
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "standalone")
+        if "id" not in message:
+            return web.Response(status=202)
+        await response.prepare(request)
+        for k in range(10):  # enough to push the ended standalone stream out of a window of 6
+            note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": k}}
+            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
+        return response
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url, window_events=6) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with asyncio.timeout(10):
+            async with http.get(client.url, headers=client.headers()) as response:
+                first = await collect(response)
+            assert first[0].id is not None and first[-1].id is not None
+            priming, last = first[0].id.decode(), first[-1].id.decode()
+            _, body = client.tool_call("work", {})
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                await collect(response)
+            stream = int(last.split("-")[1])
+            assert stream not in proxy.ctx.store._sessions[client.session_id].streams  # type: ignore[attr-defined]
+            async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
+                assert response.status == 409
+                assert (await error_of(response))["data"]["reason"] == "cursor_out_of_window"
+            async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
+                assert response.status == 200
+                fresh = await collect(response)
+    assert [orjson.loads(e.data)["params"]["get"] for e in fresh if e.data] == [2] and gets == 2
