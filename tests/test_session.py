@@ -593,6 +593,9 @@ class ResumeMachine(RuleBasedStateMachine):
         # Streams the session has forgotten: ended and emptied, at a pass (an eviction, an end) when no
         # registered reader followed them. One a reader follows is kept until the first pass after it left.
         self.forgotten_streams: set[int] = set()
+        # The last standalone stream forgotten: a cursor at its very end still re-attaches (the proxy then
+        # opens a new standalone stream: its client missed nothing).
+        self.gone_standalone: int | None = None
         self.next_request = 0
         # Another incarnation of the same session id: its cursors must never yield anything here.
         other = SessionState("S", OTHER_EPOCH, self.limits, retry_ms, now=0.0)
@@ -632,9 +635,12 @@ class ResumeMachine(RuleBasedStateMachine):
             if (
                 not ref.live
                 and number not in followed
+                and number not in self.forgotten_streams
                 and not any(r.stream == number for r in self.retained())
             ):
                 self.forgotten_streams.add(number)
+                if ref.origin is StreamOrigin.GET:
+                    self.gone_standalone = number
 
     def record(self, event: Event) -> bool:
         assert event.seq == len(self.history) + 1
@@ -645,6 +651,9 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def forgotten(self, stream: int) -> bool:
         return stream in self.forgotten_streams
+
+    def at_the_end_of_the_gone_standalone(self, stream: int, seq: int) -> bool:
+        return stream == self.gone_standalone and seq == self.streams[stream].last_seq
 
     def evicted_after(self, stream: int, seq: int) -> bool:
         return any(r.evicted and r.stream == stream and r.seq > seq for r in self.history)
@@ -773,6 +782,8 @@ class ResumeMachine(RuleBasedStateMachine):
         tally(f"issued cursor: {type(decision).__name__}")
         if self.expired():
             assert isinstance(decision, UnknownSession)
+        elif self.at_the_end_of_the_gone_standalone(ref.stream, ref.seq):
+            assert decision == ReAttach(ref.stream, ref.seq)  # the proxy opens a new one: nothing is read
         elif self.forgotten(ref.stream) or self.evicted_after(ref.stream, ref.seq):
             assert isinstance(decision, CursorOutOfWindow), decision
             assert decision.status == 409
@@ -796,7 +807,8 @@ class ResumeMachine(RuleBasedStateMachine):
         elif isinstance(decision, ReAttach):
             issued = self.streams[stream]
             assert issued.first_seq <= seq <= issued.last_seq
-            self.check_reattach(decision, cursor)
+            if not self.at_the_end_of_the_gone_standalone(stream, seq):
+                self.check_reattach(decision, cursor)
         else:
             assert decision.status in (400, 409)
             ref = self.streams.get(stream)
