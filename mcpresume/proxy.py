@@ -31,7 +31,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
+from mcpresume.attach import ViewPlan, attach_view, ended_for_drain, reserve_view, serve_view
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -274,11 +274,22 @@ class Proxy:
         """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
         (handshake era: disconnection is not cancellation); its answer still reaches the window."""
         forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
+        task = asyncio.current_task()
+        views = self.ctx.views
+        if task is not None:  # the drain ends it at its deadline, as a view: it must not hold the drain
+            views[task] = False
         try:
             return await asyncio.shield(forward)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             forward.add_done_callback(self._abandoned)
+            if ended_for_drain(exc):
+                return ShuttingDown(
+                    "the proxy shut down before the upstream answered; the request may still run"
+                )
             raise
+        finally:
+            if task is not None:
+                views.pop(task, None)
 
     def _abandoned(self, forward: asyncio.Future[_Opened | aiohttp.ClientResponse | ProxyError]) -> None:
         """The client left while its request was forwarded: release what was kept for its view."""

@@ -189,3 +189,34 @@ async def test_a_standalone_view_that_opens_as_the_drain_begins_ends_at_once(ser
                 events = await collect(standalone)  # ends cleanly, at once
             await stopping
     assert events and events[0].data == b""  # its priming event: a cursor for a re-attach
+
+
+async def test_a_request_the_upstream_has_not_answered_by_the_drain_deadline_gets_a_503(serve) -> None:
+    """Waiting for the upstream's headers is not a view yet: it held the drain past its deadline, and
+    aiohttp then cut the connection without an answer. Now: 503 shutting_down at the deadline."""
+    asked = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "slow")
+        if "id" not in message:
+            return web.Response(status=202)
+        asked.set()
+        await asyncio.sleep(3600)  # no headers, ever
+        return web.Response(status=500)
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url, drain_timeout=0.5) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("slow", {})
+        async with asyncio.timeout(10):
+            posting = asyncio.ensure_future(http.post(client.url, data=body, headers=client.headers()))
+            await asked.wait()
+            stopping = asyncio.ensure_future(proxy.stop())
+            async with await posting as response:
+                assert response.status == 503
+                answer = orjson.loads(await response.read())
+            await stopping
+    assert answer["id"] == request_id and answer["error"]["data"]["reason"] == "shutting_down"
