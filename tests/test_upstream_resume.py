@@ -179,6 +179,40 @@ async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_i
         assert responses[0]["error"]["data"]["reason"] == "upstream_stream_lost"
 
 
+class EndingStandalone:
+    """An upstream whose standalone GET sends one message without an id and ends (not resumable); a
+    tools/call streams 10 progress events, then its response."""
+
+    def __init__(self) -> None:
+        self.gets = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if request.method == "GET":
+            self.gets += 1
+            await response.prepare(request)
+            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": self.gets}}
+            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
+            return response  # ends the stream: no id, nothing to resume it from
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            return initialize_answer(message, SESSION, "standalone")
+        if "id" not in message:
+            return web.Response(status=202)
+        await response.prepare(request)
+        for k in range(10):
+            note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": k}}
+            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
+        return response
+
+
+def notes(events: list[Any]) -> list[int]:
+    """The standalone GETs' messages (which GET sent each)."""
+    return [orjson.loads(e.data)["params"]["get"] for e in events if e.data]
+
+
 async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a_client_that_has_it_all(
     serve,
 ) -> None:
@@ -186,26 +220,8 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
     the last cursor of it gets a new standalone stream (a new upstream GET), as it would connected directly;
     a re-attach to the ended one answered an empty stream to every retry, and no server message came again.
     A cursor before its end still gets the tail first, and only the tail."""
-    gets = 0
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        nonlocal gets
-        if request.method == "GET":
-            gets += 1
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": gets}}
-            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
-            return response  # ends the stream: no id, nothing to resume it from
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "standalone")
-        return web.Response(status=202)
-
-    def notes(events: list[Any]) -> list[int]:
-        return [orjson.loads(e.data)["params"]["get"] for e in events if e.data]
-
-    url = await serve(catch_all(handle))
+    upstream = EndingStandalone()
+    url = await serve(catch_all(upstream.handle))
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -219,12 +235,12 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
                 assert response.status == 200
                 tail = await collect(response)
-            assert notes(tail) == [1] and gets == 1
+            assert notes(tail) == [1] and upstream.gets == 1
             # The whole of it: a new standalone stream.
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-            assert notes(fresh) == [2] and gets == 2
+            assert notes(fresh) == [2] and upstream.gets == 2
             assert fresh[-1].id is not None
             assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
         reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
@@ -235,31 +251,8 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
     """As above, once the ended stream's events were all evicted: a re-attach with its last cursor still
     opens a new standalone stream (it got 409 "no longer retained", and the SDK client stopped retrying: no
     server message came again); a cursor before its end is 409, since events after it were lost."""
-    gets = 0
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        nonlocal gets
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        if request.method == "GET":
-            gets += 1
-            await response.prepare(request)
-            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": gets}}
-            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
-            return response  # ends the stream: no id, nothing to resume it from
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "standalone")
-        if "id" not in message:
-            return web.Response(status=202)
-        await response.prepare(request)
-        for k in range(10):  # enough to push the ended standalone stream out of a window of 6
-            note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": k}}
-            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
-        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
-        await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
-        return response
-
-    url = await serve(catch_all(handle))
+    upstream = EndingStandalone()
+    url = await serve(catch_all(upstream.handle))
     async with running_proxy(url, window_events=6) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -279,4 +272,4 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-    assert [orjson.loads(e.data)["params"]["get"] for e in fresh if e.data] == [2] and gets == 2
+    assert notes(fresh) == [2] and upstream.gets == 2
