@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from mcpresume.context import DRAIN, ProxyContext, log_id
+from mcpresume.context import ProxyContext, ended_for_drain, log_id
 from mcpresume.errors import TooManyAttachments
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.store import SessionStore
@@ -63,7 +63,7 @@ class ViewPlan:
     preface: bytes = b""
     replay_through: int = 0
     reader: int | None = None
-    standalone: bool = False  # it follows a standalone stream: never complete, a drain ends it first
+    standalone: bool = False  # it follows a standalone stream: may never complete, a drain ends it first
 
 
 # Bytes aiohttp may add around a write (a chunk-size line and CRLF), when checking that a write fits.
@@ -164,16 +164,6 @@ async def follow(
         return outcome
     finally:
         await store.remove_reader(session_id, reader)
-
-
-def ended_for_drain(exc: asyncio.CancelledError) -> bool:
-    """The cancellation is a drain's (``ProxyContext.end_views``): taken back, so the view ends cleanly."""
-    if exc.args != (DRAIN,):
-        return False
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-    return True
 
 
 async def reserve_view(

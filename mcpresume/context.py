@@ -8,9 +8,10 @@ a refusal is made: a JSON-RPC error body with the stable reason, one log line, t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.config import Settings
-from mcpresume.errors import ProxyError, jsonrpc_error_body
+from mcpresume.errors import ProxyError, ShuttingDown, jsonrpc_error_body
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pumps
@@ -29,6 +30,16 @@ log = logging.getLogger("mcpresume.proxy")
 
 # The message of the cancellation that ends a client view for a drain (any other is the client leaving).
 DRAIN = "mcpresume: draining"
+
+
+def ended_for_drain(exc: asyncio.CancelledError) -> bool:
+    """The cancellation is a drain's (``ProxyContext.end_views``): taken back, so the task ends cleanly."""
+    if exc.args != (DRAIN,):
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return True
 
 
 def log_id(session_id: str) -> str:
@@ -48,9 +59,11 @@ class ProxyContext:
     pumps: Pumps = field(default_factory=Pumps)
     draining: bool = False
     drain_deadline: float = 0.0  # on the event loop's clock
-    # The tasks serving a client view now, each with whether it follows a standalone stream (one that never
-    # completes): what a drain ends (``end_views``).
+    # What a drain ends (``end_views``): the tasks serving a client view or a relayed SSE stream, or waiting
+    # for the upstream's answer, each with whether it is standalone (a GET stream, that may never complete:
+    # ended when the drain begins; the others at its deadline).
     views: dict[asyncio.Task[Any], bool] = field(default_factory=dict)
+    views_ended: bool = False  # the drain's deadline came: every view then open was ended
 
     def start_draining(self) -> None:
         if not self.draining:
@@ -59,13 +72,35 @@ class ProxyContext:
 
     def view_ends_at_once(self, standalone: bool) -> bool:
         """A view opening now has nothing to wait for: it is standalone and a drain began, or the drain's
-        deadline passed (``end_views`` ended the ones open then; this one came after)."""
-        return self.draining and (standalone or self.drain_remaining() <= 0)
+        deadline came (``end_views`` ended the ones open then; this one came after)."""
+        return self.draining and (standalone or self.views_ended)
+
+    @contextlib.contextmanager
+    def upstream_wait(self, *, standalone: bool = False) -> Iterator[None]:
+        """Around a wait for the upstream's answer: a drain ends it like a view (at its start if
+        ``standalone``, else at its deadline) with 503 ``shutting_down``, so it does not hold the drain."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.views[task] = standalone
+        try:
+            yield
+        except asyncio.CancelledError as exc:
+            if not ended_for_drain(exc):
+                raise
+            raise ShuttingDown(
+                "the proxy shut down before the upstream answered; the request may still run"
+            ) from None
+        finally:
+            if task is not None:
+                self.views.pop(task, None)
 
     def end_views(self, *, standalone_only: bool = False) -> int:
-        """End client views cleanly (the response ends; the client re-attaches with its cursor, elsewhere):
-        at the start of a drain the standalone ones, which would hold it to the end; at its deadline the
-        rest. Each view is ended once; returns how many were."""
+        """End what ``views`` holds: a view's response ends cleanly (its client re-attaches with its cursor,
+        elsewhere), a wait for the upstream's answer with 503 ``shutting_down``. At the start of a drain the
+        standalone ones, which could hold it to the end; at its deadline the rest. Each is ended once;
+        returns how many were."""
+        if not standalone_only:
+            self.views_ended = True
         ending = [task for task, standalone in self.views.items() if standalone or not standalone_only]
         for task in ending:
             del self.views[task]

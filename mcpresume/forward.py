@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from mcpresume.attach import ClientWriter, Stalled, end_for_drain, ended_for_drain
-from mcpresume.context import ProxyContext
+from mcpresume.attach import ClientWriter, Stalled, end_for_drain
+from mcpresume.context import ProxyContext, ended_for_drain
 from mcpresume.errors import BodyTimeout, BodyTooLarge
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
 from mcpresume.upstream import UpstreamAnswer
@@ -69,7 +69,8 @@ async def passthrough(
     headers = upstream_headers(request)
     if isinstance(body, AsyncIterator) and request.content_length is not None:
         headers.append(("Content-Length", str(request.content_length)))
-    upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
+    with ctx.upstream_wait(standalone=request.method == "GET"):
+        upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
     return await relay(ctx, request, upstream)
 
 
@@ -90,10 +91,11 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
             ctx.metrics.open_streams.inc()
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
         task = asyncio.current_task()
-        if is_sse and task is not None:  # a stream the drain ends at its deadline, as a view
-            ctx.views[task] = False
+        standalone = request.method == "GET"  # a GET stream may never end: the drain ends it first
+        if is_sse and task is not None:  # a stream the drain ends, as a view
+            ctx.views[task] = standalone
         try:
-            if is_sse and ctx.view_ends_at_once(False):  # begun after the drain's deadline
+            if is_sse and ctx.view_ends_at_once(standalone):  # begun after the drain ended its kind
                 await end_for_drain(request, response)
                 return response
             async for chunk in upstream.content.iter_any():

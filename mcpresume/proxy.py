@@ -31,7 +31,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import ViewPlan, attach_view, ended_for_drain, reserve_view, serve_view
+from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -272,24 +272,18 @@ class Proxy:
         adopt: bool,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
-        (handshake era: disconnection is not cancellation); its answer still reaches the window."""
+        (handshake era: disconnection is not cancellation); its answer still reaches the window. A drain's
+        deadline ends the wait (503 shutting_down) but not the forward."""
         forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
-        task = asyncio.current_task()
-        views = self.ctx.views
-        if task is not None:  # the drain ends it at its deadline, as a view: it must not hold the drain
-            views[task] = False
         try:
-            return await asyncio.shield(forward)
-        except asyncio.CancelledError as exc:
+            with self.ctx.upstream_wait():
+                return await asyncio.shield(forward)
+        except ShuttingDown as refusal:
             forward.add_done_callback(self._abandoned)
-            if ended_for_drain(exc):
-                return ShuttingDown(
-                    "the proxy shut down before the upstream answered; the request may still run"
-                )
+            return refusal
+        except asyncio.CancelledError:
+            forward.add_done_callback(self._abandoned)
             raise
-        finally:
-            if task is not None:
-                views.pop(task, None)
 
     def _abandoned(self, forward: asyncio.Future[_Opened | aiohttp.ClientResponse | ProxyError]) -> None:
         """The client left while its request was forwarded: release what was kept for its view."""
@@ -534,7 +528,8 @@ class Proxy:
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
-            upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
+            with self.ctx.upstream_wait(standalone=True):
+                upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
             if answer.status == 404:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
             opened = None
@@ -574,7 +569,7 @@ class Proxy:
             return self.ctx.reject(request, decided, message.first_id)
         decision, view = decided
         stream = view.stream
-        assert stream is not None  # a re-attach names a retained stream
+        assert stream is not None  # a re-attach names its stream (retained, or the last standalone gone)
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
@@ -646,7 +641,8 @@ class Proxy:
 
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
-        upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
+        with self.ctx.upstream_wait():
+            upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
         if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))

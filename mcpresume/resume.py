@@ -67,7 +67,7 @@ class SessionView:
     newest_seq: int  # 0 when nothing was ever appended
     oldest: tuple[int, int] | None  # (stream, seq) of the oldest retained event
     newest: tuple[int, int] | None  # (stream, seq) of the newest retained event
-    stream: StreamView | None  # the cursor's stream, if still retained
+    stream: StreamView | None  # the cursor's stream, if retained (or the last standalone stream gone)
 
 
 @dataclass(frozen=True, slots=True)

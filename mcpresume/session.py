@@ -313,7 +313,9 @@ class SessionState:
             if number not in followed:
                 state = self.streams.pop(number)
                 window.forget_stream(number)  # not before: a followed stream's eviction mark is its gap
-                if state.origin is StreamOrigin.GET:
+                gone_before = self.gone_standalone
+                if state.origin is StreamOrigin.GET and (gone_before is None or number > gone_before[0]):
+                    # the newest one (an older one a reader kept is forgotten later: it stays over)
                     self.gone_standalone = (number, state.first_seq, state.last_seq)
                 for member in state.group:  # they name it no more, and remember what of it was lost
                     other = self.streams.get(member)

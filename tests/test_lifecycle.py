@@ -10,6 +10,7 @@ import sys
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from tests.support.proxy import ScriptedClient, collect, running_proxy
@@ -155,42 +156,6 @@ async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) ->
     assert [e.data for e in events] == [b"first"]
 
 
-async def test_a_standalone_view_that_opens_as_the_drain_begins_ends_at_once(serve) -> None:
-    """Its GET arrived before the drain, its upstream answered after the drain ended the standalone views:
-    it ends as soon as it opens, not at the drain's deadline."""
-    asked, answered = asyncio.Event(), asyncio.Event()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if request.method == "GET":
-            asked.set()
-            await answered.wait()  # the head comes after the drain began
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await asyncio.sleep(3600)
-            return response
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "late")
-        return web.Response(status=202)
-
-    url = await serve(catch_all(handle))
-    async with running_proxy(url, drain_timeout=30) as proxy, aiohttp.ClientSession() as http:
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
-        async with asyncio.timeout(10):  # the drain's deadline is 30 s away
-            getting = asyncio.ensure_future(http.get(client.url, headers=client.headers()))
-            await asked.wait()
-            stopping = asyncio.ensure_future(proxy.stop())
-            await asyncio.sleep(0)
-            assert proxy.ctx.draining
-            answered.set()
-            async with await getting as standalone:
-                assert standalone.status == 200
-                events = await collect(standalone)  # ends cleanly, at once
-            await stopping
-    assert events and events[0].data == b""  # its priming event: a cursor for a re-attach
-
-
 async def test_a_request_the_upstream_has_not_answered_by_the_drain_deadline_gets_a_503(serve) -> None:
     """Waiting for the upstream's headers is not a view yet: it held the drain past its deadline, and
     aiohttp then cut the connection without an answer. Now: 503 shutting_down at the deadline."""
@@ -220,3 +185,47 @@ async def test_a_request_the_upstream_has_not_answered_by_the_drain_deadline_get
                 answer = orjson.loads(await response.read())
             await stopping
     assert answer["id"] == request_id and answer["error"]["data"]["reason"] == "shutting_down"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "at_once"),
+    [
+        ("GET", "/mcp", True),  # the upstream GET that would open the standalone stream: ended at the start
+        ("DELETE", "/mcp", False),
+        ("POST", "/other", False),  # relayed as is
+    ],
+    ids=["standalone-get", "delete", "passthrough"],
+)
+async def test_every_wait_for_the_upstream_ends_with_the_drain(
+    serve, method: str, path: str, at_once: bool
+) -> None:
+    """A request waiting for the upstream's headers is ended by the drain like a view (503 shutting_down):
+    a standalone GET when the drain begins, the others at its deadline. They held the drain to twice its
+    limit and were cut without an answer."""
+    asked = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == "/mcp":
+            message = orjson.loads(await request.read())
+            if message.get("method") == "initialize":
+                return initialize_answer(message, SESSION, "slow")
+            return web.Response(status=202)
+        asked.set()
+        await asyncio.sleep(3600)  # no headers, ever
+        return web.Response(status=500)
+
+    url = await serve(catch_all(handle))
+    drain_timeout = 30.0 if at_once else 0.5
+    async with running_proxy(url, drain_timeout=drain_timeout) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        target = proxy.url.rsplit("/", 1)[0] + path
+        async with asyncio.timeout(10):
+            asking = asyncio.ensure_future(http.request(method, target, headers=client.headers(), data=b"{}"))
+            await asked.wait()
+            stopping = asyncio.ensure_future(proxy.stop())
+            async with await asking as response:
+                assert response.status == 503
+                answer = orjson.loads(await response.read())
+            await stopping
+    assert answer["error"]["data"]["reason"] == "shutting_down"

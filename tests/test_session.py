@@ -639,8 +639,8 @@ class ResumeMachine(RuleBasedStateMachine):
                 and not any(r.stream == number for r in self.retained())
             ):
                 self.forgotten_streams.add(number)
-                if ref.origin is StreamOrigin.GET:
-                    self.gone_standalone = number
+                if ref.origin is StreamOrigin.GET and (self.gone_standalone or 0) < number:
+                    self.gone_standalone = number  # the newest standalone stream gone
 
     def record(self, event: Event) -> bool:
         assert event.seq == len(self.history) + 1
@@ -1102,3 +1102,24 @@ def test_grouping_many_streams_over_time_keeps_each_group_within_the_retained_st
         previous = stream
     assert len(session.streams) <= 9
     assert max(len(s.group) for s in session.streams.values()) < len(session.streams)
+
+
+def test_the_newest_gone_standalone_stream_is_the_one_remembered() -> None:
+    """An older standalone stream a reader kept is forgotten after a newer one: the newer one stays the one
+    a cursor at its end re-attaches to (the older one would skip its messages)."""
+    session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=1e9))
+    older = session.open_stream(StreamOrigin.GET, [], 0.0).stream
+    token = session.add_reader([older], 0)  # keeps it once it is gone
+    session.end_stream(older, 0.0)
+    newer = session.open_stream(StreamOrigin.GET, [], 0.0)
+    session.end_stream(newer.stream, 0.0)
+    post = session.open_stream(StreamOrigin.POST, ["n:1"], 0.0).stream
+    session.append(post, [msg(), msg()], 0.0)  # evicts both standalone streams' priming events
+    assert newer.stream not in session.streams and older in session.streams
+    session.remove_reader(token)
+    session.append(post, [msg()], 0.0)  # the next pass forgets the older one
+    assert older not in session.streams
+    assert session.gone_standalone is not None and session.gone_standalone[0] == newer.stream
+    at_the_end = decide(session.view(newer.stream, 60.0), Cursor(EPOCH, newer.stream, newer.seq), 0.0)
+    assert at_the_end == ReAttach(newer.stream, newer.seq)
+    assert isinstance(decide(session.view(older, 60.0), Cursor(EPOCH, older, 1), 0.0), CursorOutOfWindow)
