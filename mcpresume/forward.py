@@ -69,7 +69,9 @@ async def passthrough(
     headers = upstream_headers(request)
     if isinstance(body, AsyncIterator) and request.content_length is not None:
         headers.append(("Content-Length", str(request.content_length)))
-    with ctx.upstream_wait(standalone=request.method == "GET"):
+    # A GET on the MCP endpoint opens a stream that may never end: the drain's start ends the wait for it.
+    stream_get = request.method == "GET" and request.path == ctx.upstream.mcp_path
+    with ctx.upstream_wait(standalone=stream_get):
         upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
     return await relay(ctx, request, upstream)
 
