@@ -61,7 +61,7 @@ from mcpresume.headers import (
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.resume import ReAttach, SessionView, decide, outcome_label
+from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
 from mcpresume.upstream import UpstreamAnswer
@@ -424,17 +424,19 @@ class Proxy:
 
     # -- resumption --------------------------------------------------------------------------------------
 
-    async def _decide(self, session_id: str, cursor_header: str) -> tuple[ReAttach, SessionView] | ProxyError:
-        """The resume decision: a re-attach with the view it was made on (it names the cursor's stream), or
-        the rejection."""
+    async def _decide(
+        self, session_id: str, cursor_header: str
+    ) -> tuple[ReAttach, StreamView, int] | ProxyError:
+        """The resume decision: a re-attach with its stream as the decision saw it (retained, or the last
+        standalone stream gone) and the session's newest seq then; or the rejection."""
         cursor = parse_cursor(cursor_header)
         view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
         decision = decide(view, cursor, self.ctx.clock())
         self.metrics.resumptions.labels(outcome_label(decision)).inc()
         if isinstance(decision, ProxyError):
             return decision
-        assert view is not None  # decide re-attaches only to a session it was shown
-        return decision, view
+        assert view is not None and view.stream is not None  # decide re-attaches only to a stream it saw
+        return decision, view.stream, view.newest_seq
 
     def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:
         preface = encode_retry(self.settings.retry_ms) + encode_comment(f"resumed {epoch_cursor}".encode())
@@ -458,14 +460,8 @@ class Proxy:
             decided = await self._decide(session_id, cursor_header)
             if isinstance(decided, ProxyError):
                 return self.ctx.reject(request, decided, None)
-            decision, view = decided
-            stream = view.stream
-            if (
-                stream is not None
-                and stream.standalone
-                and not stream.live
-                and decision.after >= stream.last_seq
-            ):
+            decision, stream, newest = decided
+            if stream.standalone and not stream.live and decision.after >= stream.last_seq:
                 # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
                 # client has all of it: the session's server-to-client channel goes on in a new standalone
                 # stream, as a client connected to the upstream directly would get (a re-attach to the ended
@@ -482,12 +478,12 @@ class Proxy:
             )
             preface = self._resume_preface(session_id, cursor_header, decision.stream)
             plan = ViewPlan(
-                (decision.stream, *(stream.group if stream is not None else ())),
+                (decision.stream, *stream.group),
                 decision.after,
                 _SSE_HEADERS,
                 preface,
-                replay_through=view.newest_seq,
-                standalone=stream is not None and stream.standalone,
+                replay_through=newest,
+                standalone=stream.standalone,
             )
             return await attach_view(self.ctx, request, session_id, plan)
         if not await self.store.has_session(session_id):
@@ -567,9 +563,7 @@ class Proxy:
         decided = await self._decide(session_id, cursor_header)
         if isinstance(decided, ProxyError):
             return self.ctx.reject(request, decided, message.first_id)
-        decision, view = decided
-        stream = view.stream
-        assert stream is not None  # a re-attach names its stream (retained, or the last standalone gone)
+        decision, stream, newest = decided
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
@@ -604,7 +598,7 @@ class Proxy:
             if len(streams) > 1:
                 await self.store.group_streams(session_id, streams)
             preface = self._resume_preface(session_id, cursor_header, decision.stream) if followed else b""
-            plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, view.newest_seq, reader)
+            plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
             return await serve_view(self.ctx, request, session_id, plan)
         finally:
             await self.store.detach(session_id, self.ctx.clock())
