@@ -217,29 +217,25 @@ async def serve_view(
         return response
     metrics = ctx.metrics
     metrics.open_streams.inc()
-    task = asyncio.current_task()
     # Opened after the drain ended such views: it sends what is there now, then ends as they did.
     late = ctx.view_ends_at_once(plan.standalone)
-    if task is not None and not late:
-        ctx.views[task] = plan.standalone
     try:
-        outcome = await follow(
-            writer,
-            ctx.store,
-            session_id,
-            plan.streams,
-            plan.after,
-            replay_through=plan.replay_through,
-            reader=plan.reader,
-            wait=not late,
-        )
+        with ctx.drainable(plan.standalone, register=not late):
+            outcome = await follow(
+                writer,
+                ctx.store,
+                session_id,
+                plan.streams,
+                plan.after,
+                replay_through=plan.replay_through,
+                reader=plan.reader,
+                wait=not late,
+            )
     except asyncio.CancelledError as exc:
         if not ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
             raise
         outcome = AttachOutcome(reason="draining")
     finally:
-        if task is not None:
-            ctx.views.pop(task, None)
         metrics.open_streams.dec()
     metrics.replayed_events.inc(outcome.replayed)
     if outcome.reason == "stalled":

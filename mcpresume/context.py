@@ -76,23 +76,31 @@ class ProxyContext:
         return self.draining and (standalone or self.views_ended)
 
     @contextlib.contextmanager
-    def upstream_wait(self, *, standalone: bool = False) -> Iterator[None]:
-        """Around a wait for the upstream's answer: a drain ends it like a view (at its start if
-        ``standalone``, else at its deadline) with 503 ``shutting_down``, so it does not hold the drain."""
+    def drainable(self, standalone: bool, *, register: bool = True) -> Iterator[None]:
+        """While inside (and ``register``), the current task is one ``end_views`` ends: cancelled with the
+        ``DRAIN`` message, which the task takes back with ``ended_for_drain``."""
         task = asyncio.current_task()
-        if task is not None:
+        if task is not None and register:
             self.views[task] = standalone
         try:
             yield
+        finally:
+            if task is not None:
+                self.views.pop(task, None)
+
+    @contextlib.contextmanager
+    def upstream_wait(self, *, standalone: bool = False) -> Iterator[None]:
+        """Around a wait for the upstream's answer: a drain ends it like a view (at its start if
+        ``standalone``, else at its deadline) with 503 ``shutting_down``, so it does not hold the drain."""
+        try:
+            with self.drainable(standalone):
+                yield
         except asyncio.CancelledError as exc:
             if not ended_for_drain(exc):
                 raise
             raise ShuttingDown(
                 "the proxy shut down before the upstream answered; the request may still run"
             ) from None
-        finally:
-            if task is not None:
-                self.views.pop(task, None)
 
     def end_views(self, *, standalone_only: bool = False) -> int:
         """End what ``views`` holds: a view's response ends cleanly (its client re-attaches with its cursor,

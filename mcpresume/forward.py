@@ -92,17 +92,15 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
         if is_sse:
             ctx.metrics.open_streams.inc()
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
-        task = asyncio.current_task()
         standalone = request.method == "GET"  # a GET stream may never end: the drain ends it first
-        if is_sse and task is not None:  # a stream the drain ends, as a view
-            ctx.views[task] = standalone
         try:
-            if is_sse and ctx.view_ends_at_once(standalone):  # begun after the drain ended its kind
-                await end_for_drain(request, response)
-                return response
-            async for chunk in upstream.content.iter_any():
-                await writer.write(chunk)
-            await response.write_eof()
+            with ctx.drainable(standalone, register=is_sse):  # a stream the drain ends, as a view
+                if is_sse and ctx.view_ends_at_once(standalone):  # begun after the drain ended its kind
+                    await end_for_drain(request, response)
+                    return response
+                async for chunk in upstream.content.iter_any():
+                    await writer.write(chunk)
+                await response.write_eof()
         except asyncio.CancelledError as exc:
             if not ended_for_drain(exc):
                 raise
@@ -116,8 +114,6 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
                 request.transport.abort()
         finally:
             if is_sse:
-                if task is not None:
-                    ctx.views.pop(task, None)
                 ctx.metrics.open_streams.dec()
         return response
     finally:
