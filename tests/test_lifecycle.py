@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 
+from mcpresume.app import RunningProxy
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.scripted import SESSION, catch_all, initialize_answer
+
+
+@contextlib.asynccontextmanager
+async def initialized(
+    upstream: str, **settings: Any
+) -> AsyncIterator[tuple[RunningProxy, aiohttp.ClientSession, ScriptedClient]]:
+    """A proxy in front of ``upstream``, and a client with a session through it."""
+    async with running_proxy(upstream, **settings) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        yield proxy, http, client
 
 
 def free_port() -> int:
@@ -26,12 +41,7 @@ def free_port() -> int:
 
 async def test_drain_lets_open_streams_finish_and_refuses_new_work(example_upstream: str) -> None:
     admin = free_port()
-    async with (
-        running_proxy(example_upstream, metrics_port=admin, drain_timeout=10) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with initialized(example_upstream, metrics_port=admin, drain_timeout=10) as (proxy, http, client):
         request_id, body = client.tool_call("count_slowly", {"n": 5, "delay": 0.1})
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             first = await response.content.readany()  # the call is running
@@ -87,12 +97,7 @@ async def test_drain_ends_standalone_views_at_once_and_cleanly_while_calls_finis
     """A standalone view never completes: the drain ends it at its start (the response ends cleanly, the
     client re-attaches elsewhere), instead of holding the drain to its deadline and past it (aiohttp then
     cancelled it, twice drain_timeout after the SIGTERM, with a truncated body)."""
-    async with (
-        running_proxy(example_upstream, drain_timeout=30) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with initialized(example_upstream, drain_timeout=30) as (proxy, http, client):
         request_id, body = client.tool_call("count_slowly", {"n": 4, "delay": 1.0})
         async with (
             http.get(client.url, headers=client.headers()) as standalone,
@@ -112,12 +117,7 @@ async def test_drain_ends_standalone_views_at_once_and_cleanly_while_calls_finis
 
 
 async def test_drain_ends_a_view_still_open_at_drain_timeout_cleanly(example_upstream: str) -> None:
-    async with (
-        running_proxy(example_upstream, drain_timeout=0.5) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with initialized(example_upstream, drain_timeout=0.5) as (proxy, http, client):
         _, body = client.tool_call("count_slowly", {"n": 20, "delay": 0.5})
         async with http.post(client.url, data=body, headers=client.headers()) as call:
             assert await call.content.readany()
@@ -156,45 +156,15 @@ async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) ->
     assert [e.data for e in events] == [b"first"]
 
 
-async def test_a_request_the_upstream_has_not_answered_by_the_drain_deadline_gets_a_503(serve) -> None:
-    """Waiting for the upstream's headers is not a view yet: it held the drain past its deadline, and
-    aiohttp then cut the connection without an answer. Now: 503 shutting_down at the deadline."""
-    asked = asyncio.Event()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "slow")
-        if "id" not in message:
-            return web.Response(status=202)
-        asked.set()
-        await asyncio.sleep(3600)  # no headers, ever
-        return web.Response(status=500)
-
-    url = await serve(catch_all(handle))
-    async with running_proxy(url, drain_timeout=0.5) as proxy, aiohttp.ClientSession() as http:
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
-        request_id, body = client.tool_call("slow", {})
-        async with asyncio.timeout(10):
-            posting = asyncio.ensure_future(http.post(client.url, data=body, headers=client.headers()))
-            await asked.wait()
-            stopping = asyncio.ensure_future(proxy.stop())
-            async with await posting as response:
-                assert response.status == 503
-                answer = orjson.loads(await response.read())
-            await stopping
-    assert answer["id"] == request_id and answer["error"]["data"]["reason"] == "shutting_down"
-
-
 @pytest.mark.parametrize(
     ("method", "path", "at_once"),
     [
+        ("POST", "/mcp", False),  # a tools/call, forwarded: the upstream may still run it
         ("GET", "/mcp", True),  # the upstream GET that would open the standalone stream: ended at the start
         ("DELETE", "/mcp", False),
         ("POST", "/other", False),  # relayed as is
     ],
-    ids=["standalone-get", "delete", "passthrough"],
+    ids=["call", "standalone-get", "delete", "passthrough"],
 )
 async def test_every_wait_for_the_upstream_ends_with_the_drain(
     serve, method: str, path: str, at_once: bool
@@ -209,19 +179,19 @@ async def test_every_wait_for_the_upstream_ends_with_the_drain(
             message = orjson.loads(await request.read())
             if message.get("method") == "initialize":
                 return initialize_answer(message, SESSION, "slow")
-            return web.Response(status=202)
+            if "id" not in message:
+                return web.Response(status=202)
         asked.set()
         await asyncio.sleep(3600)  # no headers, ever
         return web.Response(status=500)
 
     url = await serve(catch_all(handle))
     drain_timeout = 30.0 if at_once else 0.5
-    async with running_proxy(url, drain_timeout=drain_timeout) as proxy, aiohttp.ClientSession() as http:
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with initialized(url, drain_timeout=drain_timeout) as (proxy, http, client):
         target = proxy.url.rsplit("/", 1)[0] + path
+        request_id, body = client.tool_call("slow", {})
         async with asyncio.timeout(10):
-            asking = asyncio.ensure_future(http.request(method, target, headers=client.headers(), data=b"{}"))
+            asking = asyncio.ensure_future(http.request(method, target, headers=client.headers(), data=body))
             await asked.wait()
             stopping = asyncio.ensure_future(proxy.stop())
             async with await asking as response:
@@ -229,3 +199,5 @@ async def test_every_wait_for_the_upstream_ends_with_the_drain(
                 answer = orjson.loads(await response.read())
             await stopping
     assert answer["error"]["data"]["reason"] == "shutting_down"
+    if (method, path) == ("POST", "/mcp"):
+        assert answer["id"] == request_id  # the answer to that request

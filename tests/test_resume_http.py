@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from mcpresume.app import RunningProxy, reap_once
+from mcpresume.sse import SSEEvent
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 
 
@@ -251,6 +252,20 @@ async def test_post_with_last_event_id_delivers_old_tail_then_new_request(http, 
     assert len(ids) == len(set(ids))
 
 
+async def resend_with_cursor(
+    http: aiohttp.ClientSession, proxy: RunningProxy, client: ScriptedClient, body: bytes, cursor: str
+) -> list[SSEEvent]:
+    """POST a request id sent before, with ``Last-Event-ID``: 200, and not forwarded again."""
+    duplicates = proxy.ctx.metrics.duplicate_requests._value.get()
+    async with http.post(
+        client.url, data=body, headers=client.headers(**{"Last-Event-ID": cursor})
+    ) as response:
+        assert response.status == 200
+        events = await collect(response)
+    assert proxy.ctx.metrics.duplicate_requests._value.get() == duplicates + 1  # not forwarded again
+    return events
+
+
 def stream_of(event_id: bytes) -> int:
     return int(event_id.decode().rsplit("-", 2)[1])
 
@@ -290,13 +305,7 @@ async def test_a_re_sent_request_with_a_cursor_gets_its_stream_and_the_cursors_t
     second_id, second = client.tool_call("count_slowly", {"n": 2, "delay": 0.05})
     async with http.post(client.url, data=second, headers=client.headers()) as response:
         assert response.status == 200  # forwarded; dropped before anything was read
-    duplicates = proxy.ctx.metrics.duplicate_requests._value.get()
-    async with http.post(
-        client.url, data=second, headers=client.headers(**{"Last-Event-ID": cursor})
-    ) as response:
-        assert response.status == 200
-        events = await collect(response)
-    assert proxy.ctx.metrics.duplicate_requests._value.get() == duplicates + 1  # not forwarded again
+    events = await resend_with_cursor(http, proxy, client, second, cursor)
     assert sorted(r["id"] for r in responses(events)) == sorted([first_id, second_id])
     second_stream = [e for e in events if e.id and stream_of(e.id) != stream_of(cursor.encode())]
     assert [m["params"]["progress"] for m in messages(second_stream) if "params" in m] == [1, 2]  # whole
@@ -315,13 +324,7 @@ async def test_the_design_notes_client_re_sends_its_request_with_its_last_id_and
     async with http.post(client.url, data=body, headers=client.headers()) as response:
         seen = await collect(response, limit=2)
     cursor = seen[-1].id.decode()
-    duplicates = proxy.ctx.metrics.duplicate_requests._value.get()
-    async with http.post(
-        client.url, data=body, headers=client.headers(**{"Last-Event-ID": cursor})
-    ) as response:
-        assert response.status == 200
-        rest = await collect(response)
-    assert proxy.ctx.metrics.duplicate_requests._value.get() == duplicates + 1  # not forwarded again
+    rest = await resend_with_cursor(http, proxy, client, body, cursor)
     assert progress_values(seen) + progress_values(rest) == [1, 2, 3, 4, 5]
     assert [r["id"] for r in responses(rest)] == [request_id]
     ids = [e.id for e in seen + rest if e.id]
