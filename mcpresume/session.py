@@ -278,7 +278,7 @@ class SessionState:
             state = states.get(number)
             if state is not None:
                 members.add(number)
-                members.update(n for n in state.group if n in states)
+                members.update(state.group)  # retained ones: _forget_gone_streams takes the others out
                 lost = max(lost, state.group_lost)
         for number in members:
             state = states[number]
