@@ -32,6 +32,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
+from mcpresume.authorize import authorize, begins_with, remember_accepted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -62,7 +63,7 @@ from mcpresume.headers import (
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin
 from mcpresume.sse import encode_comment, encode_retry, frame_body
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -152,11 +153,14 @@ class Proxy:
             # Checked first: a cursor of a session the proxy does not know cannot be resumed (404, as a GET
             # gets), and adopting the session would drop the events after it without a word.
             return await self._post_with_cursor(request, body, message, session_id, cursor_header)
-        if not await self.store.has_session(session_id):
+        granted = await self.store.access(session_id)
+        if granted is None:
             # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
             # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
             return await self._forward_in_session(request, body, message, session_id, adopt=True)
-        return await self._forward_in_session(request, body, message, session_id, adopt=False)
+        return await self._forward_in_session(
+            request, body, message, session_id, adopt=False, granted=granted
+        )
 
     async def _initialize(
         self, request: web.Request, body: bytes, message: ClientMessage
@@ -171,10 +175,11 @@ class Proxy:
         session_id: str | None,
         *,
         adopt: bool,
+        granted: SessionAccess | None = None,
     ) -> web.StreamResponse:
         reserved = False
         if session_id is not None and not adopt and message.request_keys:
-            refused = await self._claim_and_reserve(request, session_id, message)
+            refused = await self._claim_and_reserve(request, session_id, message, unverified=granted)
             if refused is not None:
                 assert not isinstance(refused, int)  # a merge is never asked here
                 return refused
@@ -186,7 +191,7 @@ class Proxy:
                 max_sessions=self.settings.max_sessions,
             )
         try:
-            opened = await self._forward_claimed(request, body, message, session_id, adopt)
+            opened = await self._forward_claimed(request, body, message, session_id, adopt, granted)
             if isinstance(opened, web.Response):
                 return opened
             if isinstance(opened, _Opened):
@@ -207,9 +212,13 @@ class Proxy:
         message: ClientMessage,
         *,
         resume: tuple[int, Sequence[int]] | None = None,
+        unverified: SessionAccess | None = None,
     ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
         will get (a request refused for too many views must not run upstream). An answer if refused.
+
+        ``unverified``: the session's access, when the request's credentials were not checked yet: a request
+        id seen before is answered from the window only once they are (``authorize``).
 
         ``resume`` (POST + ``Last-Event-ID``: the cursor's seq and the streams it resumes): a re-sent request
         whose stream the client can take from there is not answered here; its stream number is returned for
@@ -218,6 +227,10 @@ class Proxy:
             limit = self.settings.max_streams_per_session
             claim = await self.store.claim(session_id, message.request_keys, limit)
             if claim is not None and claim.outcome is not ClaimOutcome.NEW:
+                if unverified is not None:
+                    refused = await authorize(self.ctx, request, session_id, unverified, message.first_id)
+                    if refused is not None:
+                        return refused
                 stream = None
                 if resume is not None and claim.outcome is ClaimOutcome.ATTACH and claim.stream is not None:
                     stream = await self._resumable_duplicate(session_id, claim.stream, *resume)
@@ -256,9 +269,10 @@ class Proxy:
         message: ClientMessage,
         session_id: str | None,
         adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | web.Response:
         """Forward; on failure answer with the error (the forward released or settled the claim)."""
-        opened = await self._forward_shielded(request, body, message, session_id, adopt)
+        opened = await self._forward_shielded(request, body, message, session_id, adopt, granted)
         if not isinstance(opened, ProxyError):
             return opened
         return self.ctx.reject(request, opened, message.first_id)
@@ -270,11 +284,14 @@ class Proxy:
         message: ClientMessage,
         session_id: str | None,
         adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
         (handshake era: disconnection is not cancellation); its answer still reaches the window. A drain's
         deadline ends the wait (503 shutting_down) but not the forward."""
-        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
+        forward = asyncio.ensure_future(
+            self._forward_and_open(request, body, message, session_id, adopt, granted)
+        )
         try:
             with self.ctx.upstream_wait():
                 return await asyncio.shield(forward)
@@ -311,6 +328,7 @@ class Proxy:
         message: ClientMessage,
         session_id: str | None,
         adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         keys = message.request_keys
         try:
@@ -331,10 +349,12 @@ class Proxy:
             return upstream
         # Adopt an unknown session once: two requests racing to adopt it must not make two incarnations.
         if adopt and (session_id is None or not await self.store.has_session(sid)):
-            if not await self._begin_session(sid):
+            if not await self._begin_session(sid, begins_with(request)):
                 return upstream
             if session_id is not None and message.request_keys:
                 await self.store.claim(sid, message.request_keys)
+        elif granted is not None:
+            await remember_accepted(self.ctx, request, sid, granted)
         if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
             # Spec: a POST with a request is answered with application/json or text/event-stream.
             content_type = upstream.content_type
@@ -357,9 +377,9 @@ class Proxy:
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
 
-    async def _begin_session(self, session_id: str) -> bool:
+    async def _begin_session(self, session_id: str, credential: bytes | None) -> bool:
         try:
-            await self.store.create_session(session_id, self.ctx.clock())
+            await self.store.create_session(session_id, self.ctx.clock(), credential)
         except ProxyError as error:
             log.warning("session %s passes through untracked: %s", log_id(session_id), error.message)
             return False
@@ -425,12 +445,15 @@ class Proxy:
     # -- resumption --------------------------------------------------------------------------------------
 
     async def _decide(
-        self, session_id: str, cursor_header: str
+        self, session_id: str, cursor_header: str, granted: SessionAccess | None
     ) -> tuple[ReAttach, StreamView, int] | ProxyError:
         """The resume decision: a re-attach with its stream as the decision saw it (retained, or the last
-        standalone stream gone) and the session's newest seq then; or the rejection."""
+        standalone stream gone) and the session's newest seq then; or the rejection. ``granted``: the
+        incarnation the request's credentials were checked in; another one is as good as unknown."""
         cursor = parse_cursor(cursor_header)
         view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
+        if view is not None and (granted is None or view.epoch != granted.epoch):
+            view = None  # begun since the check: nothing of it is served to credentials not checked in it
         decision = decide(view, cursor, self.ctx.clock())
         self.metrics.resumptions.labels(outcome_label(decision)).inc()
         if isinstance(decision, ProxyError):
@@ -456,10 +479,16 @@ class Proxy:
         if session_id is None or self._is_modern(request, None):
             return await passthrough(self.ctx, request, None)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        granted = await self.store.access(session_id)
+        if granted is not None:  # history, live events and a 409's facts: only to accepted credentials
+            refused = await authorize(self.ctx, request, session_id, granted)
+            if refused is not None:
+                return refused
         if cursor_header is not None:
-            decided = await self._decide(session_id, cursor_header)
+            decided = await self._decide(session_id, cursor_header, granted)
             if isinstance(decided, ProxyError):
                 return self.ctx.reject(request, decided, None)
+            assert granted is not None  # _decide found the session, in the incarnation checked
             decision, stream, newest = decided
             if stream.standalone and not stream.live and decision.after >= stream.last_seq:
                 # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
@@ -469,7 +498,7 @@ class Proxy:
                 log.info(
                     "session %s: standalone stream %d ended; a new one", log_id(session_id), stream.number
                 )
-                return await self._standalone(request, session_id)
+                return await self._standalone(request, session_id, granted)
             log.info(
                 "session %s re-attaches to stream %d after %d",
                 log_id(session_id),
@@ -486,25 +515,29 @@ class Proxy:
                 standalone=stream.standalone,
             )
             return await attach_view(self.ctx, request, session_id, plan)
-        if not await self.store.has_session(session_id):
+        if granted is None:
             return await passthrough(self.ctx, request, None)
-        return await self._standalone(request, session_id)
+        return await self._standalone(request, session_id, granted)
 
-    async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
+    async def _standalone(
+        self, request: web.Request, session_id: str, granted: SessionAccess
+    ) -> web.StreamResponse:
         """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
         refused = await reserve_view(self.ctx, request, session_id)
         if refused is not None:
             return refused  # before any upstream GET is opened for it
         try:
             # Planned in a call that returns: a held view keeps no frame of the opening.
-            plan = await self._standalone_plan(request, session_id)
+            plan = await self._standalone_plan(request, session_id, granted)
             if isinstance(plan, ViewPlan):
                 return await serve_view(self.ctx, request, session_id, plan)
             return await relay(self.ctx, request, plan)  # the upstream's answer when it opened no stream
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
-    async def _standalone_plan(self, request: web.Request, session_id: str) -> ViewPlan | UpstreamAnswer:
+    async def _standalone_plan(
+        self, request: web.Request, session_id: str, granted: SessionAccess
+    ) -> ViewPlan | UpstreamAnswer:
         """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
         and its pump); the upstream's response when that GET did not open an SSE stream."""
         while True:
@@ -530,6 +563,7 @@ class Proxy:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
+                await remember_accepted(self.ctx, request, session_id, granted)
                 opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
@@ -560,9 +594,15 @@ class Proxy:
         forwarded; then this response carries the old stream's tail and the new request's events (a
         re-sent request's stream instead, when it began after the cursor). The streams one view followed
         are grouped: the client holds one cursor for them, so a re-attach with it follows them all."""
-        decided = await self._decide(session_id, cursor_header)
+        granted = await self.store.access(session_id)
+        if granted is not None:  # the cursor's facts and the stream's tail: only to accepted credentials
+            refused = await authorize(self.ctx, request, session_id, granted, message.first_id)
+            if refused is not None:
+                return refused
+        decided = await self._decide(session_id, cursor_header, granted)
         if isinstance(decided, ProxyError):
             return self.ctx.reject(request, decided, message.first_id)
+        assert granted is not None  # _decide found the session, in the incarnation checked
         decision, stream, newest = decided
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
@@ -576,7 +616,7 @@ class Proxy:
             if isinstance(claimed, int):  # re-sent: its stream is followed, the request not forwarded again
                 streams = followed if claimed in followed else [*followed, claimed]
             else:
-                opened = await self._forward_claimed(request, body, message, session_id, False)
+                opened = await self._forward_claimed(request, body, message, session_id, False, granted)
                 if isinstance(opened, web.Response):
                     return opened
                 streams = list(followed)

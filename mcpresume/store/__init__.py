@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, StreamOrigin
+from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, StreamOrigin
 from mcpresume.sse import SSERun
 from mcpresume.window import Evicted
 
@@ -43,9 +43,22 @@ class SessionStore(Protocol):
 
     async def ready(self) -> bool: ...
 
-    async def create_session(self, session_id: str, now: float) -> str:
+    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
         """Start tracking a session (a fresh epoch even if the id was seen before); returns the epoch.
-        Raises ``TooManySessions`` at ``max_sessions``."""
+        ``credential``: the digest of the Authorization the upstream accepted for the request that began
+        it (None: it began without one, and no credentials are checked in it). Raises
+        ``TooManySessions`` at ``max_sessions``."""
+        ...
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        """The session's epoch and the credentials bound to it (None: session unknown)."""
+        ...
+
+    async def accept_credential(
+        self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
+    ) -> None:
+        """The upstream accepted a request of incarnation ``epoch`` carrying these credentials: remember
+        them (the last few) and the request's MCP-Protocol-Version. Nothing if the epoch is not current."""
         ...
 
     async def has_session(self, session_id: str) -> bool: ...

@@ -19,7 +19,7 @@ from typing import TypeVar
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import TooManySessions
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, SessionState, StreamOrigin
+from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, SessionState, StreamOrigin
 from mcpresume.sse import SSERun
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
@@ -166,7 +166,7 @@ class MemoryStore:
         self._readers_moved.wake(session_id)
         return session is not None
 
-    async def create_session(self, session_id: str, now: float) -> str:
+    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
         if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
             await self.reap(now)
             if len(self._sessions) >= self.max_sessions:
@@ -182,9 +182,20 @@ class MemoryStore:
         self._drop(session_id)
         epoch = new_epoch()
         self._sessions[session_id] = SessionState(
-            session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version
+            session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version, credential
         )
         return epoch
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.access()
+
+    async def accept_credential(
+        self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
+    ) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None and session.epoch == epoch:
+            session.accept_credential(digest, protocol_version)
 
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
