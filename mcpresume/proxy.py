@@ -8,8 +8,10 @@ Routing
 
   - 2026-07-28 requests (``MCP-Protocol-Version: 2026-07-28`` or a ``server/discover`` probe) pass straight
     through; a client disconnect cancels the upstream request (in that revision closing the stream IS
-    cancellation). Requests of sessions the upstream never issued pass through too.
+    cancellation). Requests without a session id (other than ``initialize``) pass through too.
   - ``initialize``: forwarded; if the upstream answers with ``Mcp-Session-Id``, the session begins here.
+  - A request with a session id the proxy does not track (reaped, deleted, or from before a restart):
+    404 ``unknown_session``, not forwarded (the client re-initializes); a DELETE is still forwarded.
   - POST in a session: the request ids are claimed (exactly once per id); an SSE answer becomes a stream of
     the session, read by a pump into the window, and the client is attached to it from its priming event.
   - GET + ``Last-Event-ID`` (and POST + ``Last-Event-ID``): ``resume.decide`` re-attaches or rejects.
@@ -150,22 +152,20 @@ class Proxy:
             return await passthrough(self.ctx, request, body)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
         if cursor_header is not None:
-            # Checked first: a cursor of a session the proxy does not know cannot be resumed (404, as a GET
-            # gets), and adopting the session would drop the events after it without a word.
+            # The cursor is checked before anything is forwarded (404 for a session the proxy does not know).
             return await self._post_with_cursor(request, body, message, session_id, cursor_header)
         granted = await self.store.access(session_id)
         if granted is None:
-            # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
-            # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
-            return await self._forward_in_session(request, body, message, session_id, adopt=True)
-        return await self._forward_in_session(
-            request, body, message, session_id, adopt=False, granted=granted
-        )
+            # Not tracked (reaped, deleted, or the proxy restarted): gone, as a server says of a session it
+            # does not know, and the client re-initializes (spec). Forwarding would run a re-sent request
+            # twice, and relay the upstream's own event ids.
+            raise UnknownSession("session is unknown, deleted or expired; re-initialize")
+        return await self._forward_in_session(request, body, message, session_id, granted)
 
     async def _initialize(
         self, request: web.Request, body: bytes, message: ClientMessage
     ) -> web.StreamResponse:
-        return await self._forward_in_session(request, body, message, None, adopt=True)
+        return await self._forward_in_session(request, body, message, None, None)
 
     async def _forward_in_session(
         self,
@@ -173,12 +173,11 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        *,
-        adopt: bool,
-        granted: SessionAccess | None = None,
+        granted: SessionAccess | None,
     ) -> web.StreamResponse:
+        """Forward a request in a tracked session (``granted``: its access), or an ``initialize``."""
         reserved = False
-        if session_id is not None and not adopt and message.request_keys:
+        if session_id is not None and message.request_keys:
             refused = await self._claim_and_reserve(request, session_id, message, unverified=granted)
             if refused is not None:
                 assert not isinstance(refused, int)  # a merge is never asked here
@@ -191,7 +190,7 @@ class Proxy:
                 max_sessions=self.settings.max_sessions,
             )
         try:
-            opened = await self._forward_claimed(request, body, message, session_id, adopt, granted)
+            opened = await self._forward_claimed(request, body, message, session_id, granted)
             if isinstance(opened, web.Response):
                 return opened
             if isinstance(opened, _Opened):
@@ -268,11 +267,10 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
         granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | web.Response:
         """Forward; on failure answer with the error (the forward released or settled the claim)."""
-        opened = await self._forward_shielded(request, body, message, session_id, adopt, granted)
+        opened = await self._forward_shielded(request, body, message, session_id, granted)
         if not isinstance(opened, ProxyError):
             return opened
         return self.ctx.reject(request, opened, message.first_id)
@@ -283,15 +281,12 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
         granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
         (handshake era: disconnection is not cancellation); its answer still reaches the window. A drain's
         deadline ends the wait (503 shutting_down) but not the forward."""
-        forward = asyncio.ensure_future(
-            self._forward_and_open(request, body, message, session_id, adopt, granted)
-        )
+        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, granted))
         try:
             with self.ctx.upstream_wait():
                 return await asyncio.shield(forward)
@@ -327,9 +322,10 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
         granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
+        """``session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a session;
+        else a request of the tracked session, ``granted`` its access."""
         keys = message.request_keys
         try:
             upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
@@ -347,12 +343,13 @@ class Proxy:
             if session_id is not None and keys:
                 await self.store.release(session_id, keys)  # refused: the same id may be sent again
             return upstream
-        # Adopt an unknown session once: two requests racing to adopt it must not make two incarnations.
-        if adopt and (session_id is None or not await self.store.has_session(sid)):
+        if session_id is None:
             if not await self._begin_session(sid, begins_with(request)):
-                return upstream
-            if session_id is not None and message.request_keys:
-                await self.store.claim(sid, message.request_keys)
+                upstream.release()
+                return TooManySessions(  # untracked, its every request would be 404 unknown_session
+                    f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
+                    max_sessions=self.settings.max_sessions,
+                )
         elif granted is not None:
             await remember_accepted(self.ctx, request, sid, granted)
         if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
@@ -381,7 +378,7 @@ class Proxy:
         try:
             await self.store.create_session(session_id, self.ctx.clock(), credential)
         except ProxyError as error:
-            log.warning("session %s passes through untracked: %s", log_id(session_id), error.message)
+            log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
             return False
         log.info("session %s begins", log_id(session_id))
         return True
@@ -515,8 +512,8 @@ class Proxy:
                 standalone=stream.standalone,
             )
             return await attach_view(self.ctx, request, session_id, plan)
-        if granted is None:
-            return await passthrough(self.ctx, request, None)
+        if granted is None:  # not tracked: gone (see _mcp_post)
+            return self.ctx.reject(request, UnknownSession("session is unknown, deleted or expired"), None)
         return await self._standalone(request, session_id, granted)
 
     async def _standalone(
@@ -616,7 +613,7 @@ class Proxy:
             if isinstance(claimed, int):  # re-sent: its stream is followed, the request not forwarded again
                 streams = followed if claimed in followed else [*followed, claimed]
             else:
-                opened = await self._forward_claimed(request, body, message, session_id, False, granted)
+                opened = await self._forward_claimed(request, body, message, session_id, granted)
                 if isinstance(opened, web.Response):
                     return opened
                 streams = list(followed)
