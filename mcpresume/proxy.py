@@ -368,7 +368,10 @@ class Proxy:
         now = self.ctx.clock()
         stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
         if stream is None:
-            return upstream
+            # The session ended while its request was forwarded (DELETE, reaped): answered as a request of
+            # an ended session is, never relayed raw (the upstream's event ids must not reach a client).
+            upstream.release()
+            return UnknownSession("the session ended while its request was forwarded")
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
@@ -562,6 +565,8 @@ class Proxy:
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_accepted(self.ctx, request, session_id, granted)
                 opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+                if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
+                    raise UnknownSession("the session ended while its standalone stream was opened")
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
