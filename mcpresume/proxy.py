@@ -177,8 +177,8 @@ class Proxy:
     ) -> web.StreamResponse:
         """Forward a request in a tracked session (``granted``: its access), or an ``initialize``."""
         reserved = False
-        if session_id is not None and message.request_keys:
-            refused = await self._claim_and_reserve(request, session_id, message, unverified=granted)
+        if session_id is not None and granted is not None and message.request_keys:
+            refused = await self._claim_and_reserve(request, session_id, message, granted)
             if refused is not None:
                 assert not isinstance(refused, int)  # a merge is never asked here
                 return refused
@@ -209,25 +209,30 @@ class Proxy:
         request: web.Request,
         session_id: str,
         message: ClientMessage,
+        granted: SessionAccess,
         *,
         resume: tuple[int, Sequence[int]] | None = None,
-        unverified: SessionAccess | None = None,
+        verified: bool = False,
     ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
         will get (a request refused for too many views must not run upstream). An answer if refused.
 
-        ``unverified``: the session's access, when the request's credentials were not checked yet: a request
-        id seen before is answered from the window only once they are (``authorize``).
+        ``granted``: the session's access: the claim is made in its incarnation only; and unless
+        ``verified`` already, a request id seen before is answered from the window only once the request's
+        credentials are (``authorize``).
 
         ``resume`` (POST + ``Last-Event-ID``: the cursor's seq and the streams it resumes): a re-sent request
         whose stream the client can take from there is not answered here; its stream number is returned for
         the caller's view (counted already) to follow."""
         if message.request_keys:
             limit = self.settings.max_streams_per_session
-            claim = await self.store.claim(session_id, message.request_keys, limit)
-            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
-                if unverified is not None:
-                    refused = await authorize(self.ctx, request, session_id, unverified, message.first_id)
+            claim = await self.store.claim(session_id, message.request_keys, limit, granted.epoch)
+            if claim is None:  # ended (or re-issued) since it was looked up
+                error = UnknownSession("session is unknown, deleted or expired; re-initialize")
+                return self.ctx.reject(request, error, message.first_id)
+            if claim.outcome is not ClaimOutcome.NEW:
+                if not verified:
+                    refused = await authorize(self.ctx, request, session_id, granted, message.first_id)
                     if refused is not None:
                         return refused
                 stream = None
@@ -239,8 +244,8 @@ class Proxy:
                 refused = await reserve_view(self.ctx, request, session_id, message.first_id)
                 return stream if refused is None else refused
         refused = await reserve_view(self.ctx, request, session_id, message.first_id)
-        if refused is not None:
-            await self.store.release(session_id, message.request_keys)  # the same id may come back
+        if refused is not None:  # the same id may come back
+            await self.store.release(session_id, message.request_keys, granted.epoch)
         return refused
 
     async def _resumable_duplicate(
@@ -325,26 +330,30 @@ class Proxy:
         granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         """``session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a session;
-        else a request of the tracked session, ``granted`` its access."""
+        else a request of the tracked session, ``granted`` its access. Everything this request records is
+        recorded in its own incarnation (``epoch``): if the upstream re-issued the session id meanwhile, the
+        new incarnation gets nothing of it (no claim released or settled, no stream, no answer)."""
         keys = message.request_keys
+        epoch = None if granted is None else granted.epoch
         try:
             upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
         except ProxyError as error:
             # Here, in the shielded task, so it happens even when the client left: the request never ran.
             if session_id is not None and keys:
-                await self.store.release(session_id, keys)
+                await self.store.release(session_id, keys, epoch)
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
-            await self._drop_session(session_id)
+            await self._drop_session(session_id, epoch)
             return upstream
         if not (200 <= upstream.status < 300) or sid is None:
             if session_id is not None and keys:
-                await self.store.release(session_id, keys)  # refused: the same id may be sent again
+                await self.store.release(session_id, keys, epoch)  # refused: the same id may be sent again
             return upstream
         if session_id is None:
-            if not await self._begin_session(sid, begins_with(request)):
+            epoch = await self._begin_session(sid, begins_with(request))
+            if epoch is None:
                 upstream.release()
                 return TooManySessions(  # untracked, its every request would be 404 unknown_session
                     f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
@@ -357,19 +366,19 @@ class Proxy:
             content_type = upstream.content_type
             upstream.release()
             if session_id is not None:
-                await self.store.settle(session_id, keys)  # it ran upstream: never forward it again
+                await self.store.settle(session_id, keys, epoch)  # it ran upstream: never forward it again
             return UpstreamBadResponse(
                 f"the upstream answered a request with {content_type!r}", content_type=content_type
             )
         if upstream.content_type != SSE:
-            if keys:
-                await self.store.settle(sid, keys)  # answered: a re-send is refused, never forwarded again
+            if keys:  # answered: a re-send is refused, never forwarded again
+                await self.store.settle(sid, keys, epoch)
             return upstream
         now = self.ctx.clock()
-        stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
+        stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now, epoch)
         if stream is None:
-            # The session ended while its request was forwarded (DELETE, reaped): answered as a request of
-            # an ended session is, never relayed raw (the upstream's event ids must not reach a client).
+            # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
+            # as a request of an ended session is, never relayed raw (nor its event ids).
             upstream.release()
             return UnknownSession("the session ended while its request was forwarded")
         # The client's reader is registered before the pump starts: the first burst waits for it.
@@ -377,14 +386,15 @@ class Proxy:
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
 
-    async def _begin_session(self, session_id: str, credential: bytes | None) -> bool:
+    async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
+        """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
         try:
-            await self.store.create_session(session_id, self.ctx.clock(), credential)
+            epoch = await self.store.create_session(session_id, self.ctx.clock(), credential)
         except ProxyError as error:
             log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
-            return False
+            return None
         log.info("session %s begins", log_id(session_id))
-        return True
+        return epoch
 
     def _job(
         self, request: web.Request, session_id: str, stream: int, request_ids: tuple[str | int, ...]
@@ -544,6 +554,8 @@ class Proxy:
             stream = await self.store.standalone_stream(session_id)
             if stream is not None:
                 view = await self.store.view(session_id, stream)
+                if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
+                    raise UnknownSession("the session ended while its standalone stream was joined")
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head.
                     preface = encode_retry(self.settings.retry_ms)
@@ -559,12 +571,13 @@ class Proxy:
         try:
             with self.ctx.upstream_wait(standalone=True):
                 upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
-            if answer.status == 404:
-                await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
+            if answer.status == 404:  # the upstream forgot it: the client must re-initialize
+                await self._drop_session(session_id, granted.epoch)
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_accepted(self.ctx, request, session_id, granted)
-                opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+                now = self.ctx.clock()
+                opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), now, granted.epoch)
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession("the session ended while its standalone stream was opened")
             if opened is not None:
@@ -609,7 +622,7 @@ class Proxy:
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
-            request, session_id, message, resume=(decision.after, followed)
+            request, session_id, message, granted, resume=(decision.after, followed), verified=True
         )
         if isinstance(claimed, web.StreamResponse):
             return claimed
@@ -625,7 +638,7 @@ class Proxy:
                 if isinstance(opened, _Opened):
                     streams.append(opened.stream)
                 elif opened.status == 200 and opened.content_type == "application/json":
-                    streams.append(await self._retain_answer(session_id, message, opened))
+                    streams.append(await self._retain_answer(session_id, message, opened, granted.epoch))
                 elif opened.status == 202:
                     opened.release()  # notifications only: the view carries the old stream's tail alone
                     if not streams:
@@ -646,7 +659,7 @@ class Proxy:
             await self.store.detach(session_id, self.ctx.clock())
 
     async def _retain_answer(
-        self, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse
+        self, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse, epoch: str
     ) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
@@ -660,7 +673,7 @@ class Proxy:
         finally:
             upstream.release()
         now = self.ctx.clock()
-        opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now)
+        opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now, epoch)
         if opened is None:
             raise UnknownSession("the session ended while its request was forwarded")
         if len(answer) <= limit:
@@ -684,9 +697,10 @@ class Proxy:
             log.info("session %s ends (DELETE)", log_id(session_id))
         return await relay(self.ctx, request, upstream)
 
-    async def _drop_session(self, session_id: str) -> None:
-        self.ctx.pumps.cancel_session(session_id)
-        await self.store.delete_session(session_id)
+    async def _drop_session(self, session_id: str, epoch: str | None = None) -> None:
+        """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
+        if await self.store.delete_session(session_id, epoch) or epoch is None:
+            self.ctx.pumps.cancel_session(session_id)
 
 
 @dataclass(frozen=True, slots=True)

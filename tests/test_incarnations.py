@@ -157,3 +157,31 @@ async def test_a_standalone_get_opened_after_the_sessions_delete_is_404_not_rela
             assert response.status == 404
             raw = await response.read()
         assert b"UPSTREAM-INTERNAL-ID" not in raw
+
+
+async def test_a_request_in_flight_when_the_session_id_is_reissued_never_reaches_the_new_incarnation(
+    http: aiohttp.ClientSession, serve: ServeApp
+) -> None:
+    upstream = GatedUpstream(session_ids=["reissued", "reissued"])
+    async with running_proxy(await serve(upstream.app())) as proxy:
+        first = ScriptedClient(http, proxy.url)
+        await first.initialize()
+        _, body = call(first, "the first client's answer", request_id=7)
+        pending = asyncio.ensure_future(http.post(proxy.url, data=body, headers=first.headers()))
+        await upstream.arrival("the first client's answer").wait()  # waiting for its headers
+        second = ScriptedClient(http, proxy.url)
+        await second.initialize()  # the upstream hands out the same session id: a new incarnation
+        assert second.session_id == first.session_id
+        upstream.gate("the first client's answer").set()
+        async with await pending as response:  # its incarnation ended: answered as a gone session's request
+            assert response.status == 404
+            assert b"UPSTREAM-INTERNAL-ID" not in await response.read()
+        # The new incarnation starts with no claims: its request 7 is forwarded, and answered with its own.
+        upstream.gate("the second client's answer").set()
+        _, body = call(second, "the second client's answer", request_id=7)
+        async with http.post(proxy.url, data=body, headers=second.headers()) as response:
+            assert response.status == 200
+            events = await collect(response)
+        result = orjson.loads(events[-1].data)["result"]
+        assert result["content"][0]["text"] == "the second client's answer"
+        assert upstream.calls == ["the first client's answer", "the second client's answer"]

@@ -63,25 +63,38 @@ class SessionStore(Protocol):
 
     async def has_session(self, session_id: str) -> bool: ...
 
-    async def delete_session(self, session_id: str) -> bool: ...
+    # ``epoch`` (where a method takes it): the incarnation the caller's request belongs to. When it is not
+    # the session's current one (the upstream re-issued the id meanwhile), the call finds no session: work
+    # of an ended incarnation never touches the new one.
+
+    async def delete_session(self, session_id: str, epoch: str | None = None) -> bool: ...
 
     async def claim(
-        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+        self,
+        session_id: str,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        epoch: str | None = None,
     ) -> Claim | None:
         """Record request ids before forwarding them (None: session unknown); ``LIMITED`` when the session
         already has ``max_live_streams`` live streams."""
         ...
 
-    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
+    async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Forget a claim whose request never reached the upstream."""
         ...
 
-    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
+    async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
         ...
 
     async def open_stream(
-        self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float
+        self,
+        session_id: str,
+        origin: StreamOrigin,
+        request_keys: Sequence[str],
+        now: float,
+        epoch: str | None = None,
     ) -> OpenedStream | None: ...
 
     async def standalone_stream(self, session_id: str) -> int | None:

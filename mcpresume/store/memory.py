@@ -200,31 +200,49 @@ class MemoryStore:
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    async def delete_session(self, session_id: str) -> bool:
+    def _incarnation(self, session_id: str, epoch: str | None) -> SessionState | None:
+        """The session, if it is the incarnation ``epoch`` (any, when None)."""
+        session = self._sessions.get(session_id)
+        if session is None or (epoch is not None and session.epoch != epoch):
+            return None
+        return session
+
+    async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
+        if self._incarnation(session_id, epoch) is None:
+            return False
         return self._drop(session_id)
 
     async def claim(
-        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+        self,
+        session_id: str,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        epoch: str | None = None,
     ) -> Claim | None:
-        session = self._sessions.get(session_id)
+        session = self._incarnation(session_id, epoch)
         return None if session is None else session.claim(request_keys, max_live_streams)
 
-    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
-        session = self._sessions.get(session_id)
+    async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
         if session is not None:
             session.release(request_keys)
 
-    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
-        session = self._sessions.get(session_id)
+    async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
         if session is not None:
             session.settle(request_keys)
 
     # -- streams and events ------------------------------------------------------------------------------
 
     async def open_stream(
-        self, session_id: str, origin: StreamOrigin, request_keys: Sequence[str], now: float
+        self,
+        session_id: str,
+        origin: StreamOrigin,
+        request_keys: Sequence[str],
+        now: float,
+        epoch: str | None = None,
     ) -> OpenedStream | None:
-        session = self._sessions.get(session_id)
+        session = self._incarnation(session_id, epoch)
         if session is None:
             return None
         priming = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now))
