@@ -59,6 +59,13 @@ def begins_with(request: web.Request) -> bytes | None:
     return presented(request) if _AUTHORIZATION in request.headers else None
 
 
+def trusted(request: web.Request, granted: SessionAccess) -> bool:
+    """Whether the request's credentials are ones the upstream accepted in the session (or none are bound):
+    only then does an upstream 404 to it end the session for everyone (an upstream may answer 404 to a
+    session id of another user)."""
+    return access(granted.credentials, presented(request)) is not Access.VERIFY
+
+
 async def authorize(
     ctx: ProxyContext,
     request: web.Request,

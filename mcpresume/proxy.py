@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
-from mcpresume.authorize import authorize, begins_with, remember_accepted
+from mcpresume.authorize import authorize, begins_with, remember_accepted, trusted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -345,7 +345,10 @@ class Proxy:
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
-            await self._drop_session(session_id, epoch)
+            if granted is not None and trusted(request, granted):
+                await self._drop_session(session_id, epoch)
+            elif keys:
+                await self.store.release(session_id, keys, epoch)
             return upstream
         if not (200 <= upstream.status < 300) or sid is None:
             if session_id is not None and keys:
@@ -571,7 +574,7 @@ class Proxy:
         try:
             with self.ctx.upstream_wait(standalone=True):
                 upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
-            if answer.status == 404:  # the upstream forgot it: the client must re-initialize
+            if answer.status == 404 and trusted(request, granted):  # forgotten: the client re-initializes
                 await self._drop_session(session_id, granted.epoch)
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
@@ -692,9 +695,14 @@ class Proxy:
         session_id = request.headers.get(SESSION_HEADER)
         with self.ctx.upstream_wait():
             upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
-        if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
+        if session_id is not None and 200 <= upstream.status < 300:
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))
+        elif session_id is not None and upstream.status == 404:
+            granted = await self.store.access(session_id)
+            if granted is not None and trusted(request, granted):  # see trusted: not another user's 404
+                await self._drop_session(session_id, granted.epoch)
+                log.info("session %s ends (DELETE: the upstream does not know it)", log_id(session_id))
         return await relay(self.ctx, request, upstream)
 
     async def _drop_session(self, session_id: str, epoch: str | None = None) -> None:

@@ -52,6 +52,7 @@ class AuthUpstream:
     seen: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # (HTTP, JSON-RPC, token)
     standalone: dict[str, asyncio.Queue[bytes]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    foreign_status: int = 401  # the answer to a valid token that does not own the session (or 404)
 
     def app(self) -> web.Application:
         return catch_all(self.handle)
@@ -77,8 +78,8 @@ class AuthUpstream:
         session_id = request.headers.get("Mcp-Session-Id", "")
         if session_id not in self.sessions:
             return web.Response(status=404, text="session not found")
-        if self.sessions[session_id] != user:
-            return self.refuse()  # checked on every request: the session id is not a credential
+        if self.sessions[session_id] != user:  # checked on every request: the session id is no credential
+            return self.refuse() if self.foreign_status == 401 else web.Response(status=404, text="no such")
         if request.method == "GET":
             return await self.standalone_stream(request, session_id)
         if request.method == "DELETE":
@@ -300,3 +301,23 @@ def test_ping_accepted_only_for_a_2xx_with_its_result() -> None:
     assert not ping_accepted(200, "application/json", b'{"jsonrpc":"2.0","id":"p","error":{}}', "p")
     assert not ping_accepted(200, "text/plain", result, "p")
     assert not ping_accepted(200, "text/event-stream", b"data: " + result, "p")  # not a complete event
+
+
+async def test_an_upstream_404_to_another_users_token_does_not_end_the_session(http, serve) -> None:
+    """Some upstreams answer 404 to a session id of another user: that ends nothing for the owner."""
+    upstream = AuthUpstream(foreign_status=404)
+    async with running_proxy(await serve(upstream.app())) as proxy:
+        owner, _, cursors = await owner_with_a_result(http, proxy)
+        intruder = owner.as_("intruder")
+        _, body = intruder.tool_call("secret", {})
+        async with http.post(proxy.url, data=body, headers=intruder.headers()) as response:
+            assert response.status == 404  # the upstream's answer, relayed
+        async with http.get(proxy.url, headers=intruder.headers()) as response:
+            assert response.status == 404
+            assert (await error_of(response))["data"]["reason"] == "unknown_session"  # the ping's answer
+        async with http.delete(proxy.url, headers=intruder.headers()) as response:
+            assert response.status == 404
+        assert await proxy.ctx.store.has_session(owner.session_id)
+        async with http.get(proxy.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
+            assert response.status == 200
+            assert SECRET in (await collect(response))[-1].data.decode()
