@@ -15,6 +15,7 @@ import hmac
 import logging
 import secrets
 
+import aiohttp
 from aiohttp import web
 
 from mcpresume.context import ProxyContext, log_id
@@ -26,7 +27,13 @@ from mcpresume.credentials import (
     ping_accepted,
     ping_body,
 )
-from mcpresume.errors import CredentialsRefused, ProxyError, UnknownSession, UpstreamTimeout
+from mcpresume.errors import (
+    CredentialsRefused,
+    ProxyError,
+    UnknownSession,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from mcpresume.forward import upstream_headers
 from mcpresume.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.session import SessionAccess
@@ -102,9 +109,8 @@ async def _verify(
     ]
     if granted.protocol_version is not None:
         headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
-    path = ctx.upstream.mcp_path
-    with ctx.upstream_wait():
-        upstream = await ctx.upstream.request("POST", path, headers, ping_body(ping_id))
+    with ctx.upstream_wait():  # to the endpoint as the client named it (its query string too)
+        upstream = await ctx.upstream.request("POST", request.path_qs, headers, ping_body(ping_id))
     try:
         status, content_type = upstream.status, upstream.content_type
         answer = bytearray()
@@ -121,6 +127,10 @@ async def _verify(
                 raise UpstreamTimeout(
                     "the upstream did not answer a ping in the session in time",
                     timeout=ctx.settings.first_byte_timeout,
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise UpstreamUnreachable(
+                    f"the upstream's answer to a ping failed: {type(exc).__name__}"
                 ) from None
         challenges = tuple(upstream.headers.getall("WWW-Authenticate", ()))
     finally:

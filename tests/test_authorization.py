@@ -53,6 +53,7 @@ class AuthUpstream:
     standalone: dict[str, asyncio.Queue[bytes]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     foreign_status: int = 401  # the answer to a valid token that does not own the session (or 404)
+    ping_as_sse: bool = False  # answer a ping as the SDKs' servers do by default: an SSE stream
 
     def app(self) -> web.Application:
         return catch_all(self.handle)
@@ -87,7 +88,13 @@ class AuthUpstream:
         if "id" not in message:
             return web.Response(status=202)
         if message["method"] == "ping":
-            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": {}})
+            answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+            if not self.ping_as_sse:
+                return web.json_response(answer)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"id: PING-0\ndata: \n\nid: PING-1\ndata: " + orjson.dumps(answer) + b"\n\n")
+            return response
         return await self.tool_stream(request, message["id"])
 
     async def tool_stream(self, request: web.Request, request_id: int) -> web.StreamResponse:
@@ -229,7 +236,9 @@ async def test_the_live_standalone_stream_is_not_joined_with_another_token(http,
     assert [token for method, _, token in upstream.seen if method == "GET"] == ["Bearer owner-1"]
 
 
-async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, upstream) -> None:
+@pytest.mark.parametrize("ping_as_sse", [False, True])
+async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, upstream, ping_as_sse) -> None:
+    upstream.ping_as_sse = ping_as_sse
     owner, request_id, cursors = await owner_with_a_result(http, proxy)
     refreshed = owner.as_("owner-2")
     for _ in range(2):
