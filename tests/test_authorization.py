@@ -330,3 +330,23 @@ async def test_an_upstream_404_to_another_users_token_does_not_end_the_session(h
         async with http.get(proxy.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
             assert response.status == 200
             assert SECRET in (await collect(response))[-1].data.decode()
+
+
+async def test_the_official_sdk_server_answers_the_ping_and_accepts_new_credentials(
+    http, example_upstream
+) -> None:
+    """The SDK's server (no auth configured) accepts any credentials: the ping in its session, answered
+    as it answers every POST, lets a re-attach with another token through."""
+    async with running_proxy(example_upstream) as proxy:
+        owner = Client(http, proxy.url, "one")
+        await owner.initialize()
+        _, body = owner.tool_call("count_slowly", {"n": 3, "delay": 0})
+        async with http.post(proxy.url, data=body, headers=owner.headers()) as response:
+            cursors = [e.id.decode() for e in await collect(response) if e.id]
+        other = owner.as_("two")
+        async with http.get(proxy.url, headers=other.headers(**{"Last-Event-ID": cursors[0]})) as response:
+            assert response.status == 200
+            assert [e.id.decode() for e in await collect(response) if e.id] == cursors[1:]
+        granted = await proxy.ctx.store.access(owner.session_id)
+        assert granted is not None and len(granted.credentials) == 2
+        assert granted.protocol_version == "2025-11-25"
