@@ -383,10 +383,11 @@ async def test_post_with_a_cursor_of_a_session_the_proxy_does_not_know_is_404_no
         error_body = orjson.loads(await response.read())
     assert error_body["id"] == request_id and error_body["error"]["data"]["reason"] == "unknown_session"
     assert not await proxy.ctx.store.has_session(client.session_id)  # not adopted
-    # Without a cursor the session is adopted, as documented (the upstream knows it).
+    # Without a cursor too: a session the proxy does not track is gone for its clients (they re-initialize).
     async with http.post(client.url, data=body, headers=client.headers()) as response:
-        assert [r["id"] for r in responses(await collect(response))] == [request_id]
-    assert await proxy.ctx.store.has_session(client.session_id)
+        assert response.status == 404
+        assert (await error_of(response))["data"]["reason"] == "unknown_session"
+    assert not await proxy.ctx.store.has_session(client.session_id)
 
 
 async def test_get_without_cursor_replays_no_history(http, proxy) -> None:
