@@ -28,8 +28,10 @@ HOP_BY_HOP: Final = frozenset(
 # Framing is the proxy's own on each side: the body is re-framed (chunked or sized) by the HTTP stack.
 _FRAMING: Final = frozenset({"content-length"})
 # The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
-# (the same default as nginx's proxy_pass), which also keeps upstream DNS-rebinding checks meaningful.
-_REQUEST_ONLY_DROPS: Final = frozenset({"host"})
+# (the same default as nginx's proxy_pass). Expect: the proxy's HTTP server answers 100-continue itself
+# before the handler runs, so the body is on its way to the proxy: forwarded, the header would make the
+# upstream hop hold the body back for a 100 the upstream may never send.
+_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect"})
 
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
