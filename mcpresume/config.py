@@ -66,10 +66,12 @@ class Settings(BaseSettings):
     )
     max_header_bytes: int = Field(16384, ge=1024, description="largest total of request header bytes (431)")
     allowed_origins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Origin values accepted on the MCP endpoint (empty: any)"
+        default_factory=list, description="Origin values accepted, every path (empty: any)"
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Host values accepted on the MCP endpoint (empty: any)"
+        default_factory=list,
+        description="Host values accepted, every path; no port: any port; '*': any (empty: loopback "
+        "names when listening on loopback, else any)",
     )
 
     # -- upstream ----------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ go to the upstream as they came), ``Accept``, ``Content-Type``, ``Origin``, ``La
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ipaddress
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 HOP_BY_HOP: Final = frozenset(
@@ -91,6 +92,61 @@ MAX_SESSION_ID_LEN: Final = 256
 
 def valid_session_id(value: str) -> bool:
     return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+
+
+# The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding
+# protection), on any port: a page of another site that a rebinding DNS name points at 127.0.0.1 sends
+# that name in Host, never one of these.
+LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
+ANY_HOST: Final = "*"
+
+
+def split_host(value: str) -> tuple[str, str | None]:
+    """A Host value's name (lower case; an IPv6 literal keeps its brackets) and its port (None: none)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end >= 0:
+            rest = value[end + 1 :]
+            return value[: end + 1], rest[1:] if rest.startswith(":") else None
+        return value, None
+    name, sep, port = value.rpartition(":")
+    return (name, port) if sep else (value, None)
+
+
+def host_allowed(value: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a Host value matches one of ``allowed``: the same name, and the same port when the entry
+    names one (an entry without a port matches any port); ``*`` matches anything. No Host matches nothing
+    but ``*``."""
+    if ANY_HOST in allowed:
+        return True
+    if value is None:
+        return False
+    name, port = split_host(value)
+    for entry in allowed:
+        entry_name, entry_port = split_host(entry)
+        if entry_name == name and (entry_port is None or entry_port == port):
+            return True
+    return False
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a listen address is a loopback one (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def effective_allowed_hosts(allowed: Sequence[str], listen: str) -> tuple[str, ...]:
+    """The Host values the proxy accepts: ``allowed_hosts`` as set; unset, the SDKs' loopback rule when
+    the proxy listens on loopback (it rewrites Host, so the upstream's own check no longer sees the
+    client's), else any."""
+    if allowed:
+        return tuple(allowed)
+    return LOOPBACK_HOSTS if is_loopback(listen) else (ANY_HOST,)
 
 
 def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:

@@ -55,8 +55,10 @@ from mcpresume.headers import (
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SSE_RESPONSE_HEADERS,
+    effective_allowed_hosts,
     end_to_end,
     header_bytes,
+    host_allowed,
     valid_session_id,
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
@@ -83,6 +85,7 @@ class Proxy:
         # one and joins its stream instead of opening another (one upstream GET per session).
         self._opening_standalone: dict[str, asyncio.Future[None]] = {}
         settings = self.settings
+        self._allowed_hosts = effective_allowed_hosts(settings.allowed_hosts, settings.host)
         self._pump_settings = PumpSettings(  # one for every pump
             max_event_bytes=settings.max_event_bytes,
             stall_timeout=settings.stall_timeout,
@@ -120,15 +123,18 @@ class Proxy:
         settings = self.settings
         if header_bytes(request.raw_headers) > settings.max_header_bytes:
             raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
-        if request.path != self.upstream.mcp_path:
-            return
-        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Enforced
-        # here for upstreams that don't; with the lists empty, anything passes (the upstream may check).
+        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Checked
+        # on every path the proxy relays (an upstream may route /MCP or /mcp/ to its endpoint too). Origin
+        # is forwarded as it came, so the upstream's own check still sees it; Host is not (the upstream gets
+        # its own authority), so the proxy checks it itself, by default with the SDKs' loopback rule.
         origin = request.headers.get("Origin")
         if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
             raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
-        if settings.allowed_hosts and request.host not in settings.allowed_hosts:
-            raise HostNotAllowed(f"Host {request.host[:200]!r} is not allowed")
+        host = request.headers.get("Host")
+        if not host_allowed(host, self._allowed_hosts):
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+        if request.path != self.upstream.mcp_path:
+            return
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.support.proxy import collect, error_of, running_proxy
+from tests.support.proxy import error_of, running_proxy
 from tests.support.scripted import initialize_answer
 
 TIMEOUT = 30.0  # hang guard only (a loaded 2-core box)
@@ -85,3 +85,71 @@ async def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(se
             assert await response.json() == {"path": "/oauth/token"}
     assert [path for _, path, _ in upstream.seen] == ["/mcp", "/oauth/token"]
     assert all("Expect" not in headers for _, _, headers in upstream.seen)
+
+
+# -- 7. DNS-rebinding checks on every path ----------------------------------------------------------------
+
+
+PATHS = ["/mcp", "/MCP", "/mcp/", "/Mcp/", "/.well-known/oauth-authorization-server"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_origin_and_host_checks_cover_every_relayed_path(serve, http, path: str) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    settings = {"allowed_origins": "http://good.example", "allowed_hosts": "good.example"}
+    async with running_proxy(url, **settings) as proxy, asyncio.timeout(TIMEOUT):
+        target = proxy.url.replace("/mcp", path)
+        good = {**MCP, "Host": "good.example", "Origin": "http://good.example"}
+        for headers, reason in [
+            ({**good, "Origin": "http://evil.example"}, "origin_not_allowed"),
+            ({**good, "Host": "evil.example"}, "host_not_allowed"),
+        ]:
+            for method in ("POST", "GET"):
+                async with http.request(method, target, data=INIT, headers=headers) as response:
+                    assert response.status == 403, (method, headers)
+                    assert (await error_of(response))["data"]["reason"] == reason
+        assert upstream.seen == []  # nothing refused reached the upstream
+        async with http.post(target, data=INIT, headers=good) as response:
+            assert response.status == 200
+    assert [p for _, p, _ in upstream.seen] == [path]
+
+
+# -- 15. the upstream's DNS-rebinding protection, kept -----------------------------------------------------
+
+
+async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstream: str, http) -> None:
+    """The official SDK server refuses a foreign Host on loopback (421); through the proxy, which sends the
+    upstream its own authority, a foreign Host must still be refused, and loopback names on any port pass."""
+    async with running_proxy(example_upstream) as proxy, asyncio.timeout(TIMEOUT):
+        for host in ("evil.example.com", "evil.example.com:80", f"evil.example.com:{proxy.port}"):
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 403, host
+                assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
+            async with http.get(proxy.url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as r:
+                assert r.status == 403, host
+        for host in (f"127.0.0.1:{proxy.port}", "localhost:1", "localhost", "[::1]:8443", "LOCALHOST:9"):
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 200, host
+                assert response.headers.get("Mcp-Session-Id")
+
+
+async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, allowed_hosts="127.0.0.1,localhost,pinned.example:8443") as proxy:
+        for host, status in [
+            (f"127.0.0.1:{proxy.port}", 200),  # what every client of the proxy sends
+            ("localhost:1", 200),
+            ("pinned.example:8443", 200),
+            ("pinned.example:8444", 403),
+            ("pinned.example", 403),
+            ("evil.example", 403),
+        ]:
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == status, host
+    async with (
+        running_proxy(url, allowed_hosts="*") as proxy,  # any Host, on loopback too
+        http.post(proxy.url, data=INIT, headers={**MCP, "Host": "evil.example"}) as response,
+    ):
+        assert response.status == 200
