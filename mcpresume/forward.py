@@ -18,7 +18,7 @@ from aiohttp import web
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
 from mcpresume.context import ProxyContext, ended_for_drain
 from mcpresume.errors import BodyTimeout, BodyTooLarge
-from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
+from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
 from mcpresume.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.proxy")
@@ -32,6 +32,13 @@ def upstream_headers(request: web.Request) -> list[tuple[str, str]]:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     client_ip = peer[0] if isinstance(peer, tuple) else None
     return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
+
+
+def client_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:
+    """The upstream's end-to-end response headers as the client gets them: a ``Location`` or
+    ``Content-Location`` at the upstream's own address points at the proxy instead."""
+    headers = end_to_end(upstream.headers.items(), request=False)
+    return rewrite_locations(headers, ctx.upstream.origin_url)
 
 
 def body_stream(request: web.Request) -> AsyncIterator[bytes] | None:
@@ -80,7 +87,7 @@ async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswe
     """Stream an upstream answer to the client as it arrives, end-to-end headers only."""
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for name, value in end_to_end(upstream.headers.items(), request=False):
+        for name, value in client_headers(ctx, upstream):
             response.headers.add(name, value)
         is_sse = upstream.content_type == SSE
         if is_sse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -61,6 +62,38 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
     if request:
         drop = drop | _REQUEST_ONLY_DROPS
     return [(name, value) for name, value in items if name.lower() not in drop]
+
+
+_LOCATIONS: Final = frozenset({"location", "content-location"})
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """scheme, host and port (the scheme's default when absent) of an absolute http(s) URL, else None."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number, a bracket left open
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def rewrite_locations(headers: list[tuple[str, str]], upstream_origin: str) -> list[tuple[str, str]]:
+    """``Location`` and ``Content-Location`` values that point at the upstream's origin, made references
+    to the same path on the proxy (as nginx's ``proxy_redirect default``): the client resolves them against
+    the URL it asked, the proxy's, so a redirect never hands it the upstream's address. The proxy serves
+    every path of the upstream's origin as it is, so only the origin goes. Other values are untouched."""
+    upstream = _origin(upstream_origin)
+    result = []
+    for name, value in headers:
+        if name.lower() in _LOCATIONS and upstream is not None and _origin(value) == upstream:
+            parts = urlsplit(value.strip())
+            value = urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+        result.append((name, value))
+    return result
 
 
 def forwarded(

@@ -49,14 +49,21 @@ from mcpresume.errors import (
     UnknownSession,
     UpstreamBadResponse,
 )
-from mcpresume.forward import SSE, body_stream, passthrough, read_body, relay, upstream_headers
+from mcpresume.forward import (
+    SSE,
+    body_stream,
+    client_headers,
+    passthrough,
+    read_body,
+    relay,
+    upstream_headers,
+)
 from mcpresume.headers import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SSE_RESPONSE_HEADERS,
     effective_allowed_hosts,
-    end_to_end,
     header_bytes,
     host_allowed,
     valid_session_id,
@@ -361,7 +368,7 @@ class Proxy:
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
-        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
+        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
 
     async def _begin_session(self, session_id: str) -> bool:
         try:
@@ -544,7 +551,7 @@ class Proxy:
                 plan = ViewPlan(
                     (opened.number,),
                     opened.priming_seq - 1,
-                    _client_headers(answer),
+                    _client_headers(self.ctx, answer),
                     reader=reader,
                     standalone=True,
                 )
@@ -667,8 +674,8 @@ class _Opened:
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
 
 
-def _client_headers(upstream: UpstreamAnswer) -> list[tuple[str, str]]:
-    """The upstream's end-to-end response headers, with the SSE no-buffering headers set."""
+def _client_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:
+    """The upstream's response headers as the client gets them, with the SSE no-buffering headers set."""
     ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
-    kept = [(n, v) for n, v in end_to_end(upstream.headers.items(), request=False) if n.lower() not in ours]
+    kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in ours]
     return kept + _SSE_HEADERS if kept else _SSE_HEADERS  # one shared list when nothing else is kept

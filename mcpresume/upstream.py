@@ -51,6 +51,7 @@ class Upstream:
     def __init__(self, url: str, *, connect_timeout: float, first_byte_timeout: float) -> None:
         self.url = URL(url)
         self.origin = self.url.origin()
+        self.origin_url = str(self.origin)
         self.mcp_path = self.url.path or "/"
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout

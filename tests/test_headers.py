@@ -11,6 +11,7 @@ from mcpresume.headers import (
     forwarded,
     header,
     host_allowed,
+    rewrite_locations,
     split_host,
 )
 
@@ -195,3 +196,27 @@ def test_host_matching_and_the_default_rule() -> None:
     assert effective_allowed_hosts(["a.example"], "127.0.0.1") == ("a.example",)
     assert not host_allowed("evil.example:80", LOOPBACK_HOSTS)
     assert host_allowed("127.0.0.1:65000", LOOPBACK_HOSTS)
+
+
+def test_locations_at_the_upstream_become_references_on_the_proxy() -> None:
+    origin = "http://127.0.0.1:8000"
+    headers = [
+        ("Location", "http://127.0.0.1:8000/mcp?a=1#f"),
+        ("content-location", "HTTP://127.0.0.1:8000"),
+        ("Location", "https://127.0.0.1:8000/mcp"),  # another scheme: another origin
+        ("Location", "http://127.0.0.1:8001/mcp"),
+        ("Location", "http://127.0.0.1:bad/mcp"),
+        ("Location", "/already/relative"),
+        ("Link", "http://127.0.0.1:8000/x"),  # only the two location fields
+    ]
+    assert rewrite_locations(headers, origin) == [
+        ("Location", "/mcp?a=1#f"),
+        ("content-location", "/"),
+        *headers[2:],
+    ]
+    assert rewrite_locations([("Location", "http://up.example:80/p")], "http://up.example") == [
+        ("Location", "/p")
+    ]
+    assert rewrite_locations([("Location", "https://up.example/p")], "https://UP.example:443") == [
+        ("Location", "/p")
+    ]

@@ -16,7 +16,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.support.proxy import error_of, running_proxy
+from mcpresume.sse import frame_body
+from tests.support.proxy import collect, error_of, running_proxy
 from tests.support.scripted import initialize_answer
 
 TIMEOUT = 30.0  # hang guard only (a loaded 2-core box)
@@ -153,3 +154,59 @@ async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
         http.post(proxy.url, data=INIT, headers={**MCP, "Host": "evil.example"}) as response,
     ):
         assert response.status == 200
+
+
+# -- 12. redirects keep the client on the proxy ------------------------------------------------------------
+
+
+class Redirector(Recorder):
+    """``/mcp/`` redirects to the upstream's own ``/mcp`` (as Starlette's trailing-slash redirect does);
+    the MCP endpoint answers with ``Content-Location`` at the upstream's address, on JSON and on SSE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origin = ""
+
+    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        if request.path == "/mcp/":
+            return web.Response(status=307, headers={"Location": f"{self.origin}/mcp?x=1"})
+        if request.path == "/elsewhere":
+            headers = {"Location": "http://other.example:8080/mcp", "Content-Location": "/relative"}
+            return web.Response(status=302, headers=headers)
+        message = orjson.loads(body)
+        if message.get("method") == "initialize":
+            response = initialize_answer(message, "edge-session", "edges")
+            response.headers["Content-Location"] = f"{self.origin.upper()}/mcp"
+            return response
+        sse = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Location": f"{self.origin}/mcp#s"}
+        )
+        await sse.prepare(request)
+        await sse.write(frame_body(orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {}})))
+        return sse
+
+
+async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None:
+    upstream = Redirector()
+    url = await serve(upstream.app())
+    upstream.origin = url.removesuffix("/mcp")
+    async with running_proxy(url) as proxy, asyncio.timeout(TIMEOUT):
+        base = proxy.url.removesuffix("/mcp")
+        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP, allow_redirects=False) as response:
+            assert response.status == 307
+            assert response.headers["Location"] == "/mcp?x=1"
+        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP) as response:  # followed: the proxy
+            assert response.status == 200
+            assert str(response.url) == f"{proxy.url}?x=1"
+            assert response.headers["Content-Location"] == "/mcp"
+            session = response.headers["Mcp-Session-Id"]
+        call = orjson.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x"}})
+        headers = {**MCP, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        async with http.post(proxy.url, data=call, headers=headers) as response:
+            assert response.status == 200
+            assert response.headers["Content-Location"] == "/mcp#s"
+            answers = [orjson.loads(e.data) for e in await collect(response) if e.data]
+            assert answers == [{"jsonrpc": "2.0", "id": 2, "result": {}}]
+        async with http.get(f"{base}/elsewhere", allow_redirects=False) as response:  # not the upstream's
+            assert response.headers["Location"] == "http://other.example:8080/mcp"
+            assert response.headers["Content-Location"] == "/relative"
