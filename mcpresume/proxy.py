@@ -327,11 +327,17 @@ class Proxy:
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         keys = message.request_keys
         try:
-            upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
+            upstream = await self.upstream.request(
+                "POST", request.path_qs, upstream_headers(request), body, decoded=True
+            )
         except ProxyError as error:
-            # Here, in the shielded task, so it happens even when the client left: the request never ran.
+            # Here, in the shielded task, so it happens even when the client left: the request never ran,
+            # unless it was answered in an encoding the proxy cannot read (then it must not run again).
             if session_id is not None and keys:
-                await self.store.release(session_id, keys)
+                if isinstance(error, UpstreamBadResponse):
+                    await self.store.settle(session_id, keys)
+                else:
+                    await self.store.release(session_id, keys)
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
@@ -649,7 +655,9 @@ class Proxy:
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
         with self.ctx.upstream_wait():
-            upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
+            upstream = await self.upstream.request(
+                "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
+            )
         if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))

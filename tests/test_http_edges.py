@@ -8,6 +8,7 @@ Scripted aiohttp upstreams record what reached them, so "not forwarded" is check
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -210,3 +211,93 @@ async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None
         async with http.get(f"{base}/elsewhere", allow_redirects=False) as response:  # not the upstream's
             assert response.headers["Location"] == "http://other.example:8080/mcp"
             assert response.headers["Content-Location"] == "/relative"
+
+
+# -- 3. compressed answers from the upstream ---------------------------------------------------------------
+
+
+class Compressing(Recorder):
+    """Compresses every answer with gzip whatever the request's ``Accept-Encoding`` says (SSE flushed per
+    event, as a compressing server streams it); the tool ``brotli`` is answered in ``br``, which the proxy
+    cannot read. A GET opens a standalone stream with one notification, held until ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        gzip = zlib.compressobj(wbits=31)
+        if request.method == "GET":
+            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "hi"}}
+            stream = await self._sse(request, "gzip")
+            await stream.write(gzip.compress(frame_body(orjson.dumps(note))) + gzip.flush(zlib.Z_SYNC_FLUSH))
+            await self.release.wait()
+            return stream
+        message = orjson.loads(body)
+        if message.get("method") == "initialize":
+            plain = initialize_answer(message, "edge-session", "edges")
+            assert isinstance(plain.body, bytes)
+            plain.body = gzip.compress(plain.body) + gzip.flush()
+            plain.headers["Content-Encoding"] = "gzip"
+            return plain
+        if message["params"]["name"] == "brotli":
+            stream = await self._sse(request, "br")
+            await stream.write(b"\x8b\x03\x80not really brotli\x03")
+            return stream
+        stream = await self._sse(request, "gzip")
+        progress = {"progressToken": 2, "progress": 1, "total": 1}
+        for event in (
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": progress},
+            {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "isError": False}},
+        ):
+            await stream.write(gzip.compress(frame_body(orjson.dumps(event))) + gzip.flush(zlib.Z_SYNC_FLUSH))
+        await stream.write(gzip.flush())
+        return stream
+
+    @staticmethod
+    async def _sse(request: web.Request, encoding: str) -> web.StreamResponse:
+        stream = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Encoding": encoding}
+        )
+        await stream.prepare(request)
+        return stream
+
+
+async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> None:
+    upstream = Compressing()
+    url = await serve(upstream.app())
+    gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
+    # auto_decompress=False: the client sees the bytes the proxy sends, and their Content-Encoding.
+    async with (
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession(auto_decompress=False) as http,
+        asyncio.timeout(TIMEOUT),
+    ):
+        async with http.post(proxy.url, data=INIT, headers=gzip_client) as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            assert orjson.loads(await response.read())["result"]["serverInfo"]["name"] == "edges"
+            session = response.headers["Mcp-Session-Id"]
+        in_session = {**gzip_client, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "gz"}}
+        async with http.post(proxy.url, data=orjson.dumps(call), headers=in_session) as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            answers = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        assert [a.get("method") for a in answers] == ["notifications/progress", None]
+        assert answers[-1]["result"] == {"content": [], "isError": False}  # not upstream_stream_lost
+        async with http.get(proxy.url, headers=in_session) as response:  # the standalone (held) GET
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            events = await collect(response, limit=1)
+            assert orjson.loads(events[-1].data)["params"] == {"data": "hi"}
+        upstream.release.set()
+        brotli = {**call, "id": 3, "params": {"name": "brotli"}}
+        async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
+            assert response.status == 502
+            assert (await error_of(response))["data"]["reason"] == "upstream_bad_response"
+        async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
+            assert response.status == 409  # it ran upstream: never forwarded again
+    # The proxy asked for every MCP answer as is; what it passes through untouched keeps the client's ask.
+    assert {headers.get("Accept-Encoding") for _, _, headers in upstream.seen} == {"identity"}
+    assert len(upstream.seen) == 4
