@@ -8,6 +8,8 @@ Scripted aiohttp upstreams record what reached them, so "not forwarded" is check
 from __future__ import annotations
 
 import asyncio
+import resource
+import sys
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from mcpresume.sse import frame_body
+from tests.support.poll import until
 from tests.support.proxy import collect, error_of, running_proxy
 from tests.support.scripted import initialize_answer
 
@@ -301,3 +304,110 @@ async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> N
     # The proxy asked for every MCP answer as is; what it passes through untouched keeps the client's ask.
     assert {headers.get("Accept-Encoding") for _, _, headers in upstream.seen} == {"identity"}
     assert len(upstream.seen) == 4
+
+
+# -- 8. header timeout and connection cap ----------------------------------------------------------------
+
+
+async def _eof_or_answer(reader: asyncio.StreamReader) -> bytes:
+    """Everything the proxy sends until it closes the connection."""
+    async with asyncio.timeout(TIMEOUT):
+        return await reader.read()
+
+
+async def test_connections_without_a_complete_head_are_closed_after_header_timeout(serve, http) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, header_timeout=0.5) as proxy:
+        silent = await asyncio.open_connection("127.0.0.1", proxy.port)
+        trickling = await asyncio.open_connection("127.0.0.1", proxy.port)
+        trickling[1].write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        for reader, writer in (silent, trickling):
+            assert await _eof_or_answer(reader) == b""  # closed, without an answer
+            writer.close()
+        await until(lambda: proxy.connections.open == 0, what="both connections counted closed")
+        async with http.post(proxy.url, data=INIT, headers=MCP) as response:  # a real client is served
+            assert response.status == 200
+    assert [p for _, p, _ in upstream.seen] == ["/mcp"]
+
+
+async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=8, header_timeout=60.0) as proxy:
+        assert proxy.connections.limit == 8
+        idle = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(8)]
+        await until(lambda: proxy.connections.open == 8, what="eight connections open")
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        answer = await _eof_or_answer(reader)
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ")
+        assert b"Connection: close" in head
+        error = orjson.loads(body)["error"]
+        assert error["data"] == {"reason": "too_many_connections", "limit": 8}
+        assert proxy.ctx.metrics.refused_connections._value.get() == 1
+        assert proxy.ctx.metrics.client_connections._value.get() == 8
+        idle.pop()[1].close()  # room for one
+        await until(lambda: proxy.connections.open == 7, what="a connection counted closed")
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200
+        for _, idle_writer in idle:
+            idle_writer.close()
+    assert [p for _, p, _ in upstream.seen] == ["/mcp"]
+
+
+SLOWLORIS = """
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held = []
+for i in range(int(sys.argv[2])):
+    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    if i % 2:  # half say nothing, half trickle a head they never finish
+        sock.sendall(b"POST /mcp HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nContent-Type: appl")
+    held.append(sock)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_fresh_client_is_served_while_1000_slowloris_connections_are_open(serve) -> None:
+    """The issue's case: under the usual soft limit of 1024 descriptors, 1,000 connections that never send
+    a request left none for a fresh client's connection and its upstream request. The proxy raises its
+    soft limit to what max_connections needs (here the hard limit allows it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * 4096 + 256:
+        pytest.skip(f"the hard descriptor limit ({hard}) is below what the default max_connections needs")
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        # header_timeout well above the test's length: the 1,000 stay open throughout, however slow the box.
+        async with running_proxy(url, header_timeout=300.0) as proxy:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                SLOWLORIS,
+                str(proxy.port),
+                "1000",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                async with asyncio.timeout(120.0):
+                    assert await child.stdout.readline() == b"ready\n"
+                    async with (
+                        aiohttp.ClientSession() as http,
+                        http.post(proxy.url, data=INIT, headers=MCP) as response,
+                    ):
+                        assert response.status == 200
+                        assert response.headers["Mcp-Session-Id"] == "edge-session"
+                        assert proxy.connections.open >= 1001  # the thousand, and this client's
+            finally:
+                child.stdin.close()
+                await child.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
