@@ -217,7 +217,9 @@ async def start_proxy(
             limit,
             descriptors,
         )
-    cap = ConnectionCap(limit, metrics.client_connections.set, metrics.refused_connections.inc)
+    cap = ConnectionCap(
+        limit, metrics.client_connections.set, lambda how: metrics.refused_connections.labels(how).inc()
+    )
     runner = web.AppRunner(
         app,
         handler_cancellation=True,

@@ -1,10 +1,14 @@
-"""The client listener's connection cap: at most ``max_connections`` client connections open at once, a
-new one beyond it refused with a clean 503, and never more than the process's descriptors can hold.
+"""The client listener's connection cap: at most ``max_connections`` client connections open at once, and
+never more than the process's descriptors can hold.
 
 Connections that never send a request are closed by the HTTP server after ``header_timeout`` (its
 keep-alive timeout, which runs from a connection's opening and from each answer's end until a complete
 request head arrives); the cap bounds how many of them can be open meanwhile, below the descriptor limit,
-so they cannot starve the proxy of descriptors for its own work (the upstream connections).
+so they cannot starve the proxy of descriptors for its own work (the upstream connections). At the cap, a
+new connection takes the place of the oldest one still waiting for its first request head (a real client
+sends its head at once: the longest-waiting is the likeliest slowloris), so a flood of such connections
+cannot lock out a fresh client; only when every open connection has sent a request is a new one refused,
+with a clean 503.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ LINGER: Final = 1.0
 MAX_LINGERING: Final = 64
 # Refusals are logged at most once per this many seconds (a flood is one line per interval).
 LOG_INTERVAL: Final = 1.0
+# Connections closed to make room whose descriptors are not released yet (they are on the loop's next
+# turn): beyond this many, a new connection is refused instead, so the cap overshoots by at most this.
+MAX_EVICTING: Final = 64
+_HEAD_END: Final = b"\r\n\r\n"
 
 
 def connection_budget(max_connections: int) -> tuple[int, int | None]:
@@ -64,15 +72,19 @@ class ConnectionCap:
         self,
         limit: int,
         on_change: Callable[[int], None] = lambda _: None,
-        on_refuse: Callable[[], None] = lambda: None,
+        on_refuse: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.limit = limit
         self.open = 0
         self.refused = 0
+        self.evicted = 0
         self.lingering = 0
+        self.evicting = 0
+        # Open connections without a complete first request head, oldest first.
+        self.waiting: dict[_Counted, None] = {}
         self._on_change = on_change
         self._on_refuse = on_refuse
-        self._unlogged = 0
+        self._unlogged = {"refused": 0, "evicted": 0}
         self._logged_at = -LOG_INTERVAL
         error = TooManyConnections(
             f"the proxy holds its maximum of {limit} client connections; retry shortly", limit=limit
@@ -86,8 +98,13 @@ class ConnectionCap:
     def protocol_factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
             if self.open >= self.limit:
-                self._refused()
-                return _Refused(self)
+                if not self.waiting or self.evicting >= MAX_EVICTING:
+                    self.refused += 1
+                    self._turned_away("refused")
+                    return _Refused(self)
+                next(iter(self.waiting)).evict()
+                self.evicted += 1
+                self._turned_away("evicted")
             self.open += 1
             self._on_change(self.open)
             return _Counted(inner(), self)
@@ -98,36 +115,57 @@ class ConnectionCap:
         self.open -= 1
         self._on_change(self.open)
 
-    def _refused(self) -> None:
-        self.refused += 1
-        self._on_refuse()
-        self._unlogged += 1
+    def _turned_away(self, how: str) -> None:
+        self._on_refuse(how)
+        self._unlogged[how] += 1
         now = asyncio.get_running_loop().time()
         if now - self._logged_at >= LOG_INTERVAL:
             log.warning(
-                "connections refused (503 too_many_connections): %d since the last report; %d open, "
-                "max_connections %d",
-                self._unlogged,
-                self.open,
+                "max_connections %d reached: since the last report %d connections refused (503 "
+                "too_many_connections), %d without a request head closed for new ones",
                 self.limit,
+                self._unlogged["refused"],
+                self._unlogged["evicted"],
             )
-            self._logged_at, self._unlogged = now, 0
+            self._logged_at = now
+            self._unlogged = {"refused": 0, "evicted": 0}
 
 
 class _Counted(asyncio.Protocol):
-    """The HTTP server's protocol for one connection, counted while it is open."""
+    """The HTTP server's protocol for one connection, counted while it is open, and known as waiting until
+    its first request head is complete."""
 
-    __slots__ = ("_cap", "_inner")
+    __slots__ = ("_cap", "_evicted", "_inner", "_tail", "_transport")
 
     def __init__(self, inner: asyncio.Protocol, cap: ConnectionCap) -> None:
         self._inner = inner
         self._cap = cap
+        self._tail: bytes | None = b""  # the last bytes of a head in progress; None: a head arrived
+        self._transport: asyncio.BaseTransport | None = None
+        self._evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._cap.waiting[self] = None
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._tail is not None:
+            seen = self._tail + data
+            if _HEAD_END in seen:
+                self._tail = None
+                self._cap.waiting.pop(self, None)
+            else:
+                self._tail = seen[-3:]
         self._inner.data_received(data)
+
+    def evict(self) -> None:
+        """Close this connection (it never completed a request head) to make room for a new one."""
+        self._cap.waiting.pop(self, None)
+        self._evicted = True
+        self._cap.evicting += 1
+        if self._transport is not None:
+            cast(asyncio.Transport, self._transport).abort()
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -139,6 +177,9 @@ class _Counted(asyncio.Protocol):
         self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cap.waiting.pop(self, None)
+        if self._evicted:
+            self._cap.evicting -= 1
         self._cap.closed()
         self._inner.connection_lost(exc)
 

@@ -35,9 +35,13 @@ class Metrics:
         )
         self.refused_connections = Counter(
             "mcpresume_refused_connections",
-            "Client connections refused with 503 for max_connections.",
+            "Client connections turned away at max_connections, by how: refused (a new one answered 503) "
+            "or evicted (the oldest one still without a request head closed to make room).",
+            ["how"],
             registry=r,
         )
+        for how in ("refused", "evicted"):
+            self.refused_connections.labels(how)
         self.resumptions = Counter(
             "mcpresume_resumptions",
             "Resume requests (Last-Event-ID), by outcome: reattach or the rejection reason.",

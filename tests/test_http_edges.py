@@ -331,13 +331,25 @@ async def test_connections_without_a_complete_head_are_closed_after_header_timeo
     assert [p for _, p, _ in upstream.seen] == ["/mcp"]
 
 
+async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection that made a request and got its answer (it waits for no head)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    async with asyncio.timeout(TIMEOUT):
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+    return reader, writer
+
+
 async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
     upstream = Recorder()
     url = await serve(upstream.app())
     async with running_proxy(url, max_connections=8, header_timeout=60.0) as proxy:
         assert proxy.connections.limit == 8
-        idle = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(8)]
-        await until(lambda: proxy.connections.open == 8, what="eight connections open")
+        idle = [await _served(proxy.port) for _ in range(8)]  # every one sent a request: none is evicted
+        assert proxy.connections.open == 8
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
         answer = await _eof_or_answer(reader)
@@ -347,7 +359,7 @@ async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
         assert b"Connection: close" in head
         error = orjson.loads(body)["error"]
         assert error["data"] == {"reason": "too_many_connections", "limit": 8}
-        assert proxy.ctx.metrics.refused_connections._value.get() == 1
+        assert proxy.ctx.metrics.refused_connections.labels("refused")._value.get() == 1
         assert proxy.ctx.metrics.client_connections._value.get() == 8
         idle.pop()[1].close()  # room for one
         await until(lambda: proxy.connections.open == 7, what="a connection counted closed")
@@ -355,7 +367,31 @@ async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
             assert response.status == 200
         for _, idle_writer in idle:
             idle_writer.close()
-    assert [p for _, p, _ in upstream.seen] == ["/mcp"]
+    assert [p for _, p, _ in upstream.seen] == ["/ping"] * 8 + ["/mcp"]
+
+
+async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(serve) -> None:
+    """More slowloris connections than max_connections cannot lock a fresh client out: each new
+    connection takes the place of the oldest one still waiting for its first request head."""
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=20, header_timeout=300.0) as proxy:
+        served = await _served(proxy.port)  # sent a request: never evicted
+        slow = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(40)]
+        for _, writer in slow[::2]:
+            writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")  # a head, never finished
+        await until(lambda: proxy.connections.evicted == 21, what="21 slow connections evicted")
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200
+        assert proxy.connections.evicted == 22 and proxy.connections.refused == 0
+        closed = [await _eof_or_answer(reader) == b"" for reader, _ in slow[:22]]
+        assert closed == [True] * 22  # the oldest 22, in order of arrival
+        assert not any(reader.at_eof() for reader, _ in slow[22:])
+        assert proxy.ctx.metrics.refused_connections.labels("evicted")._value.get() == 22
+        served[1].write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # still open, still served
+        assert (await served[0].readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        for _, writer in [served, *slow]:
+            writer.close()
 
 
 SLOWLORIS = """
