@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import subprocess
 import sys
 import zlib
 from collections.abc import AsyncIterator
@@ -447,3 +448,20 @@ async def test_a_fresh_client_is_served_while_1000_slowloris_connections_are_ope
                 await child.wait()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_cap_fits_the_descriptor_limit() -> None:
+    """Under a hard limit of 1024 descriptors (a process that cannot raise it), max_connections is lowered
+    so that every client connection and its upstream connection fit, with the reserve; a soft limit below
+    a higher hard one is raised as far as the cap needs."""
+    code = """
+import resource
+import subprocess
+from mcpresume.listener import connection_budget
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+print(connection_budget(4096), connection_budget(100))
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 1024))
+print(connection_budget(200), resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["(384, 1024) (100, 1024)", "(200, 656) (656, 1024)"]
