@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.context import ProxyContext, log_id
+from mcpresume.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
 from mcpresume.proxy import Proxy
 from mcpresume.store import SessionStore
@@ -161,6 +162,7 @@ class RunningProxy:
     admin_url: str | None
     app: web.Application
     runners: list[web.AppRunner]
+    connections: ConnectionCap  # the client listener's open connections and its cap
 
     @property
     def ctx(self) -> ProxyContext:
@@ -207,10 +209,25 @@ async def start_proxy(
     # 8 KiB). Its 128 headers at most stay: the parser has no limit on the total, so the count bounds what
     # one request head can hold before the proxy's own check (431) runs: 128 x max_header_bytes.
     header_limit = settings.max_header_bytes
+    limit, descriptors = connection_budget(settings.max_connections)
+    if limit < settings.max_connections:
+        log.warning(
+            "max_connections lowered from %d to %d: the process may open %s files",
+            settings.max_connections,
+            limit,
+            descriptors,
+        )
+    cap = ConnectionCap(
+        limit, metrics.client_connections.set, lambda how: metrics.refused_connections.labels(how).inc()
+    )
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,
+        # aiohttp's keep-alive timer runs from a connection's opening, and from each answer's end, until a
+        # complete request head arrives: a connection silent or trickling its head for header_timeout is
+        # closed (slowloris). It is the keep-alive idle timeout as well.
+        keepalive_timeout=settings.header_timeout,
         # aiohttp waits this long for handlers before it cancels them: the drain ends views cleanly at
         # drain_timeout (RunningProxy.stop), so this comes after, for a write that cannot finish
         shutdown_timeout=settings.drain_timeout + DRAIN_GRACE,
@@ -223,13 +240,17 @@ async def start_proxy(
         server_log.addFilter(_UNPARSABLE)
     await runner.setup()
     sock = _listen(settings.host, settings.port)
-    site = web.SockSite(runner, sock)
+    site = CappedSite(runner, sock, cap)
     await site.start()
     port = sock.getsockname()[1]
     runners = [runner]
     admin_url = None
     if settings.metrics_port:
-        admin = web.AppRunner(build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1), access_log=None)
+        admin = web.AppRunner(
+            build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1),
+            access_log=None,
+            keepalive_timeout=settings.header_timeout,
+        )
         await admin.setup()
         admin_sock = _listen(settings.metrics_host or settings.host, settings.metrics_port)
         await web.SockSite(admin, admin_sock).start()
@@ -239,7 +260,8 @@ async def start_proxy(
         )
     assert settings.upstream is not None
     path = app[CONTEXT].upstream.mcp_path
-    return RunningProxy(f"http://{_url_host(settings.host)}:{port}{path}", port, admin_url, app, runners)
+    url = f"http://{_url_host(settings.host)}:{port}{path}"
+    return RunningProxy(url, port, admin_url, app, runners, cap)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -111,6 +111,13 @@ class TooManySessions(ProxyError):
     reason = "too_many_sessions"
 
 
+class TooManyConnections(ProxyError):
+    """503: the listener holds ``max_connections`` client connections (answered before any request)."""
+
+    status = 503
+    reason = "too_many_connections"
+
+
 class BodyTooLarge(ProxyError):
     """413: a client request body over ``max_body_bytes``."""
 

@@ -52,14 +52,23 @@ from mcpresume.errors import (
     UnknownSession,
     UpstreamBadResponse,
 )
-from mcpresume.forward import SSE, body_stream, passthrough, read_body, relay, upstream_headers
+from mcpresume.forward import (
+    SSE,
+    body_stream,
+    client_headers,
+    passthrough,
+    read_body,
+    relay,
+    upstream_headers,
+)
 from mcpresume.headers import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SSE_RESPONSE_HEADERS,
-    end_to_end,
+    effective_allowed_hosts,
     header_bytes,
+    host_allowed,
     valid_session_id,
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
@@ -86,6 +95,7 @@ class Proxy:
         # one and joins its stream instead of opening another (one upstream GET per session).
         self._opening_standalone: dict[str, asyncio.Future[None]] = {}
         settings = self.settings
+        self._allowed_hosts = effective_allowed_hosts(settings.allowed_hosts, settings.host)
         self._pump_settings = PumpSettings(  # one for every pump
             max_event_bytes=settings.max_event_bytes,
             stall_timeout=settings.stall_timeout,
@@ -123,15 +133,18 @@ class Proxy:
         settings = self.settings
         if header_bytes(request.raw_headers) > settings.max_header_bytes:
             raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
-        if request.path != self.upstream.mcp_path:
-            return
-        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Enforced
-        # here for upstreams that don't; with the lists empty, anything passes (the upstream may check).
+        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Checked
+        # on every path the proxy relays (an upstream may route /MCP or /mcp/ to its endpoint too). Origin
+        # is forwarded as it came, so the upstream's own check still sees it; Host is not (the upstream gets
+        # its own authority), so the proxy checks it itself, by default with the SDKs' loopback rule.
         origin = request.headers.get("Origin")
         if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
             raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
-        if settings.allowed_hosts and request.host not in settings.allowed_hosts:
-            raise HostNotAllowed(f"Host {request.host[:200]!r} is not allowed")
+        host = request.headers.get("Host")
+        if not host_allowed(host, self._allowed_hosts):
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+        if request.path != self.upstream.mcp_path:
+            return
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
@@ -336,11 +349,17 @@ class Proxy:
         keys = message.request_keys
         epoch = None if granted is None else granted.epoch
         try:
-            upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
+            upstream = await self.upstream.request(
+                "POST", request.path_qs, upstream_headers(request), body, decoded=True
+            )
         except ProxyError as error:
-            # Here, in the shielded task, so it happens even when the client left: the request never ran.
+            # Here, in the shielded task, so it happens even when the client left: the request never ran,
+            # unless it was answered in an encoding the proxy cannot read (then it must not run again).
             if session_id is not None and keys:
-                await self.store.release(session_id, keys, epoch)
+                if isinstance(error, UpstreamBadResponse):
+                    await self.store.settle(session_id, keys, epoch)
+                else:
+                    await self.store.release(session_id, keys, epoch)
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
@@ -387,7 +406,7 @@ class Proxy:
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
-        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
+        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
 
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
@@ -590,7 +609,7 @@ class Proxy:
                 plan = ViewPlan(
                     (opened.number,),
                     opened.priming_seq - 1,
-                    _client_headers(answer),
+                    _client_headers(self.ctx, answer),
                     reader=reader,
                     standalone=True,
                 )
@@ -694,7 +713,9 @@ class Proxy:
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
         with self.ctx.upstream_wait():
-            upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
+            upstream = await self.upstream.request(
+                "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
+            )
         if session_id is not None and 200 <= upstream.status < 300:
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))
@@ -725,8 +746,8 @@ class _Opened:
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
 
 
-def _client_headers(upstream: UpstreamAnswer) -> list[tuple[str, str]]:
-    """The upstream's end-to-end response headers, with the SSE no-buffering headers set."""
+def _client_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:
+    """The upstream's response headers as the client gets them, with the SSE no-buffering headers set."""
     ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
-    kept = [(n, v) for n, v in end_to_end(upstream.headers.items(), request=False) if n.lower() not in ours]
+    kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in ours]
     return kept + _SSE_HEADERS if kept else _SSE_HEADERS  # one shared list when nothing else is kept
