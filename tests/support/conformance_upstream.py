@@ -5,8 +5,8 @@ client and expect named tools, resources and prompts (``test_simple_text``, ``te
 ``test_prompt_with_arguments``, ...), each answering in a stated shape. The bundled example upstream
 (`mcpresume.examples.upstream`) has none of them, so this module builds one with the official Python SDK's
 low-level `Server`: every handler returns exactly what its scenario asks for, schemas are passed through
-as raw JSON (the SEP-1613 tool keeps its ``$schema``/``$defs``), and the Streamable HTTP transport, session
-handling and DNS-rebinding protection are the SDK's own, unmodified.
+as raw JSON (the SEP-1613 tool keeps its ``$schema``/``$defs``), and the Streamable HTTP transport and
+session handling are the SDK's own, unmodified.
 
 Server-to-client requests (sampling, elicitation) go, by ``server_requests``:
     ``"call"``: on the triggering call's own SSE stream (``related_request_id``), as the Python SDK's
@@ -14,6 +14,9 @@ Server-to-client requests (sampling, elicitation) go, by ``server_requests``:
     ``"standalone"``: on the session's standalone GET stream, as the suite's reference server does (its
         ``server.request()`` has no related request). The SDK drops such a request when no GET stream is
         open, so the upstream depends on the client's GET reaching it before the call.
+
+DNS-rebinding protection is the SDK's own by default; ``host_check="host-only"`` swaps it for a check that
+reads ``Host`` alone, as the TypeScript SDK's does, the kind a proxy that rewrites ``Host`` defeats.
 
 It lives under tests/ and not in `mcpresume.examples`: it exists only for the conformance test and is no
 example of using the proxy. ``python -m tests.support.conformance_upstream --port 3001`` serves it alone,
@@ -34,13 +37,23 @@ from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import ServerMessageMetadata
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import MCP_PATH, RunningUpstream
 
-__all__ = ["ServerRequests", "build_conformance_app", "build_conformance_server"]
+__all__ = [
+    "HostCheck",
+    "HostOnlyCheck",
+    "ServerRequests",
+    "build_conformance_app",
+    "build_conformance_server",
+]
 
 ServerRequests = Literal["call", "standalone"]
+HostCheck = Literal["sdk", "host-only"]
 
 # A 1x1 PNG and a minimal WAV, base64, the sizes the suite's reference server uses.
 TEST_IMAGE_BASE64 = (
@@ -480,27 +493,52 @@ def build_conformance_server(*, server_requests: ServerRequests = "call") -> Ser
         )
 
 
+LOOPBACK_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+class HostOnlyCheck:
+    """DNS-rebinding protection that reads ``Host`` alone: 403 unless its name is a loopback name (any
+    port). That is the check the TypeScript SDK's loopback servers make (``Origin`` is not read); the
+    Python SDK's also rejects a foreign ``Origin``, which hides a proxy that rewrites ``Host``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = Headers(scope=scope).get("host", "")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if name.lower() not in LOOPBACK_HOST_NAMES:
+                await PlainTextResponse("Invalid Host header", status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_conformance_app(
-    *,
-    server_requests: ServerRequests = "call",
-    transport_security: TransportSecuritySettings | None = None,
-) -> Starlette:
+    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk"
+) -> ASGIApp:
     """The conformance upstream's Streamable HTTP app at ``/mcp``, with an event store (priming events,
-    ``Last-Event-ID`` replay) and the SDK's default DNS-rebinding protection for a loopback server
-    (``transport_security=None``: only loopback ``Host`` and ``Origin`` values, any port)."""
+    ``Last-Event-ID`` replay). DNS-rebinding protection, by ``host_check``: ``"sdk"``, the SDK's default for
+    a loopback server (only loopback ``Host`` and ``Origin`` values, any port); ``"host-only"``,
+    `HostOnlyCheck` in its place."""
     server = build_conformance_server(server_requests=server_requests)
-    return server.streamable_http_app(
+    security = (
+        None if host_check == "sdk" else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    )
+    app: Starlette = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         event_store=InMemoryEventStore(),
         retry_interval=RETRY_INTERVAL_MS,
         session_idle_timeout=None,
-        transport_security=transport_security,
+        transport_security=security,
         host="127.0.0.1",
     )
+    return app if host_check == "sdk" else HostOnlyCheck(app)
 
 
-async def _serve(port: int, server_requests: ServerRequests) -> None:
-    async with RunningUpstream(build_conformance_app(server_requests=server_requests), port=port) as upstream:
+async def _serve(port: int, server_requests: ServerRequests, host_check: HostCheck) -> None:
+    app = build_conformance_app(server_requests=server_requests, host_check=host_check)
+    async with RunningUpstream(app, port=port) as upstream:
         print(f"conformance upstream at {upstream.url}", flush=True)
         await asyncio.Event().wait()
 
@@ -509,8 +547,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=3001)
     parser.add_argument("--server-requests", choices=["call", "standalone"], default="call")
+    parser.add_argument("--host-check", choices=["sdk", "host-only"], default="sdk")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.server_requests))
+    asyncio.run(_serve(args.port, args.server_requests, args.host_check))
 
 
 if __name__ == "__main__":
