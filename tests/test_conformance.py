@@ -50,9 +50,6 @@ KNOWN_FAILING_THROUGH_PROXY: dict[str, str] = {
     "standalone-stream-requests": (
         "issue 13 item 16: the proxy forwards a call before the session's standalone GET it followed"
     ),
-    "host-only-dns-rebinding": (
-        "issue 13 item 15: the proxy sends the upstream its own Host, which a Host-only check accepts"
-    ),
 }
 """What is known to fail through the proxy and not directly, each with the issue item whose fix makes it
 pass; each is a strict xfail, so remove its entry when that fix merges. Keys: a scenario name (the SDK
