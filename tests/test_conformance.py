@@ -90,7 +90,7 @@ def _on_uvloop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
 @pytest.fixture(scope="module")
 def runner() -> Runner:
     try:
-        found = find_runner()
+        found = find_runner(install=True)
     except Unavailable as exc:
         if exc.skip:
             pytest.skip(str(exc))

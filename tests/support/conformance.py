@@ -140,8 +140,11 @@ def _node_version(node: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", out)[:3])
 
 
-def find_runner() -> Runner:
-    """The installed runner, or `Unavailable` (``skip=True`` only when Node itself is missing or too old)."""
+def find_runner(*, install: bool = False) -> Runner:
+    """The installed runner, or `Unavailable` (``skip=True`` only when Node itself is missing or too old).
+
+    ``install``: when it is not installed and npm is on PATH, install it first (the tests do, so the
+    README's one test command sets everything up on a fresh machine, as they start their own redis)."""
     node = shutil.which("node")
     if node is None:
         raise Unavailable("node not found on PATH: the MCP conformance runner needs Node >= 20.18", skip=True)
@@ -154,6 +157,23 @@ def find_runner() -> Runner:
     base = runner_dir()
     package = base / "node_modules" / "@modelcontextprotocol" / "conformance"
     install = f"npm install --prefix {base} @modelcontextprotocol/conformance@{RUNNER_VERSION}"
+    npm = shutil.which("npm")
+    if install and npm is not None and not (package / "package.json").exists():
+        subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(base),
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                f"@modelcontextprotocol/conformance@{RUNNER_VERSION}",
+            ],
+            check=False,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         installed = json.loads((package / "package.json").read_text())["version"]
     except (OSError, ValueError, KeyError):
