@@ -332,3 +332,50 @@ def test_dockerfile_matches_the_defaults() -> None:
     assert by_keyword["STOPSIGNAL"] == ["SIGTERM"]
     env = " ".join(by_keyword["ENV"])
     assert "MCPRESUME_HOST=0.0.0.0" in env and "MCPRESUME_METRICS_HOST=0.0.0.0" in env
+
+
+# -- the memory bound, said the same everywhere ----------------------------------------------------------
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
+def test_every_document_says_max_total_window_bytes_bounds_memory(
+    sidecar: dict[str, Any], sidecar_settings: Settings
+) -> None:
+    documents = [
+        SIDECAR,
+        ALERTS,
+        ROOT / "config" / "mcpresume.toml",
+        ROOT / "README.md",
+        ROOT / "deploy" / "kubernetes" / "README.md",
+    ]
+    for path in documents:
+        text = " ".join(path.read_text().split())
+        assert "max_total_window_bytes" in text, path
+        for claim in ("no process-wide", "40 GiB", "worst case is max_sessions x window_bytes"):
+            assert claim not in text, (path, claim)
+    # The cap the sidecar runs with fits under its memory limit, with room for the interpreter and the
+    # sessions' bookkeeping.
+    limit = _bytes(sidecar["resources"]["limits"]["memory"])
+    assert sidecar_settings.max_total_window_bytes + (256 << 20) <= limit
+
+
+def test_the_readme_lists_every_upstream_error_reason_the_code_counts() -> None:
+    source = "\n".join(path.read_text() for path in (ROOT / "mcpresume").rglob("*.py"))
+    counted = set(re.findall(r'upstream_errors\.labels\("([a-z_]+)"\)', source))
+    # and the reasons of the errors counted by class (ctx.reject counts every upstream error's reason)
+    counted |= {"upstream_unreachable", "upstream_timeout", "upstream_bad_response", "event_too_large"}
+    assert "stream_dropped" in counted
+    (row,) = [
+        line
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("| `mcpresume_upstream_errors_total{reason}`")
+    ]
+    for reason in counted:
+        assert f"`{reason}`" in row, reason
