@@ -7,12 +7,18 @@ pin the facts they share with the code.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import re
 import shlex
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any, cast
 
 import pytest
@@ -23,6 +29,7 @@ from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.metrics import Metrics
 from mcpresume.resume import OUTCOMES
+from tests.support.proxy import running_proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR = ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
@@ -312,26 +319,83 @@ def _instructions() -> list[tuple[str, str]]:
     return found
 
 
-def test_dockerfile_matches_the_defaults() -> None:
+def _final_stage() -> dict[str, list[str]]:
     instructions = _instructions()
     final = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM") :]
     by_keyword: dict[str, list[str]] = {}
     for keyword, rest in final:
         by_keyword.setdefault(keyword, []).append(rest)
+    return by_keyword
+
+
+def _image_env() -> dict[str, str]:
+    pairs = (pair for rest in _final_stage()["ENV"] for pair in shlex.split(rest))
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_dockerfile_matches_the_defaults() -> None:
+    by_keyword = _final_stage()
     defaults = _settings({})
     exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in shlex.split(rest)}
     assert exposed == {defaults.port, defaults.metrics_port}
-    (health,) = by_keyword["HEALTHCHECK"]
-    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", health)
-    assert url is not None
-    assert int(url.group(1)) == defaults.metrics_port
-    assert url.group(2) == "/healthz" and url.group(2) in _admin_paths()
+    env = _image_env()
+    assert env["MCPRESUME_HOST"] == env["MCPRESUME_METRICS_HOST"] == "0.0.0.0"
+    assert int(env["MCPRESUME_PORT"]) == defaults.port
+    assert int(env["MCPRESUME_METRICS_PORT"]) == defaults.metrics_port
     assert by_keyword["USER"] == ["10001:10001"]
     assert by_keyword["ENTRYPOINT"] == ['["mcpresume"]']
     assert by_keyword["CMD"] == ['["serve"]']
     assert by_keyword["STOPSIGNAL"] == ["SIGTERM"]
-    env = " ".join(by_keyword["ENV"])
-    assert "MCPRESUME_HOST=0.0.0.0" in env and "MCPRESUME_METRICS_HOST=0.0.0.0" in env
+
+
+async def test_the_healthcheck_probes_the_configured_admin_port() -> None:
+    (health,) = _final_stage()["HEALTHCHECK"]
+    argv = json.loads(health[health.index("CMD") + 3 :])
+    assert argv[:2] == ["python", "-c"]
+    probe = argv[2]
+
+    async def run_probe(port: int) -> int:
+        done = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", probe, env={"MCPRESUME_METRICS_PORT": str(port)}, stderr=DEVNULL
+        )
+        return await done.wait()
+
+    # The probe itself, against a real admin listener on a port of the test's choosing.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    assert await run_probe(admin_port) != 0  # nothing listens there yet
+    async with running_proxy("http://127.0.0.1:1/mcp", metrics_port=admin_port):
+        assert await run_probe(admin_port) == 0
+
+
+def test_docker_stop_grace_covers_the_image_drain() -> None:
+    # docker stop sends SIGTERM and kills 10 s later: the drain and its margin must end before.
+    drain = float(_image_env()["MCPRESUME_DRAIN_TIMEOUT"])
+    assert drain > 0 and drain + DRAIN_GRACE < 10
+    labels = " ".join(_final_stage()["LABEL"])
+    assert f"MCPRESUME_DRAIN_TIMEOUT ({drain:g} s here) + {DRAIN_GRACE:g} s" in labels
+
+
+def test_dockerfile_builds_without_docker_hub_frontends() -> None:
+    text = DOCKERFILE.read_text()
+    # A `# syntax=` line makes BuildKit fetch that frontend image from Docker Hub before anything else.
+    assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
+    froms = [rest.split()[0] for keyword, rest in _instructions() if keyword == "FROM"]
+    assert froms == [
+        "python:3.11-slim",
+        "python:3.11-slim",
+    ]  # the one base deploy/image-smoke.sh stands in for
+    # The optional CA bundle for TLS-intercepting proxies: a secret on every builder step that downloads.
+    downloads = [rest for keyword, rest in _instructions() if keyword == "RUN" and "pip wheel" in rest]
+    assert downloads and all(rest.startswith("--mount=type=secret,id=pip-ca ") for rest in downloads)
+    assert "--secret id=pip-ca,src=" in text  # documented in the header
+
+
+def test_hadolint_finds_nothing() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
 
 
 # -- the memory bound, said the same everywhere ----------------------------------------------------------
