@@ -1,8 +1,8 @@
 """The deployment files say what the code does: settings, ports, admin paths and metric names.
 
-deploy/kubernetes/sidecar.yaml, deploy/prometheus/alerts.yaml, deploy/grafana/mcpresume.json and the
-Dockerfile are not run by the test suite (no cluster, Prometheus, Grafana or Docker here), so these tests
-pin the facts they share with the code.
+Each file is also checked by a real tool: hadolint on the Dockerfile, promtool on the alert rules (and their
+unit tests), the Kubernetes OpenAPI schemas (kubernetes-validate) on the manifests. The image itself is built
+and run by deploy/image-smoke.sh (.ci/run); the load balancers' files by tests/test_load_balancers.py.
 """
 
 from __future__ import annotations
@@ -443,3 +443,78 @@ def test_the_readme_lists_every_upstream_error_reason_the_code_counts() -> None:
     ]
     for reason in counted:
         assert f"`{reason}`" in row, reason
+
+
+# -- the real tools: promtool on the alert rules, the Kubernetes schemas on the manifests ---------------
+
+
+def _tool(name: str, package: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        message = f"{name} not found (Debian: apt-get install {package})"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "check", "rules", str(ALERTS)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_unit_tests_every_alert() -> None:
+    tests_file = ALERTS.with_name("alerts.test.yaml")
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "test", "rules", tests_file.name],
+        cwd=tests_file.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+    # Every alert has a case where it fires, and one where it stays quiet (an empty exp_alerts, or a
+    # second series it leaves alone).
+    document = yaml.safe_load(tests_file.read_text())
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for case in document["tests"]:
+        instances = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in case["input_series"]}  # type: ignore[union-attr]
+        for check in case["alert_rule_test"]:
+            fired = {alert["exp_labels"]["instance"] for alert in check["exp_alerts"]}
+            (firing if fired else quiet).add(check["alertname"])
+            if fired and instances - fired:
+                quiet.add(check["alertname"])
+    alerts = {
+        rule["alert"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
+    }
+    assert firing == alerts
+    assert quiet == alerts
+
+
+@pytest.mark.parametrize("version", ["1.28.0", "latest"])
+def test_manifests_match_the_kubernetes_schemas(version: str) -> None:
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    manifests = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+    assert manifests
+    for path in manifests:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                # strict: an unknown field (a typo) is an error, as `kubectl apply --validate=strict` has it
+                kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_kubernetes_validator_catches_a_typo(manifests: dict[str, dict[str, Any]]) -> None:
+    import copy
+
+    import kubernetes_validate
+
+    broken = copy.deepcopy(manifests["Deployment"])
+    broken["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGett"] = {"path": "/readyz"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
