@@ -51,6 +51,26 @@ RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && pip wheel --no-deps --wheel-dir /wheels .
 
+# ---- example-upstream: the bundled example MCP server, for deploy/compose/ (built only when asked for) -----
+#   docker build --target example-upstream -t mcpresume-example-upstream .
+# The project with its demo extra (the official MCP SDK, uvicorn); not part of the proxy's image.
+FROM python:3.11-slim AS example-upstream
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PIP_INDEX_URL=${PIP_INDEX_URL}
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && pip install --only-binary=:all: --find-links=/wheels "$(ls /wheels/mcpresume-*.whl)[demo]"
+USER 10001:10001
+EXPOSE 8000
+# --any-host: the SDK's DNS-rebinding check would refuse the Host of a client that is not on loopback; in
+# compose only the proxy reaches this container.
+ENTRYPOINT ["python", "-m", "mcpresume.examples.upstream", "--host", "0.0.0.0", "--port", "8000", "--any-host"]
+
 # ---- final: the wheels installed on a clean slim image, run as a non-root user ---------------------------
 FROM python:3.11-slim
 

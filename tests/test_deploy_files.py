@@ -382,13 +382,14 @@ def test_dockerfile_builds_without_docker_hub_frontends() -> None:
     # A `# syntax=` line makes BuildKit fetch that frontend image from Docker Hub before anything else.
     assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
     froms = [rest.split()[0] for keyword, rest in _instructions() if keyword == "FROM"]
-    assert froms == [
-        "python:3.11-slim",
-        "python:3.11-slim",
-    ]  # the one base deploy/image-smoke.sh stands in for
+    assert set(froms) == {"python:3.11-slim"}  # the one base deploy/image-smoke.sh stands in for
     # The optional CA bundle for TLS-intercepting proxies: a secret on every builder step that downloads.
-    downloads = [rest for keyword, rest in _instructions() if keyword == "RUN" and "pip wheel" in rest]
-    assert downloads and all(rest.startswith("--mount=type=secret,id=pip-ca ") for rest in downloads)
+    downloads = [
+        rest
+        for keyword, rest in _instructions()
+        if keyword == "RUN" and ("pip wheel" in rest or ("pip install" in rest and "--no-index" not in rest))
+    ]
+    assert len(downloads) == 3 and all("--mount=type=secret,id=pip-ca " in rest for rest in downloads)
     assert "--secret id=pip-ca,src=" in text  # documented in the header
 
 
@@ -518,3 +519,103 @@ def test_the_kubernetes_validator_catches_a_typo(manifests: dict[str, dict[str, 
     broken["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGett"] = {"path": "/readyz"}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+# -- compose: one proxy, the example upstream, Prometheus and Grafana --------------------------------------
+
+COMPOSE = ROOT / "deploy" / "compose" / "single.yaml"
+
+
+def _compose() -> list[str]:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    message = "neither docker-compose nor docker compose (Debian: apt-get install docker-compose)"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """The compose file as `docker-compose config` renders it (paths resolved), after it checked it."""
+    done = subprocess.run([*_compose(), "-f", str(COMPOSE), "config"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return cast(dict[str, Any], yaml.safe_load(done.stdout))
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """container path -> host path of a service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume["source"], volume["target"]
+        mounts[target] = Path(source)
+    return mounts
+
+
+def test_compose_runs_the_kit(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"upstream", "mcpresume", "prometheus", "grafana"}
+    # The proxy, built from this Dockerfile, in front of the example upstream (a stage of the same file).
+    proxy, upstream = services["mcpresume"], services["upstream"]
+    assert Path(proxy["build"]["context"]) == ROOT and "target" not in proxy["build"]
+    assert upstream["build"]["target"] == "example-upstream"
+    assert ("FROM", "python:3.11-slim AS example-upstream") in _instructions()
+    assert "--any-host" in " ".join(rest for keyword, rest in _instructions() if keyword == "ENTRYPOINT")
+    assert proxy["environment"]["MCPRESUME_UPSTREAM"] == "http://upstream:8000/mcp"
+    defaults = _settings({})
+    published = {
+        int(port["target"]) if isinstance(port, dict) else int(port.split(":")[-1].split("/")[0])
+        for port in proxy["ports"]
+    }
+    assert published == {defaults.port, defaults.metrics_port}
+    assert not upstream.get("ports")  # reached through the proxy only
+    grace = proxy["stop_grace_period"]
+    assert float(grace.removesuffix("s")) > float(_image_env()["MCPRESUME_DRAIN_TIMEOUT"]) + DRAIN_GRACE
+
+
+def test_compose_prometheus_scrapes_the_proxy_with_the_alert_rules(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    mounts = _mounts(compose["services"]["prometheus"])
+    config_path = mounts["/etc/prometheus/prometheus.yml"]
+    config = yaml.safe_load(config_path.read_text())
+    assert mounts["/etc/prometheus/alerts.yaml"] == ALERTS
+    assert config["rule_files"] == ["alerts.yaml"]  # beside the config, as mounted
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] in _admin_paths()
+    assert job["static_configs"] == [{"targets": [f"mcpresume:{_settings({}).metrics_port}"]}]
+    # promtool on the config and its rules, laid out as in the container
+    for path in (config_path, ALERTS):
+        (tmp_path / path.name).write_text(path.read_text())
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "check", "config", str(tmp_path / config_path.name)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 rule files found" in done.stdout
+
+
+def test_compose_grafana_has_the_dashboard_and_prometheus(compose: dict[str, Any]) -> None:
+    mounts = _mounts(compose["services"]["grafana"])
+    dashboards = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning/dashboards"] / "mcpresume.yaml").read_text()
+    )
+    (provider,) = dashboards["providers"]
+    folder = provider["options"]["path"]
+    assert mounts[f"{folder}/{DASHBOARD.name}"] == DASHBOARD
+    sources = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yaml").read_text()
+    )
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    assert "9090:9090" in " ".join(str(p) for p in compose["services"]["prometheus"]["ports"]) or any(
+        isinstance(p, dict) and p.get("target") == 9090 for p in compose["services"]["prometheus"]["ports"]
+    )
