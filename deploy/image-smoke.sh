@@ -58,7 +58,7 @@ fi
 work=$(mktemp -d /var/tmp/mcpresume-smoke.XXXXXX)
 export DOCKER_HOST="unix://$work/docker.sock"
 container="mcpresume-smoke-$$"
-dockerd_pid= upstream_pid= hold_pid=
+dockerd_pid='' upstream_pid='' hold_pid=''
 
 cleanup() {
     local rc=$?
@@ -163,7 +163,7 @@ say "HEALTHCHECK on MCPRESUME_METRICS_PORT=$admin: healthy"
 
 "$PYTHON" "$here/image_smoke.py" check "http://127.0.0.1:$port/mcp" "http://127.0.0.1:$admin"
 
-uid=$("$DOCKER" exec "$container" awk '/^Uid:/ {print $2}' /proc/1/status)
+uid=$("$DOCKER" exec "$container" grep '^Uid:' /proc/1/status | awk '{print $2}')
 cmdline=$("$DOCKER" exec "$container" cat /proc/1/cmdline | tr '\0' ' ')
 [ "$uid" = 10001 ] || die "PID 1 runs as uid $uid, not 10001"
 case $cmdline in

@@ -619,3 +619,10 @@ def test_compose_grafana_has_the_dashboard_and_prometheus(compose: dict[str, Any
     assert "9090:9090" in " ".join(str(p) for p in compose["services"]["prometheus"]["ports"]) or any(
         isinstance(p, dict) and p.get("target") == 9090 for p in compose["services"]["prometheus"]["ports"]
     )
+
+
+def test_shellcheck_finds_nothing_in_the_ci_scripts() -> None:
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    scripts = [ROOT / "deploy" / "image-smoke.sh", ROOT / ".ci" / "run"]
+    done = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
