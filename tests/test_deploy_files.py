@@ -417,7 +417,8 @@ def test_every_document_says_max_total_window_bytes_bounds_memory(
         SIDECAR,
         ALERTS,
         ROOT / "config" / "mcpresume.toml",
-        ROOT / "README.md",
+        ROOT / "docs" / "how-it-works.md",
+        ROOT / "docs" / "reference.md",
         ROOT / "deploy" / "kubernetes" / "README.md",
     ]
     for path in documents:
@@ -431,7 +432,7 @@ def test_every_document_says_max_total_window_bytes_bounds_memory(
     assert sidecar_settings.max_total_window_bytes + (256 << 20) <= limit
 
 
-def test_the_readme_lists_every_upstream_error_reason_the_code_counts() -> None:
+def test_the_docs_list_every_upstream_error_reason_the_code_counts() -> None:
     source = "\n".join(path.read_text() for path in (ROOT / "mcpresume").rglob("*.py"))
     counted = set(re.findall(r'upstream_errors\.labels\("([a-z_]+)"\)', source))
     # and the reasons of the errors counted by class (ctx.reject counts every upstream error's reason)
@@ -439,7 +440,7 @@ def test_the_readme_lists_every_upstream_error_reason_the_code_counts() -> None:
     assert "stream_dropped" in counted
     (row,) = [
         line
-        for line in (ROOT / "README.md").read_text().splitlines()
+        for line in (ROOT / "docs" / "reference.md").read_text().splitlines()
         if line.startswith("| `mcpresume_upstream_errors_total{reason}`")
     ]
     for reason in counted:
