@@ -238,21 +238,30 @@ async def start_proxy(
     server_log = logging.getLogger("aiohttp.server")
     if _UNPARSABLE not in server_log.filters:
         server_log.addFilter(_UNPARSABLE)
+    # Both listeners are bound before anything starts (the upstream client, the store), so a port in use
+    # fails with one ListenError and nothing to clean up.
+    sock = _listen(settings.host, settings.port, "port")
+    admin_sock = None
+    if settings.metrics_port:
+        try:
+            admin_host = settings.metrics_host or settings.host
+            admin_sock = _listen(admin_host, settings.metrics_port, "metrics_port")
+        except ListenError:
+            sock.close()
+            raise
     await runner.setup()
-    sock = _listen(settings.host, settings.port)
     site = CappedSite(runner, sock, cap)
     await site.start()
     port = sock.getsockname()[1]
     runners = [runner]
     admin_url = None
-    if settings.metrics_port:
+    if admin_sock is not None:
         admin = web.AppRunner(
             build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1),
             access_log=None,
             keepalive_timeout=settings.header_timeout,
         )
         await admin.setup()
-        admin_sock = _listen(settings.metrics_host or settings.host, settings.metrics_port)
         await web.SockSite(admin, admin_sock).start()
         runners.append(admin)
         admin_url = (
@@ -260,16 +269,37 @@ async def start_proxy(
         )
     assert settings.upstream is not None
     path = app[CONTEXT].upstream.mcp_path
+    if unlike_mcp_path(path):
+        log.warning(
+            "upstream path %r does not look like an MCP endpoint (usually /mcp): only requests to exactly "
+            "this path are resumable, every other path is relayed as is; check --upstream",
+            path,
+        )
     url = f"http://{_url_host(settings.host)}:{port}{path}"
     return RunningProxy(url, port, admin_url, app, runners, cap)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def unlike_mcp_path(path: str) -> bool:
+    """Whether an upstream URL's path is probably not an MCP endpoint: its last segment does not name
+    MCP (``/``, ``/sse`` of the older HTTP+SSE transport, ``/api``; ``/mcp``, ``/v1/mcp/`` pass)."""
+    return "mcp" not in path.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+class ListenError(OSError):
+    """A listener could not be bound: the message names the address, the port and the setting."""
+
+
+def _listen(host: str, port: int, setting: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise ListenError(f"cannot listen on {_url_host(host)}:{port} ({setting}): {reason}") from None
     sock.setblocking(False)
     return sock
 

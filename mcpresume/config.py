@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     upstream: str | None = Field(None, description="URL of the upstream MCP endpoint (required for serve)")
     host: str = Field("127.0.0.1", description="address the proxy listens on")
     port: int = Field(8080, ge=0, le=65535, description="port the proxy listens on (0: any free port)")
-    metrics_host: str | None = Field(None, description="address of the admin listener (default: host)")
+    metrics_host: str | None = Field(
+        None, description="address of the admin listener (none: the same as host)"
+    )
     metrics_port: int = Field(9464, ge=0, le=65535, description="admin listener port; 0 disables it")
 
     # -- the window (per session) ------------------------------------------------------------------------

@@ -114,7 +114,7 @@ class Proxy:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
-                response = await passthrough(self.ctx, request, body_stream(request))
+                response = await self._other_path(request)
             elif request.method == "POST":
                 response = await self._mcp_post(request)
             elif request.method == "GET":
@@ -127,6 +127,28 @@ class Proxy:
             response = self.ctx.reject(request, error, None)
         self.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
+
+    async def _other_path(self, request: web.Request) -> web.StreamResponse:
+        """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the
+        client and ``--upstream`` disagree on the path (a typo?): the session it begins is relayed with no
+        resumption at all, so that is logged, once per session (the initialize that begins it)."""
+        accept = request.headers.get("Accept", "")
+        if request.method != "POST" or request.content_type != "application/json" or SSE not in accept:
+            return await passthrough(self.ctx, request, body_stream(request))
+        # An MCP client's POST (it accepts SSE): read whole to look at, with the MCP endpoint's limits.
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
+        try:
+            initialize = parse_client_body(body).is_initialize
+        except ProxyError:
+            initialize = False  # not JSON-RPC: the upstream answers it
+        if initialize:
+            log.warning(
+                "initialize on %s is relayed as is, with no resumption: the MCP endpoint is %s (the path of "
+                "the upstream URL); does the client's URL or --upstream have the wrong path?",
+                request.path[:200],
+                self.upstream.mcp_path,
+            )
+        return await passthrough(self.ctx, request, body)
 
     def _admit(self, request: web.Request) -> None:
         """Checks every request passes before anything is read or forwarded."""
