@@ -11,15 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
 from mcpresume.context import ProxyContext, ended_for_drain
-from mcpresume.errors import BodyTimeout, BodyTooLarge
+from mcpresume.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    ProxyError,
+    UpstreamBadResponse,
+    UpstreamUnreachable,
+)
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
-from mcpresume.upstream import UpstreamAnswer
+from mcpresume.heldget import HeldGet, NotHTTP11
+from mcpresume.upstream import UpstreamAnswer, bad_encoding, undecodable
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -89,22 +97,71 @@ async def passthrough(
     return await relay(ctx, request, upstream, decoded=False)  # the bytes as they came, encoded or not
 
 
+def inflated(upstream: UpstreamAnswer) -> bool:
+    """The upstream compressed this answer though the proxy asked for it as is, and it is read
+    decompressed (``Upstream.request(decoded=True)``, a held GET)."""
+    if isinstance(upstream, HeldGet):
+        return upstream.inflates
+    return upstream.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+
+
+async def read_inflated(upstream: UpstreamAnswer, limit: int) -> bytes:
+    """A decompressed answer whole, at most ``limit`` bytes of it (a few KiB of a gzip bomb expand to
+    GiB). Raises ``UpstreamBadResponse`` beyond, or when it cannot be decoded; ``UpstreamUnreachable``
+    when the connection fails."""
+    body = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():  # bounded chunks: the decoders inflate on demand
+            body += chunk
+            if len(body) > limit:
+                raise UpstreamBadResponse(
+                    f"the upstream's compressed answer expands beyond {limit} bytes", limit=limit
+                )
+    except NotHTTP11 as exc:  # a held GET's: framing broken, or compressed data that cannot be decoded
+        raise UpstreamBadResponse(str(exc)) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        if undecodable(exc):
+            raise bad_encoding(None) from None
+        raise UpstreamUnreachable(f"the upstream's answer failed: {type(exc).__name__}: {exc}") from None
+    return bytes(body)
+
+
 async def relay(
-    ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswer, *, decoded: bool = True
+    ctx: ProxyContext,
+    request: web.Request,
+    upstream: UpstreamAnswer,
+    *,
+    decoded: bool = True,
+    request_id: Any = None,
 ) -> web.StreamResponse:
     """Stream an upstream answer to the client as it arrives, end-to-end headers only. ``decoded``: the
-    body is read uncompressed (``client_headers``); a compressed one's length is then the proxy's framing."""
+    body is read uncompressed (``client_headers``); a compressed one's length is then the proxy's framing.
+    A compressed answer other than SSE is read whole first, up to ``max_event_bytes`` (it is one JSON-RPC
+    message, which an SSE event could carry; no more expands in memory): beyond, the client gets 502
+    ``upstream_bad_response`` (``request_id`` the id in its body)."""
     try:
+        is_sse = upstream.content_type == SSE
+        whole: bytes | None = None
+        if decoded and not is_sse and inflated(upstream):
+            try:
+                whole = await read_inflated(upstream, ctx.settings.max_event_bytes)
+            except ProxyError as error:
+                return ctx.reject(request, error, request_id)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in client_headers(ctx, upstream, decoded=decoded):
             response.headers.add(name, value)
-        is_sse = upstream.content_type == SSE
         if is_sse:
             for name, value in SSE_RESPONSE_HEADERS[1:]:
                 response.headers[name] = value
+        elif whole is not None:
+            response.content_length = len(whole)
         elif upstream.content_length is not None and not (decoded and "Content-Encoding" in upstream.headers):
             response.content_length = upstream.content_length
         await response.prepare(request)
+        if whole is not None:
+            await response.write(whole)
+            await response.write_eof()
+            return response
         if is_sse:
             ctx.metrics.open_streams.inc()
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)

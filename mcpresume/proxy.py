@@ -212,7 +212,7 @@ class Proxy:
                 )
                 view = serve_view if reserved else attach_view  # a reserved view is counted already
                 return await view(self.ctx, request, opened.session_id, plan)
-            return await relay(self.ctx, request, opened)
+            return await relay(self.ctx, request, opened, request_id=message.first_id)
         finally:
             if reserved and session_id is not None:
                 await self.store.detach(session_id, self.ctx.clock())
@@ -666,7 +666,8 @@ class Proxy:
                     if not streams:
                         return web.Response(status=202)
                 else:
-                    return await relay(self.ctx, request, opened)  # an upstream error is the answer
+                    # an upstream error is the answer
+                    return await relay(self.ctx, request, opened, request_id=message.first_id)
                 # This view's reader covers every stream, registered before anything is written, so no
                 # burst of the new stream can be evicted under it; the new stream's first reader then goes.
                 reader = await self.store.add_reader(session_id, streams, decision.after)

@@ -23,7 +23,7 @@ from mcpresume.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
 HAPPY_EYEBALLS: Final = 0.25
 
 
-def _undecodable(exc: BaseException) -> bool:
+def undecodable(exc: BaseException) -> bool:
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, ContentEncodingError):
@@ -32,7 +32,7 @@ def _undecodable(exc: BaseException) -> bool:
     return False
 
 
-def _bad_encoding(encoding: str | None) -> UpstreamBadResponse:
+def bad_encoding(encoding: str | None) -> UpstreamBadResponse:
     named = f" ({encoding[:40]!r})" if encoding else ""
     return UpstreamBadResponse(
         f"the upstream answered in a content encoding{named} the proxy did not ask for and cannot read",
@@ -133,13 +133,13 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
         except (aiohttp.ClientError, OSError) as exc:
-            if _undecodable(exc):  # an encoding aiohttp knows but cannot decode here (br without Brotli)
-                raise _bad_encoding(None) from None
+            if undecodable(exc):  # an encoding aiohttp knows but cannot decode here (br without Brotli)
+                raise bad_encoding(None) from None
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if decoded and encoding not in DECODABLE:
             response.release()
-            raise _bad_encoding(encoding)
+            raise bad_encoding(encoding)
         return response
 
     async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
