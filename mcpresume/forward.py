@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
 from mcpresume.context import ProxyContext, ended_for_drain
@@ -27,7 +27,7 @@ from mcpresume.errors import (
 )
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
 from mcpresume.heldget import HeldGet, NotHTTP11
-from mcpresume.upstream import UpstreamAnswer, bad_encoding, undecodable
+from mcpresume.upstream import UpstreamAnswer, bad_encoding, caused_by
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -55,16 +55,46 @@ def client_headers(
     return rewrite_locations(headers, ctx.upstream.origin_url)
 
 
-def body_stream(request: web.Request) -> AsyncIterator[bytes] | None:
-    """The request body as it arrives (never read whole), or None without one."""
-    if not request.body_exists:
-        return None
+class StreamedBody:
+    """A request body streamed upstream as it arrives (never read whole). All of it must arrive within
+    ``timeout`` seconds of the request, as on the MCP endpoint (``read_body``): a read past that raises
+    ``BodyTimeout``, which fails the upstream request (``Upstream.request`` raises it again: 408). If the
+    upstream's answer already began (``answer``), no 408 can be sent: both connections are cut instead,
+    so neither side takes a part for the whole."""
 
-    async def chunks() -> AsyncIterator[bytes]:
-        async for chunk in request.content.iter_any():
-            yield chunk
+    __slots__ = ("_deadline", "_request", "_timeout", "answer")
 
-    return chunks()
+    def __init__(self, request: web.Request, timeout: float) -> None:
+        self._request = request
+        self._timeout = timeout
+        self._deadline = asyncio.get_running_loop().time() + timeout
+        self.answer: aiohttp.ClientResponse | None = None
+
+    def __aiter__(self) -> StreamedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            async with asyncio.timeout_at(self._deadline):  # per read: never across a yield
+                chunk = await self._request.content.readany()
+        except TimeoutError:
+            request = self._request
+            if self.answer is not None:
+                log.warning(
+                    "%s %s: the request body did not arrive in time; cut", request.method, request.path
+                )
+                if request.transport is not None:
+                    request.transport.abort()
+                self.answer.close()
+            raise BodyTimeout(f"the request body did not arrive within {self._timeout} s") from None
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+
+def body_stream(request: web.Request, timeout: float) -> StreamedBody | None:
+    """The request body as it arrives, within ``timeout`` seconds (``StreamedBody``), or None without one."""
+    return StreamedBody(request, timeout) if request.body_exists else None
 
 
 async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
@@ -84,16 +114,18 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
 
 
 async def passthrough(
-    ctx: ProxyContext, request: web.Request, body: bytes | AsyncIterator[bytes] | None
+    ctx: ProxyContext, request: web.Request, body: bytes | StreamedBody | None
 ) -> web.StreamResponse:
     """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
     headers = upstream_headers(request)
-    if isinstance(body, AsyncIterator) and request.content_length is not None:
+    if isinstance(body, StreamedBody) and request.content_length is not None:
         headers.append(("Content-Length", str(request.content_length)))
     # A GET on the MCP endpoint opens a stream that may never end: the drain's start ends the wait for it.
     stream_get = request.method == "GET" and request.path == ctx.upstream.mcp_path
     with ctx.upstream_wait(standalone=stream_get):
         upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
+    if isinstance(body, StreamedBody):
+        body.answer = upstream
     return await relay(ctx, request, upstream, decoded=False)  # the bytes as they came, encoded or not
 
 
@@ -120,7 +152,7 @@ async def read_inflated(upstream: UpstreamAnswer, limit: int) -> bytes:
     except NotHTTP11 as exc:  # a held GET's: framing broken, or compressed data that cannot be decoded
         raise UpstreamBadResponse(str(exc)) from None
     except (aiohttp.ClientError, OSError) as exc:
-        if undecodable(exc):
+        if caused_by(exc, ContentEncodingError) is not None:
             raise bad_encoding(None) from None
         raise UpstreamUnreachable(f"the upstream's answer failed: {type(exc).__name__}: {exc}") from None
     return bytes(body)

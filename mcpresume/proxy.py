@@ -114,7 +114,9 @@ class Proxy:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
-                response = await passthrough(self.ctx, request, body_stream(request))
+                response = await passthrough(
+                    self.ctx, request, body_stream(request, self.settings.body_timeout)
+                )
             elif request.method == "POST":
                 response = await self._mcp_post(request)
             elif request.method == "GET":
@@ -122,7 +124,9 @@ class Proxy:
             elif request.method == "DELETE":
                 response = await self._mcp_delete(request)
             else:
-                response = await passthrough(self.ctx, request, body_stream(request))
+                response = await passthrough(
+                    self.ctx, request, body_stream(request, self.settings.body_timeout)
+                )
         except ProxyError as error:
             response = self.ctx.reject(request, error, None)
         self.metrics.requests.labels(request.method, str(response.status)).inc()
