@@ -75,7 +75,7 @@ class StreamedBody:
 
     async def __anext__(self) -> bytes:
         try:
-            async with asyncio.timeout_at(self._deadline):  # per read: never across a yield
+            async with asyncio.timeout_at(self._deadline):  # one deadline for the whole body
                 chunk = await self._request.content.readany()
         except TimeoutError:
             request = self._request
