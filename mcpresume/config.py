@@ -85,7 +85,9 @@ class Settings(BaseSettings):
     # -- upstream ----------------------------------------------------------------------------------------
     connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the upstream")
     first_byte_timeout: float = Field(120.0, gt=0, description="seconds to wait for upstream headers")
-    max_event_bytes: int = Field(4 * MiB, ge=1024, description="largest upstream SSE event accepted")
+    max_event_bytes: int = Field(
+        4 * MiB, ge=1024, description="largest upstream SSE event, or compressed non-SSE answer inflated"
+    )
     upstream_resume_attempts: int = Field(
         5, ge=0, description="attempts to resume an upstream stream without progress before giving up"
     )

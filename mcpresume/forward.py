@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
 from mcpresume.context import ProxyContext, ended_for_drain
-from mcpresume.errors import BodyTimeout, BodyTooLarge
+from mcpresume.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    ProxyError,
+    UpstreamBadResponse,
+    UpstreamUnreachable,
+)
 from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
-from mcpresume.upstream import UpstreamAnswer
+from mcpresume.heldget import HeldGet, NotHTTP11
+from mcpresume.upstream import UpstreamAnswer, bad_encoding, caused_by
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -47,16 +55,46 @@ def client_headers(
     return rewrite_locations(headers, ctx.upstream.origin_url)
 
 
-def body_stream(request: web.Request) -> AsyncIterator[bytes] | None:
-    """The request body as it arrives (never read whole), or None without one."""
-    if not request.body_exists:
-        return None
+class StreamedBody:
+    """A request body streamed upstream as it arrives (never read whole). All of it must arrive within
+    ``timeout`` seconds of the request, as on the MCP endpoint (``read_body``): a read past that raises
+    ``BodyTimeout``, which fails the upstream request (``Upstream.request`` raises it again: 408). If the
+    upstream's answer already began (``answer``), no 408 can be sent: both connections are cut instead,
+    so neither side takes a part for the whole."""
 
-    async def chunks() -> AsyncIterator[bytes]:
-        async for chunk in request.content.iter_any():
-            yield chunk
+    __slots__ = ("_deadline", "_request", "_timeout", "answer")
 
-    return chunks()
+    def __init__(self, request: web.Request, timeout: float) -> None:
+        self._request = request
+        self._timeout = timeout
+        self._deadline = asyncio.get_running_loop().time() + timeout
+        self.answer: aiohttp.ClientResponse | None = None
+
+    def __aiter__(self) -> StreamedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            async with asyncio.timeout_at(self._deadline):  # one deadline for the whole body
+                chunk = await self._request.content.readany()
+        except TimeoutError:
+            request = self._request
+            if self.answer is not None:
+                log.warning(
+                    "%s %s: the request body did not arrive in time; cut", request.method, request.path
+                )
+                if request.transport is not None:
+                    request.transport.abort()
+                self.answer.close()
+            raise BodyTimeout(f"the request body did not arrive within {self._timeout} s") from None
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+
+def body_stream(request: web.Request, timeout: float) -> StreamedBody | None:
+    """The request body as it arrives, within ``timeout`` seconds (``StreamedBody``), or None without one."""
+    return StreamedBody(request, timeout) if request.body_exists else None
 
 
 async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
@@ -76,35 +114,86 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
 
 
 async def passthrough(
-    ctx: ProxyContext, request: web.Request, body: bytes | AsyncIterator[bytes] | None
+    ctx: ProxyContext, request: web.Request, body: bytes | StreamedBody | None
 ) -> web.StreamResponse:
     """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
     headers = upstream_headers(request)
-    if isinstance(body, AsyncIterator) and request.content_length is not None:
+    if isinstance(body, StreamedBody) and request.content_length is not None:
         headers.append(("Content-Length", str(request.content_length)))
     # A GET on the MCP endpoint opens a stream that may never end: the drain's start ends the wait for it.
     stream_get = request.method == "GET" and request.path == ctx.upstream.mcp_path
     with ctx.upstream_wait(standalone=stream_get):
         upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
+    if isinstance(body, StreamedBody):
+        body.answer = upstream
     return await relay(ctx, request, upstream, decoded=False)  # the bytes as they came, encoded or not
 
 
+def inflated(upstream: UpstreamAnswer) -> bool:
+    """The upstream compressed this answer though the proxy asked for it as is, and it is read
+    decompressed (``Upstream.request(decoded=True)``, a held GET)."""
+    if isinstance(upstream, HeldGet):
+        return upstream.inflates
+    return upstream.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+
+
+async def read_inflated(upstream: UpstreamAnswer, limit: int) -> bytes:
+    """A decompressed answer whole, at most ``limit`` bytes of it (a few KiB of a gzip bomb expand to
+    GiB). Raises ``UpstreamBadResponse`` beyond, or when it cannot be decoded; ``UpstreamUnreachable``
+    when the connection fails."""
+    body = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():  # bounded chunks: the decoders inflate on demand
+            body += chunk
+            if len(body) > limit:
+                raise UpstreamBadResponse(
+                    f"the upstream's compressed answer expands beyond {limit} bytes", limit=limit
+                )
+    except NotHTTP11 as exc:  # a held GET's: framing broken, or compressed data that cannot be decoded
+        raise UpstreamBadResponse(str(exc)) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        if caused_by(exc, ContentEncodingError) is not None:
+            raise bad_encoding(None) from None
+        raise UpstreamUnreachable(f"the upstream's answer failed: {type(exc).__name__}: {exc}") from None
+    return bytes(body)
+
+
 async def relay(
-    ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswer, *, decoded: bool = True
+    ctx: ProxyContext,
+    request: web.Request,
+    upstream: UpstreamAnswer,
+    *,
+    decoded: bool = True,
+    request_id: Any = None,
 ) -> web.StreamResponse:
     """Stream an upstream answer to the client as it arrives, end-to-end headers only. ``decoded``: the
-    body is read uncompressed (``client_headers``); a compressed one's length is then the proxy's framing."""
+    body is read uncompressed (``client_headers``); a compressed one's length is then the proxy's framing.
+    A compressed answer other than SSE is read whole first, up to ``max_event_bytes`` (it is one JSON-RPC
+    message, which an SSE event could carry; no more expands in memory): beyond, the client gets 502
+    ``upstream_bad_response`` (``request_id`` the id in its body)."""
     try:
+        is_sse = upstream.content_type == SSE
+        whole: bytes | None = None
+        if decoded and not is_sse and inflated(upstream):
+            try:
+                whole = await read_inflated(upstream, ctx.settings.max_event_bytes)
+            except ProxyError as error:
+                return ctx.reject(request, error, request_id)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in client_headers(ctx, upstream, decoded=decoded):
             response.headers.add(name, value)
-        is_sse = upstream.content_type == SSE
         if is_sse:
             for name, value in SSE_RESPONSE_HEADERS[1:]:
                 response.headers[name] = value
+        elif whole is not None:
+            response.content_length = len(whole)
         elif upstream.content_length is not None and not (decoded and "Content-Encoding" in upstream.headers):
             response.content_length = upstream.content_length
         await response.prepare(request)
+        if whole is not None:
+            await response.write(whole)
+            await response.write_eof()
+            return response
         if is_sse:
             ctx.metrics.open_streams.inc()
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)

@@ -10,7 +10,9 @@ pooled client.
 HTTP/1.1, one request per connection (``Connection: close``): the connection ends with its stream. The
 framing (chunked, Content-Length, read until close, 1xx heads before the final one) is h11's, which does no
 I/O; this module moves bytes between h11 and the transport, and stops reading while more than
-``HIGH_WATER`` bytes wait for the reader (the pump), so a slow store pushes back on the upstream.
+``HIGH_WATER`` bytes wait for the reader (the pump), so a slow store pushes back on the upstream. A body
+the upstream compresses anyway is inflated at most ``HIGH_WATER`` bytes ahead of the reader too (the rest
+waits compressed, reading paused), so a gzip bomb never expands in memory faster than it is read.
 
 The body is asked for as a ``StreamReader`` of aiohttp's is (``content.readany()``, ``content.iter_any()``,
 ``release()``), so the pump and the relay read either kind of answer (``upstream.UpstreamAnswer``).
@@ -57,6 +59,8 @@ class HeldGet(asyncio.Protocol):
     __slots__ = (
         "_buffered",
         "_chunks",
+        "_complete",
+        "_compressed",
         "_conn",
         "_decoder",
         "_ended",
@@ -92,8 +96,10 @@ class HeldGet(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._paused = False
-        self._ended = False  # the body is complete (h11 saw its end)
+        self._complete = False  # h11 saw the body's end
+        self._ended = False  # ... and the reader has been given all of it (inflated)
         self._decoder: zlib._Decompress | None = None  # the body came compressed anyway
+        self._compressed = b""  # received, not yet inflated: the reader is HIGH_WATER bytes behind
         self._error: Exception | None = None
         self.status = 0
         self.reason = ""
@@ -123,6 +129,11 @@ class HeldGet(asyncio.Protocol):
     @property
     def content(self) -> HeldGet:
         return self
+
+    @property
+    def inflates(self) -> bool:
+        """The upstream compressed the body anyway: it is read decompressed (its head no longer says so)."""
+        return self._decoder is not None
 
     def readany(self) -> asyncio.Future[bytes]:
         """What arrived since the last call, as a future (a parked reader holds no coroutine frame of ours);
@@ -162,17 +173,11 @@ class HeldGet(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._receive(data)
-        except (h11.RemoteProtocolError, NotHTTP11, zlib.error) as exc:
+        except (h11.RemoteProtocolError, NotHTTP11) as exc:
             if isinstance(exc, h11.RemoteProtocolError):
                 exc = NotHTTP11(f"the upstream's answer is not valid HTTP/1.1: {exc}")
-            elif isinstance(exc, zlib.error):
-                exc = NotHTTP11(f"the upstream's compressed answer cannot be decoded: {exc}")
-            self._fail(exc)
-            if self._transport is not None:
-                self._transport.close()
-        if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
+            self._broken(exc)
+        self._flow()
         self._wake()
 
     def eof_received(self) -> bool:
@@ -182,14 +187,14 @@ class HeldGet(asyncio.Protocol):
         self._transport = None
         if exc is not None:
             self._fail(ConnectionResetError(f"the upstream connection failed: {type(exc).__name__}: {exc}"))
-        elif not self._ended and self._error is None:
-            with contextlib.suppress(h11.RemoteProtocolError, NotHTTP11, zlib.error):
+        elif not self._complete and self._error is None:
+            with contextlib.suppress(h11.RemoteProtocolError, NotHTTP11):
                 self._receive(b"")  # h11 decides: the end of a read-until-close body, or a cut one
         if self._head is not None and not self._head.done():
             self._head.set_exception(
                 ConnectionResetError("the upstream closed the connection before its answer")
             )
-        if not self._ended:
+        if not self._complete:
             self._fail(
                 ConnectionResetError("the upstream closed the connection before the end of its answer")
             )
@@ -204,17 +209,62 @@ class HeldGet(asyncio.Protocol):
         while True:
             event = conn.next_event()
             if isinstance(event, h11.Data):
-                # h11 hands out bytearray slices of its buffer
-                self._take(self._decoder.decompress(event.data) if self._decoder else bytes(event.data))
+                if self._decoder is None:
+                    self._take(bytes(event.data))  # h11 hands out bytearray slices of its buffer
+                else:
+                    self._compressed += event.data  # inflated as the reader takes it (_inflate)
+                    self._inflate()
             elif isinstance(event, h11.Response):
                 self._begin(event)
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                if self._decoder is not None:
-                    self._take(self._decoder.flush())
-                self._ended = self.status != 0  # a close before any head is no end
+                self._complete = self.status != 0  # a close before any head is no end
+                self._inflate()
                 return
             elif not isinstance(event, h11.InformationalResponse):
                 return  # NEED_DATA (or PAUSED, once the answer is complete)
+
+    def _inflate(self) -> None:
+        """Decompress what waits, until ``HIGH_WATER`` bytes wait for the reader (never more: a few KiB of a
+        gzip bomb expand to GiB); the body ends for the reader once all of it is inflated."""
+        decoder = self._decoder
+        if decoder is not None and self._error is None:
+            try:
+                while self._compressed and self._buffered < HIGH_WATER:
+                    data = decoder.decompress(self._compressed, HIGH_WATER - self._buffered)
+                    self._compressed = decoder.unconsumed_tail
+                    if not data:
+                        break
+                    self._take(data)
+                if self._complete and not self._compressed:
+                    self._take(decoder.flush())  # all input consumed: at most a match's few bytes
+            except zlib.error as exc:
+                self._broken(NotHTTP11(f"the upstream's compressed answer cannot be decoded: {exc}"))
+                return
+        self._ended = self._complete and not self._compressed
+
+    def _broken(self, error: NotHTTP11) -> None:
+        """The answer cannot be read on (even one h11 saw complete: its compressed tail is corrupt)."""
+        self._compressed = b""
+        if self._error is None:
+            self._error = error
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        if self._transport is not None:
+            self._transport.close()
+
+    def _flow(self) -> None:
+        """Pause reading while the reader is behind (``HIGH_WATER`` bytes, or input waiting to be inflated);
+        resume once it caught up."""
+        transport = self._transport
+        if transport is None:
+            return
+        behind = self._buffered > HIGH_WATER or bool(self._compressed)
+        if behind and not self._paused:
+            self._paused = True
+            transport.pause_reading()
+        elif not behind and self._paused:
+            self._paused = False
+            transport.resume_reading()
 
     def _take(self, data: bytes) -> None:
         if data:
@@ -244,7 +294,7 @@ class HeldGet(asyncio.Protocol):
             self._head.set_result(None)
 
     def _fail(self, error: Exception) -> None:
-        if self._error is None and not self._ended:
+        if self._error is None and not self._complete:
             self._error = error
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)
@@ -252,13 +302,13 @@ class HeldGet(asyncio.Protocol):
     def _settle(self, future: asyncio.Future[bytes]) -> bool:
         """Give ``future`` what there is: data, the error, or the end (``b""``). False: nothing yet."""
         chunks = self._chunks
+        if not chunks and self._compressed:
+            self._inflate()  # the next HIGH_WATER bytes of a compressed body
         if chunks:
             future.set_result(chunks[0] if len(chunks) == 1 else b"".join(chunks))
             chunks.clear()
             self._buffered = 0
-            if self._paused and self._transport is not None:
-                self._paused = False
-                self._transport.resume_reading()
+            self._flow()
         elif self._error is not None:
             future.set_exception(self._error)
         elif self._ended:

@@ -122,7 +122,9 @@ class Proxy:
             elif request.method == "DELETE":
                 response = await self._mcp_delete(request)
             else:
-                response = await passthrough(self.ctx, request, body_stream(request))
+                response = await passthrough(
+                    self.ctx, request, body_stream(request, self.settings.body_timeout)
+                )
         except ProxyError as error:
             response = self.ctx.reject(request, error, None)
         self.metrics.requests.labels(request.method, str(response.status)).inc()
@@ -134,7 +136,7 @@ class Proxy:
         resumption at all, so that is logged, once per session (the initialize that begins it)."""
         accept = request.headers.get("Accept", "")
         if request.method != "POST" or request.content_type != "application/json" or SSE not in accept:
-            return await passthrough(self.ctx, request, body_stream(request))
+            return await passthrough(self.ctx, request, body_stream(request, self.settings.body_timeout))
         # An MCP client's POST (it accepts SSE): read whole to look at, with the MCP endpoint's limits.
         body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         try:
@@ -234,7 +236,7 @@ class Proxy:
                 )
                 view = serve_view if reserved else attach_view  # a reserved view is counted already
                 return await view(self.ctx, request, opened.session_id, plan)
-            return await relay(self.ctx, request, opened)
+            return await relay(self.ctx, request, opened, request_id=message.first_id)
         finally:
             if reserved and session_id is not None:
                 await self.store.detach(session_id, self.ctx.clock())
@@ -688,7 +690,8 @@ class Proxy:
                     if not streams:
                         return web.Response(status=202)
                 else:
-                    return await relay(self.ctx, request, opened)  # an upstream error is the answer
+                    # an upstream error is the answer
+                    return await relay(self.ctx, request, opened, request_id=message.first_id)
                 # This view's reader covers every stream, registered before anything is written, so no
                 # burst of the new stream can be evicted under it; the new stream's first reader then goes.
                 reader = await self.store.add_reader(session_id, streams, decision.after)

@@ -7,7 +7,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import aiohappyeyeballs
 import aiohttp
@@ -16,23 +16,31 @@ from aiohttp.http_exceptions import ContentEncodingError
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from mcpresume.errors import BadRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.errors import (
+    BadRequest,
+    BodyTimeout,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from mcpresume.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
+E = TypeVar("E", bound=BaseException)
 
 
-def _undecodable(exc: BaseException) -> bool:
+def caused_by(exc: BaseException, kind: type[E]) -> E | None:
+    """The exception of type ``kind`` in ``exc``'s chain of causes (aiohttp wraps what failed)."""
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, ContentEncodingError):
-            return True
+        if isinstance(cause, kind):
+            return cause
         cause = cause.__cause__
-    return False
+    return None
 
 
-def _bad_encoding(encoding: str | None) -> UpstreamBadResponse:
+def bad_encoding(encoding: str | None) -> UpstreamBadResponse:
     named = f" ({encoding[:40]!r})" if encoding else ""
     return UpstreamBadResponse(
         f"the upstream answered in a content encoding{named} the proxy did not ask for and cannot read",
@@ -133,13 +141,16 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
         except (aiohttp.ClientError, OSError) as exc:
-            if _undecodable(exc):  # an encoding aiohttp knows but cannot decode here (br without Brotli)
-                raise _bad_encoding(None) from None
+            if caused_by(exc, ContentEncodingError):  # an encoding aiohttp knows but cannot decode (br)
+                raise bad_encoding(None) from None
+            timed_out = caused_by(exc, BodyTimeout)  # the client's body, streamed upstream, stopped coming
+            if timed_out is not None:
+                raise timed_out from None
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if decoded and encoding not in DECODABLE:
             response.release()
-            raise _bad_encoding(encoding)
+            raise bad_encoding(encoding)
         return response
 
     async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:

@@ -318,6 +318,111 @@ async def test_body_arriving_slower_than_body_timeout_is_408_and_the_proxy_keeps
         await works(http, proxy.url)
 
 
+class FormUpstream:
+    """Paths other than the MCP endpoint (an OAuth token endpoint): ``/token`` reads its body whole, then
+    answers; ``/other`` answers at once. ``started`` and ``ended`` count the requests to ``/token`` that
+    reached it and that ended (read whole, or cut), ``bodies`` the bodies it read to their end."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.ended = 0
+        self.bodies: list[bytes] = []
+
+    def app(self) -> web.Application:
+        return catch_all(self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/early":  # answers before it reads the body, then waits for the body
+            self.started += 1
+            early = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await early.prepare(request)
+            await early.write(b"begun ")
+            try:
+                self.bodies.append(await request.read())
+            finally:
+                self.ended += 1
+            await early.write(b"and done")
+            return early
+        if request.path == "/token":
+            self.started += 1
+            try:
+                self.bodies.append(await request.read())
+            finally:
+                self.ended += 1
+        return web.json_response({"path": request.path})
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_passthrough_body_slower_than_body_timeout_is_408(serve, http, framing: str) -> None:
+    upstream = FormUpstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url, body_timeout=0.5) as proxy:
+        length = (
+            (b"Content-Length", b"100") if framing == "content-length" else (b"Transfer-Encoding", b"chunked")
+        )
+        headers = [(b"Content-Type", b"application/x-www-form-urlencoded"), length]
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+
+        async def trickle() -> None:  # a byte at a time, paced: 100 of them take 5 s, ten times the limit
+            for _ in range(100):
+                writer.write(b"x" if framing == "content-length" else b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+
+        try:
+            writer.write(raw_request("POST", proxy.port, headers, path=b"/token"))
+            trickling = asyncio.ensure_future(trickle())
+            await until(lambda: upstream.started == 1, what="the request reached the upstream")
+            async with http.get(f"http://127.0.0.1:{proxy.port}/other") as other:  # others are served
+                assert other.status == 200
+                assert await other.json() == {"path": "/other"}
+            async with asyncio.timeout(TIMEOUT):
+                status, body = await read_response(reader)
+            trickling.cancel()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        assert status == 408
+        assert raw_error(body)["data"]["reason"] == "body_timeout"
+        await until(lambda: upstream.ended == 1, what="the upstream's request ended")
+        assert upstream.bodies == []  # cut: the upstream never got a whole body
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="408") == 1
+        async with http.post(f"http://127.0.0.1:{proxy.port}/token", data=b"a=1") as token:  # in time
+            assert token.status == 200
+        assert upstream.bodies == [b"a=1"]
+
+
+async def test_a_passthrough_body_too_slow_after_its_answer_began_cuts_the_connection(serve, http) -> None:
+    upstream = FormUpstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url, body_timeout=0.5) as proxy:
+        headers = [(b"Content-Type", b"text/plain"), (b"Content-Length", b"100")]
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+
+        async def trickle() -> None:  # paced: 100 bytes take 5 s, ten times the limit
+            for _ in range(100):
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+
+        try:
+            writer.write(raw_request("POST", proxy.port, headers, path=b"/early"))
+            trickling = asyncio.ensure_future(trickle())
+            async with asyncio.timeout(TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
+                rest = await reader.read()  # until the proxy closes the connection
+            trickling.cancel()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"begun" in rest
+        assert not rest.endswith(b"0\r\n\r\n")  # cut: no last chunk, so the client knows it is not whole
+        assert upstream.bodies == []
+
+
 # -- 3. large bodies -------------------------------------------------------------------------------------
 
 
