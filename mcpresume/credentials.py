@@ -19,7 +19,7 @@ never kept in the clear. ``access`` then decides, for the credentials a request 
 =========================================  ==========  ================================================
 stored digests                             presented   outcome
 =========================================  ==========  ================================================
-none (the session began without one)       anything    ``OPEN``: served, as without this check
+none (the session began without any)       anything    ``OPEN``: served, as without this check
 some                                       one of them ``ALLOW``: served
 some                                       another     ``VERIFY``: ask the upstream first (the shell
                                                        forwards a JSON-RPC ``ping`` in the session with

@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from mcpresume.app import RunningProxy
 from mcpresume.credentials import (
@@ -495,3 +496,57 @@ async def test_a_notification_the_upstream_takes_from_anyone_admits_no_one(http,
             assert response.status == 403  # the ping's answer was an error: refused
             assert SECRET.encode() not in await response.read()
     assert upstream.calls("ping") == ["Bearer intruder"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [("authorization", "Bearer intruder")],  # another casing of the name
+        [("Authorization", "Bearer intruder"), ("Authorization", "Bearer intruder")],  # repeated
+        [("Authorization", "")],
+        [("Proxy-Authorization", "Bearer owner-1")],  # for the proxy: never forwarded, so no credential
+        [("Cookie", "sid=owner-1")],  # the owner's token where this upstream does not read it
+        [("Authorization", "Bearer owner-1, Bearer intruder")],
+    ],
+)
+async def test_header_tricks_get_the_upstreams_refusal(http, proxy, upstream, extra) -> None:
+    owner, _, cursors = await owner_with_a_result(http, proxy)
+    headers = CIMultiDict(owner.as_(None).headers(**{"Last-Event-ID": cursors[0]}))
+    for name, value in extra:
+        headers.add(name, value)
+    async with http.get(proxy.url, headers=headers) as response:
+        assert SECRET.encode() not in await refused(response)
+    assert len(upstream.calls("ping")) == 1
+
+
+async def test_each_refused_request_costs_one_ping_and_no_more(http, proxy, upstream) -> None:
+    """A flood of requests with another token asks the upstream once per request (what forwarding each
+    would cost), concurrently or not; none is forwarded as itself."""
+    owner, request_id, cursors = await owner_with_a_result(http, proxy)
+    intruder = owner.as_("intruder")
+    resend = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {}})
+
+    async def probe(k: int) -> None:
+        if k % 3 == 0:
+            request = http.get(proxy.url, headers=intruder.headers(**{"Last-Event-ID": cursors[k % 4]}))
+        elif k % 3 == 1:
+            request = http.get(proxy.url, headers=intruder.headers())
+        else:
+            request = http.post(proxy.url, data=resend, headers=intruder.headers())
+        async with request as response:
+            await refused(response)
+
+    await asyncio.gather(*(probe(k) for k in range(30)))
+    assert upstream.calls("ping") == ["Bearer intruder"] * 30
+    assert upstream.calls("tools/call") == ["Bearer owner-1"]
+    assert [method for method, _, _ in upstream.seen].count("GET") == 0
+
+
+async def test_another_token_cannot_end_the_session(http, proxy, upstream) -> None:
+    owner, _, cursors = await owner_with_a_result(http, proxy)
+    for intruder in (owner.as_("intruder"), owner.as_(None)):
+        async with http.delete(proxy.url, headers=intruder.headers()) as response:
+            assert response.status == 401  # the upstream's refusal, relayed
+    assert await proxy.ctx.store.has_session(owner.session_id)
+    async with http.get(proxy.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
+        assert SECRET in (await collect(response))[-1].data.decode()
