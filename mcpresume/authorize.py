@@ -29,6 +29,7 @@ from mcpresume.errors import (
     CredentialsRefused,
     ProxyError,
     UnknownSession,
+    UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -135,9 +136,11 @@ async def _verify(
         return
     if status == 404:
         raise UnknownSession("the upstream does not know this session (for these credentials)")
+    if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
+        raise UpstreamBadResponse(f"the upstream answered a ping in the session with {status}", status=status)
     raise CredentialsRefused(
         f"the upstream did not accept these credentials for this session (it answered {status})",
-        status=status if 400 <= status < 600 else 403,
+        status=status if 400 <= status < 500 else 403,
         challenges=challenges,
     )
 

@@ -132,7 +132,7 @@ class SessionAccess:
 
     epoch: str
     credentials: tuple[bytes, ...]  # digests (credentials.py); empty: the session began without any
-    protocol_version: str | None  # the MCP-Protocol-Version its accepted requests carried, if any
+    protocol_version: str | None  # the MCP-Protocol-Version its requests carried, if any (a ping says it)
 
 
 class ClaimOutcome(enum.Enum):

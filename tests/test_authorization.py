@@ -65,6 +65,7 @@ class AuthUpstream:
     hold: asyncio.Event | None = None  # set: mallory's requests wait for it (a slow token check)
     held: asyncio.Event = field(default_factory=asyncio.Event)  # set when one of mallory's is held
     cut: bool = False  # a tool's stream ends after its second event; the rest comes to GET + Last-Event-ID
+    ping_status: int | None = None  # answer every ping with this status (an upstream in trouble)
 
     def app(self) -> web.Application:
         return catch_all(self.handle)
@@ -114,6 +115,8 @@ class AuthUpstream:
             return web.Response(status=200)
         if "id" not in message:
             return web.Response(status=202)
+        if message["method"] == "ping" and self.ping_status is not None:
+            return web.Response(status=self.ping_status, text="try later")
         if message["method"] == "ping":
             answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
             if not self.ping_as_sse:
@@ -550,3 +553,34 @@ async def test_another_token_cannot_end_the_session(http, proxy, upstream) -> No
     assert await proxy.ctx.store.has_session(owner.session_id)
     async with http.get(proxy.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
         assert SECRET in (await collect(response))[-1].data.decode()
+
+
+async def test_credentials_that_are_not_utf8_are_refused_cleanly(http, proxy, upstream) -> None:
+    """Header bytes that are not UTF-8 (obs-text) digest like any other value: refused, no crash."""
+    owner, _, cursors = await owner_with_a_result(http, proxy)
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    try:
+        writer.write(
+            b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+            b"Mcp-Session-Id: " + owner.session_id.encode() + b"\r\n"
+            b"Last-Event-ID: " + cursors[0].encode() + b"\r\n"
+            b"Authorization: Bearer \xff\xfe\x80\r\nConnection: close\r\n\r\n"
+        )
+        answer = await reader.read()
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert SECRET.encode() not in answer
+    assert len(upstream.calls("ping")) == 1
+
+
+async def test_an_upstream_failing_the_ping_is_not_called_a_refusal(http, serve) -> None:
+    """A 5xx to the ping says the upstream is in trouble, not that the credentials are wrong: the client is
+    told so (and not served), rather than sent to re-authorize."""
+    upstream = AuthUpstream(ping_status=503)
+    async with running_proxy(await serve(upstream.app())) as proxy:
+        owner, _, cursors = await owner_with_a_result(http, proxy)
+        refreshed = owner.as_("owner-2")
+        async with http.get(proxy.url, headers=refreshed.headers(**{"Last-Event-ID": cursors[0]})) as r:
+            assert r.status == 502
+            assert (await error_of(r))["data"] == {"reason": "upstream_bad_response", "status": 503}
