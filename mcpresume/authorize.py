@@ -4,7 +4,8 @@
 ``ALLOW``; for ``VERIFY``, a JSON-RPC ``ping`` forwarded in the session with the request's credentials.
 A 2xx answer carrying the ping's result accepts them (remembered, so the next request with them is not
 asked about); anything else is the refusal, with the upstream's status and ``WWW-Authenticate``, and
-nothing of the session in it. A request's credentials are its ``credential_headers`` (settings).
+nothing of the session in it. A request's credentials are its ``credential_headers`` (settings) and its
+query string.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.credentials import (
+    QUERY_FIELD,
     Access,
     PingAnswer,
     access,
@@ -46,19 +48,28 @@ _PING_KEEPS = frozenset(
 )
 
 
-def credentials_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+def credential_headers_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
     """The request's credential headers (``credential_headers``), as they came."""
     return credential_fields(request.headers.items(), ctx.settings.credential_headers)
 
 
+def _presented_fields(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's credential headers and its query string (an API key in the endpoint's URL)."""
+    fields = credential_headers_of(ctx, request)
+    query = request.rel_url.raw_query_string
+    if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too
+        fields += ((QUERY_FIELD, query),)
+    return fields
+
+
 def presented(ctx: ProxyContext, request: web.Request) -> bytes:
     """The digest of the credentials a request carries."""
-    return credential_digest(credentials_of(ctx, request))
+    return credential_digest(_presented_fields(ctx, request))
 
 
 def begins_with(ctx: ProxyContext, request: web.Request) -> bytes | None:
     """What a session that this request begins is bound to: its credentials' digest, None without any."""
-    fields = credentials_of(ctx, request)
+    fields = _presented_fields(ctx, request)
     return credential_digest(fields) if fields else None
 
 

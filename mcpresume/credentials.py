@@ -9,7 +9,8 @@ session id a bearer credential: it serves only requests whose credentials the up
 session.
 
 A request's credentials are the values of the headers that carry them (the ``credential_headers``
-setting: ``Authorization``, ``Cookie`` and ``X-API-Key`` by default), taken together. A session remembers,
+setting: ``Authorization``, ``Cookie`` and ``X-API-Key`` by default) and its query string, taken
+together. A session remembers,
 hashed, the credentials the upstream accepted in it: those of the request that began it, and those a ping
 was answered for (below); the last ``MAX_CREDENTIALS`` of them (tokens are refreshed). Not those of any
 other 2xx answer: an upstream that checks its caller in the JSON-RPC layer answers anyone's notification
@@ -46,6 +47,10 @@ from mcpresume.sse import SSEParser
 # The headers that carry credentials unless configured otherwise: the spec's (``Authorization``), and what
 # upstreams that authenticate otherwise use (a session cookie, an API key header).
 DEFAULT_CREDENTIAL_HEADERS: Final = ("authorization", "cookie", "x-api-key")
+
+# The field a request target's query string counts as, when it has one (hosted servers take API keys in
+# the endpoint's URL). Not a header name: "?" is not a token character (RFC 9110 section 5.6.2).
+QUERY_FIELD: Final = "?"
 
 # Digests a session keeps: a refreshed token is normal, so a few recent ones are accepted; older ones are
 # forgotten (a request with one is verified with the upstream again, not refused).

@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
-from mcpresume.authorize import authorize, begins_with, credentials_of, remember_version, trusted
+from mcpresume.authorize import authorize, begins_with, credential_headers_of, remember_version, trusted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -408,7 +408,7 @@ class Proxy:
         version = request.headers.get(PROTOCOL_VERSION_HEADER)
         if version is not None:
             resume_headers.append((PROTOCOL_VERSION_HEADER, version))
-        resume_headers += credentials_of(self.ctx, request)
+        resume_headers += credential_headers_of(self.ctx, request)
         return PumpJob(
             session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
         )

@@ -58,7 +58,8 @@ class AuthUpstream:
     cut_ids: dict[str, int] = field(default_factory=dict)  # upstream event id -> the request it was cut in
     foreign_status: int = 401  # the answer to a valid token that does not own the session (or 404)
     ping_as_sse: bool = False  # answer a ping as the SDKs' servers do by default: an SSE stream
-    credential: str = "Authorization"  # the header credentials come in (Cookie: sid=<token>; else <token>)
+    # Where credentials come: a header (Cookie: sid=<token>; else <token>), or "?<name>", a query parameter.
+    credential: str = "Authorization"
     # Ownership checked in the JSON-RPC layer: another user's request is answered 200 with an error, and
     # its notification 202 (nothing to answer), as a server whose tools check the caller does.
     in_band: bool = False
@@ -78,6 +79,9 @@ class AuthUpstream:
         return web.Response(status=401, headers={"WWW-Authenticate": CHALLENGE}, text="invalid_token")
 
     def token_of(self, request: web.Request) -> str | None:
+        if self.credential.startswith("?"):  # a query parameter: /mcp?api_key=<token>
+            token = request.query.get(self.credential[1:])
+            return None if token is None else f"Bearer {token}"
         value = request.headers.get(self.credential)
         if value is None or self.credential == "Authorization":
             return value
@@ -584,3 +588,24 @@ async def test_an_upstream_failing_the_ping_is_not_called_a_refusal(http, serve)
         async with http.get(proxy.url, headers=refreshed.headers(**{"Last-Event-ID": cursors[0]})) as r:
             assert r.status == 502
             assert (await error_of(r))["data"] == {"reason": "upstream_bad_response", "status": 503}
+
+
+async def test_credentials_in_the_query_string_are_bound_too(http, serve) -> None:
+    """Hosted MCP servers often take an API key in the endpoint's URL (``/mcp?api_key=...``): the query
+    string counts with the credential headers, so a request at another query (or none) is asked about."""
+    upstream = AuthUpstream(credential="?api_key")
+    async with running_proxy(await serve(upstream.app())) as proxy:
+        owner = Client(http, proxy.url + "?api_key=owner-1", None)
+        await owner.initialize()
+        _, body = owner.tool_call("secret", {})
+        async with http.post(owner.url, data=body, headers=owner.headers()) as response:
+            cursors = [e.id.decode() for e in await collect(response) if e.id]
+        for url in (proxy.url + "?api_key=intruder", proxy.url):
+            async with http.get(url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
+                assert SECRET.encode() not in await refused(response)
+        other = proxy.url + "?x=1&api_key=owner-1"  # another URL with the owner's key: accepted when asked
+        async with http.get(other, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
+            assert SECRET in (await collect(response))[-1].data.decode()
+        async with http.get(owner.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
+            assert SECRET in (await collect(response))[-1].data.decode()  # the owner's own URL: no ping
+    assert upstream.calls("ping") == ["Bearer intruder", None, "Bearer owner-1"]
