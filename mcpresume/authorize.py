@@ -4,14 +4,13 @@
 ``ALLOW``; for ``VERIFY``, a JSON-RPC ``ping`` forwarded in the session with the request's credentials.
 A 2xx answer carrying the ping's result accepts them (remembered, so the next request with them is not
 asked about); anything else is the refusal, with the upstream's status and ``WWW-Authenticate``, and
-nothing of the session in it. ``remember_accepted`` records the credentials of every request of the
-session the upstream answered with a 2xx.
+nothing of the session in it. A request's credentials are its ``credential_headers`` (settings) and its
+query string.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 
@@ -20,17 +19,19 @@ from aiohttp import web
 
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.credentials import (
-    MAX_PING_ANSWER,
+    QUERY_FIELD,
     Access,
+    PingAnswer,
     access,
     credential_digest,
-    ping_accepted,
+    credential_fields,
     ping_body,
 )
 from mcpresume.errors import (
     CredentialsRefused,
     ProxyError,
     UnknownSession,
+    UpstreamBadResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -40,37 +41,43 @@ from mcpresume.session import SessionAccess
 
 log = logging.getLogger("mcpresume.proxy")
 
-_AUTHORIZATION = "Authorization"
-# Of the client's headers, those a ping carries: its credentials, and what the upstream's own checks of
+# Of the client's headers, those a ping carries besides its credentials: what the upstream's own checks of
 # any request read (Origin and Host for DNS rebinding, the X-Forwarded-* this hop adds).
 _PING_KEEPS = frozenset(
-    {
-        "authorization",
-        "origin",
-        "host",
-        "user-agent",
-        "x-forwarded-for",
-        "x-forwarded-proto",
-        "x-forwarded-host",
-    }
+    {"origin", "host", "user-agent", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"}
 )
 
 
-def presented(request: web.Request) -> bytes:
+def credential_headers_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's credential headers (``credential_headers``), as they came."""
+    return credential_fields(request.headers.items(), ctx.settings.credential_headers)
+
+
+def _presented_fields(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's credential headers and its query string (an API key in the endpoint's URL)."""
+    fields = credential_headers_of(ctx, request)
+    query = request.rel_url.raw_query_string
+    if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too
+        fields += ((QUERY_FIELD, query),)
+    return fields
+
+
+def presented(ctx: ProxyContext, request: web.Request) -> bytes:
     """The digest of the credentials a request carries."""
-    return credential_digest(request.headers.getall(_AUTHORIZATION, ()))
+    return credential_digest(_presented_fields(ctx, request))
 
 
-def begins_with(request: web.Request) -> bytes | None:
+def begins_with(ctx: ProxyContext, request: web.Request) -> bytes | None:
     """What a session that this request begins is bound to: its credentials' digest, None without any."""
-    return presented(request) if _AUTHORIZATION in request.headers else None
+    fields = _presented_fields(ctx, request)
+    return credential_digest(fields) if fields else None
 
 
-def trusted(request: web.Request, granted: SessionAccess) -> bool:
+def trusted(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:
     """Whether the request's credentials are ones the upstream accepted in the session (or none are bound):
     only then does an upstream 404 to it end the session for everyone (an upstream may answer 404 to a
     session id of another user)."""
-    return access(granted.credentials, presented(request)) is not Access.VERIFY
+    return access(granted.credentials, presented(ctx, request)) is not Access.VERIFY
 
 
 async def authorize(
@@ -81,7 +88,7 @@ async def authorize(
     request_id: str | int | None = None,
 ) -> web.Response | None:
     """None when the request may be served from the session's window; else the answer refusing it."""
-    digest = presented(request)
+    digest = presented(ctx, request)
     if access(granted.credentials, digest) is not Access.VERIFY:
         return None
     try:
@@ -101,7 +108,8 @@ async def _verify(
 ) -> None:
     """Ask the upstream whether these credentials may use the session; raises the refusal."""
     ping_id = f"mcpresume-ping-{secrets.token_hex(8)}"
-    headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in _PING_KEEPS]
+    keep = _PING_KEEPS.union(ctx.settings.credential_headers)
+    headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]
     headers += [
         ("Content-Type", "application/json"),
         ("Accept", "application/json, text/event-stream"),
@@ -114,50 +122,51 @@ async def _verify(
             "POST", request.path_qs, headers, ping_body(ping_id), decoded=True
         )
     try:
-        status, content_type = upstream.status, upstream.content_type
-        answer = bytearray()
-        if 200 <= status < 300:
-            try:
-                async with asyncio.timeout(ctx.settings.first_byte_timeout):
-                    async for chunk in upstream.content.iter_any():
-                        answer += chunk
-                        if len(answer) > MAX_PING_ANSWER or ping_accepted(
-                            status, content_type, bytes(answer), ping_id
-                        ):
-                            break  # an SSE answer may stay open after its response
-            except TimeoutError:
-                raise UpstreamTimeout(
-                    "the upstream did not answer a ping in the session in time",
-                    timeout=ctx.settings.first_byte_timeout,
-                ) from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise UpstreamUnreachable(
-                    f"the upstream's answer to a ping failed: {type(exc).__name__}"
-                ) from None
+        status = upstream.status
+        answer = PingAnswer(status, upstream.content_type, ping_id)
+        try:
+            async with asyncio.timeout(ctx.settings.first_byte_timeout):
+                while not answer.done:  # a refusal's body is not read
+                    chunk = await upstream.content.readany()
+                    if not chunk:
+                        break
+                    answer.feed(chunk)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                "the upstream did not answer a ping in the session in time",
+                timeout=ctx.settings.first_byte_timeout,
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnreachable(
+                f"the upstream's answer to a ping failed: {type(exc).__name__}"
+            ) from None
         challenges = tuple(upstream.headers.getall("WWW-Authenticate", ()))
     finally:
         upstream.release()
-    if ping_accepted(status, content_type, bytes(answer), ping_id):
+    if answer.end():
         log.info("session %s: the upstream accepted other credentials for it", log_id(session_id))
         await ctx.store.accept_credential(session_id, granted.epoch, digest, granted.protocol_version)
         return
     if status == 404:
         raise UnknownSession("the upstream does not know this session (for these credentials)")
+    if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
+        raise UpstreamBadResponse(f"the upstream answered a ping in the session with {status}", status=status)
     raise CredentialsRefused(
         f"the upstream did not accept these credentials for this session (it answered {status})",
-        status=status if 400 <= status < 600 else 403,
+        status=status if 400 <= status < 500 else 403,
         challenges=challenges,
     )
 
 
-async def remember_accepted(
+async def remember_version(
     ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
 ) -> None:
-    """The upstream answered a request of the session with a 2xx: its credentials are accepted there."""
-    if not granted.credentials:
-        return  # the session began without credentials: nothing is bound
-    digest = presented(request)
+    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried is
+    the one a ping in the session is sent with. Its credentials are not remembered from this (a 2xx is not
+    always acceptance: see credentials.py), only when they are ones accepted there already."""
     version = request.headers.get(PROTOCOL_VERSION_HEADER)
-    if hmac.compare_digest(granted.credentials[-1], digest) and version in (None, granted.protocol_version):
-        return  # the common case: what the session holds already (no store call)
-    await ctx.store.accept_credential(session_id, granted.epoch, digest, version)
+    if version is None or version == granted.protocol_version or not granted.credentials:
+        return  # the common case: what the session holds already (no store call); or no ping is ever sent
+    digest = presented(ctx, request)
+    if access(granted.credentials, digest) is Access.ALLOW:
+        await ctx.store.accept_credential(session_id, granted.epoch, digest, version)

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from mcpresume.credentials import DEFAULT_CREDENTIAL_HEADERS
+
 MiB = 1 << 20
 
 
@@ -81,6 +83,11 @@ class Settings(BaseSettings):
         description="Host values accepted, every path; no port: any port; '*': any (empty: loopback "
         "names when listening on loopback, else any)",
     )
+    credential_headers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_CREDENTIAL_HEADERS),
+        description="request headers that carry credentials; a session is served only to those the "
+        "upstream accepted in it (empty: no check)",
+    )
 
     # -- upstream ----------------------------------------------------------------------------------------
     connect_timeout: float = Field(10.0, gt=0, description="seconds to connect to the upstream")
@@ -102,13 +109,22 @@ class Settings(BaseSettings):
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", "credential_headers", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         # Flags and environment variables give one comma-separated string; TOML gives a list.
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("credential_headers")
+    @classmethod
+    def _header_names(cls, value: list[str]) -> list[str]:
+        names = [name.lower() for name in value]
+        for name in names:
+            if not name or any(c in name for c in ' \t:()<>@,;\\"/[]?={}') or not name.isascii():
+                raise ValueError(f"{name!r} is not a header name")
+        return list(dict.fromkeys(names))  # each once, in the order given
 
     @field_validator("upstream")
     @classmethod

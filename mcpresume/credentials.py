@@ -8,15 +8,19 @@ of the standalone stream) answers without the upstream seeing the request, so it
 session id a bearer credential: it serves only requests whose credentials the upstream accepted for that
 session.
 
-A session remembers, hashed, the ``Authorization`` values the upstream accepted in it (a 2xx answer to a
-request of the session carrying it), the last ``MAX_CREDENTIALS`` of them (tokens are refreshed). A plain
-SHA-256 digest: the same on every replica, so a shared store can hold it, and a token is never kept in the
-clear. ``access`` then decides, for the credentials a request presents:
+A request's credentials are the values of the headers that carry them (the ``credential_headers``
+setting: ``Authorization``, ``Cookie`` and ``X-API-Key`` by default) and its query string, taken
+together. A session remembers,
+hashed, the credentials the upstream accepted in it: those of the request that began it, and those a ping
+was answered for (below); the last ``MAX_CREDENTIALS`` of them (tokens are refreshed). Not those of any
+other 2xx answer: an upstream that checks its caller in the JSON-RPC layer answers anyone's notification
+202. A plain SHA-256 digest: the same on every replica, so a shared store can hold it, and a token is
+never kept in the clear. ``access`` then decides, for the credentials a request presents:
 
 =========================================  ==========  ================================================
 stored digests                             presented   outcome
 =========================================  ==========  ================================================
-none (the session began without one)       anything    ``OPEN``: served, as without this check
+none (the session began without any)       anything    ``OPEN``: served, as without this check
 some                                       one of them ``ALLOW``: served
 some                                       another     ``VERIFY``: ask the upstream first (the shell
                                                        forwards a JSON-RPC ``ping`` in the session with
@@ -40,6 +44,14 @@ import orjson
 from mcpresume.errors import EventTooLarge
 from mcpresume.sse import SSEParser
 
+# The headers that carry credentials unless configured otherwise: the spec's (``Authorization``), and what
+# upstreams that authenticate otherwise use (a session cookie, an API key header).
+DEFAULT_CREDENTIAL_HEADERS: Final = ("authorization", "cookie", "x-api-key")
+
+# The field a request target's query string counts as, when it has one (hosted servers take API keys in
+# the endpoint's URL). Not a header name: "?" is not a token character (RFC 9110 section 5.6.2).
+QUERY_FIELD: Final = "?"
+
 # Digests a session keeps: a refreshed token is normal, so a few recent ones are accepted; older ones are
 # forgotten (a request with one is verified with the upstream again, not refused).
 MAX_CREDENTIALS: Final = 4
@@ -47,8 +59,8 @@ MAX_CREDENTIALS: Final = 4
 # The most of a ping's answer that is read: a ping's result is ``{}``; anything near this is not a ping's.
 MAX_PING_ANSWER: Final = 64 * 1024
 
-# What a request without ``Authorization`` presents (distinct from every header value's digest).
-_NO_AUTHORIZATION: Final = hashlib.sha256(b"mcpresume: no Authorization").digest()
+# What a request without any credential header presents (distinct from the digest of any header's value).
+_NO_CREDENTIALS: Final = hashlib.sha256(b"mcpresume: no credentials").digest()
 
 
 class Access(enum.Enum):
@@ -57,12 +69,22 @@ class Access(enum.Enum):
     VERIFY = "verify"  # other credentials, or none: ask the upstream before serving anything
 
 
-def credential_digest(authorization: Sequence[str]) -> bytes:
-    """The digest of a request's ``Authorization`` values (every one, in order; none is its own value)."""
-    if not authorization:
-        return _NO_AUTHORIZATION
-    joined = "\n".join(authorization).encode("utf-8", "surrogateescape")
-    return hashlib.sha256(b"Authorization: " + joined).digest()
+def credential_fields(
+    headers: Iterable[tuple[str, str]], names: Iterable[str]
+) -> tuple[tuple[str, str], ...]:
+    """The credential headers of a request: (lowercased name, value) for each of ``names`` in that order,
+    each header's values in the order they came."""
+    present = [(name.lower(), value) for name, value in headers]
+    return tuple(field for name in names for field in present if field[0] == name)
+
+
+def credential_digest(fields: Sequence[tuple[str, str]]) -> bytes:
+    """The digest of a request's credentials (``credential_fields``; none is a value of its own). A name
+    holds no ``:`` and a value no line break, so ``name: value`` lines are one unambiguous encoding."""
+    if not fields:
+        return _NO_CREDENTIALS
+    lines = "".join(f"{name}: {value}\n" for name, value in fields)
+    return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).digest()
 
 
 def access(stored: Iterable[bytes], presented: bytes) -> Access:
@@ -92,22 +114,41 @@ def ping_body(ping_id: str) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": ping_id, "method": "ping"})
 
 
-def ping_accepted(status: int, content_type: str, body: bytes, ping_id: str) -> bool:
-    """Whether the upstream's answer to the proxy's ping is a 2xx carrying the ping's JSON-RPC result (as
-    ``application/json``, or as an event of a ``text/event-stream``)."""
-    if not 200 <= status < 300:
-        return False
-    if content_type == "application/json":
-        return _is_result(body, ping_id)
-    if content_type == "text/event-stream":
-        try:
-            parser = SSEParser(MAX_PING_ANSWER)
-            events = [*parser.feed(body)]
-            parser.close()
-        except EventTooLarge:  # not a ping's answer
-            return False
-        return any(_is_result(event.data, ping_id) for event in events if event.data)
-    return False
+class PingAnswer:
+    """The upstream's answer to the proxy's ping, read chunk by chunk: accepted when it is a 2xx carrying
+    the ping's JSON-RPC result (as ``application/json``, or as an event of a ``text/event-stream``)."""
+
+    def __init__(self, status: int, content_type: str, ping_id: str) -> None:
+        self.ping_id = ping_id
+        self.accepted = False
+        self.size = 0
+        self.json = bytearray() if content_type == "application/json" else None
+        self.sse = SSEParser(MAX_PING_ANSWER) if content_type == "text/event-stream" else None
+        # Nothing to read of a refusal, or of an answer that is neither.
+        self.done = not 200 <= status < 300 or (self.json is None and self.sse is None)
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next chunk of the body; True once the rest is not needed: the answer is found (an SSE
+        answer may stay open after it), or more than MAX_PING_ANSWER came without it."""
+        if self.done:
+            return True
+        self.size += len(chunk)
+        if self.json is not None:
+            self.json += chunk
+        elif self.sse is not None:
+            try:
+                self.accepted = any(_is_result(event.data, self.ping_id) for event in self.sse.feed(chunk))
+            except EventTooLarge:
+                self.size = MAX_PING_ANSWER + 1
+        self.done = self.accepted or self.size > MAX_PING_ANSWER
+        return self.done
+
+    def end(self) -> bool:
+        """The body ended, or the rest is not needed: whether the ping was answered."""
+        if self.json is not None and self.size <= MAX_PING_ANSWER:
+            self.accepted = _is_result(bytes(self.json), self.ping_id)
+        self.done = True
+        return self.accepted
 
 
 def _is_result(data: bytes, ping_id: str) -> bool:

@@ -90,7 +90,8 @@ class DuplicateRequest(ProxyError):
 
 class CredentialsRefused(ProxyError):
     """The upstream did not accept the request's credentials for this session (asked with a ``ping``):
-    nothing of the session is served. Its status is the upstream's (401 or 403, as a rule)."""
+    nothing of the session is served. Its status is the upstream's 4xx (401 or 403, as a rule), else 403
+    (a 2xx or 3xx without the ping's result)."""
 
     status = 403
     reason = "credentials_refused"
@@ -212,7 +213,8 @@ class UpstreamTimeout(ProxyError):
 
 
 class UpstreamBadResponse(ProxyError):
-    """502: the upstream answered a JSON-RPC request with a content type the protocol does not allow."""
+    """502: an upstream answer the proxy cannot use: a JSON-RPC request answered with a content type the
+    protocol does not allow, or the proxy's credential ping answered with a server error."""
 
     status = 502
     reason = "upstream_bad_response"

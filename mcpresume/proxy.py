@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
-from mcpresume.authorize import authorize, begins_with, remember_accepted, trusted
+from mcpresume.authorize import authorize, begins_with, credential_headers_of, remember_version, trusted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, parse_cursor
 from mcpresume.errors import (
@@ -215,7 +215,13 @@ class Proxy:
         """Forward a request in a tracked session (``granted``: its access), or an ``initialize``."""
         reserved = False
         if session_id is not None and granted is not None and message.request_keys:
-            refused = await self._claim_and_reserve(request, session_id, message, granted)
+            # Credentials the upstream has not accepted in the session claim nothing in it: not a request id
+            # the owner is about to send, not a view, and a re-sent id is not answered from the window.
+            refused: web.StreamResponse | int | None = await authorize(
+                self.ctx, request, session_id, granted, message.first_id
+            )
+            if refused is None:
+                refused = await self._claim_and_reserve(request, session_id, message, granted)
             if refused is not None:
                 assert not isinstance(refused, int)  # a merge is never asked here
                 return refused
@@ -249,14 +255,13 @@ class Proxy:
         granted: SessionAccess,
         *,
         resume: tuple[int, Sequence[int]] | None = None,
-        verified: bool = False,
     ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
         will get (a request refused for too many views must not run upstream). An answer if refused.
 
-        ``granted``: the session's access: the claim is made in its incarnation only; and unless
-        ``verified`` already, a request id seen before is answered from the window only once the request's
-        credentials are (``authorize``).
+        ``granted``: the session's access: the claim is made in its incarnation only. The caller has
+        authorized the request's credentials (``authorize``): a request id seen before is answered from the
+        window.
 
         ``resume`` (POST + ``Last-Event-ID``: the cursor's seq and the streams it resumes): a re-sent request
         whose stream the client can take from there is not answered here; its stream number is returned for
@@ -268,10 +273,6 @@ class Proxy:
                 error = UnknownSession("session is unknown, deleted or expired; re-initialize")
                 return self.ctx.reject(request, error, message.first_id)
             if claim.outcome is not ClaimOutcome.NEW:
-                if not verified:
-                    refused = await authorize(self.ctx, request, session_id, granted, message.first_id)
-                    if refused is not None:
-                        return refused
                 stream = None
                 if resume is not None and claim.outcome is ClaimOutcome.ATTACH and claim.stream is not None:
                     stream = await self._resumable_duplicate(session_id, claim.stream, *resume)
@@ -388,7 +389,7 @@ class Proxy:
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
-            if granted is not None and trusted(request, granted):
+            if granted is not None and trusted(self.ctx, request, granted):
                 await self._drop_session(session_id, epoch)
             elif keys:
                 await self.store.release(session_id, keys, epoch)
@@ -398,7 +399,7 @@ class Proxy:
                 await self.store.release(session_id, keys, epoch)  # refused: the same id may be sent again
             return upstream
         if session_id is None:
-            epoch = await self._begin_session(sid, begins_with(request))
+            epoch = await self._begin_session(sid, begins_with(self.ctx, request))
             if epoch is None:
                 upstream.release()
                 return TooManySessions(  # untracked, its every request would be 404 unknown_session
@@ -406,7 +407,7 @@ class Proxy:
                     max_sessions=self.settings.max_sessions,
                 )
         elif granted is not None:
-            await remember_accepted(self.ctx, request, sid, granted)
+            await remember_version(self.ctx, request, sid, granted)
         if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
             # Spec: a POST with a request is answered with application/json or text/event-stream.
             content_type = upstream.content_type
@@ -447,10 +448,10 @@ class Proxy:
     ) -> PumpJob:
         # A resume GET speaks for the client: its session, protocol revision and credentials.
         resume_headers = [(SESSION_HEADER, session_id)]
-        for name in (PROTOCOL_VERSION_HEADER, "Authorization"):
-            value = request.headers.get(name)
-            if value is not None:
-                resume_headers.append((name, value))
+        version = request.headers.get(PROTOCOL_VERSION_HEADER)
+        if version is not None:
+            resume_headers.append((PROTOCOL_VERSION_HEADER, version))
+        resume_headers += credential_headers_of(self.ctx, request)
         return PumpJob(
             session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
         )
@@ -617,11 +618,12 @@ class Proxy:
         try:
             with self.ctx.upstream_wait(standalone=True):
                 upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
-            if answer.status == 404 and trusted(request, granted):  # forgotten: the client re-initializes
+            if answer.status == 404 and trusted(self.ctx, request, granted):
+                # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes.
                 await self._drop_session(session_id, granted.epoch)
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
-                await remember_accepted(self.ctx, request, session_id, granted)
+                await remember_version(self.ctx, request, session_id, granted)
                 now = self.ctx.clock()
                 opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), now, granted.epoch)
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
@@ -668,7 +670,7 @@ class Proxy:
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
-            request, session_id, message, granted, resume=(decision.after, followed), verified=True
+            request, session_id, message, granted, resume=(decision.after, followed)
         )
         if isinstance(claimed, web.StreamResponse):
             return claimed
@@ -746,7 +748,8 @@ class Proxy:
             log.info("session %s ends (DELETE)", log_id(session_id))
         elif session_id is not None and upstream.status == 404:
             granted = await self.store.access(session_id)
-            if granted is not None and trusted(request, granted):  # see trusted: not another user's 404
+            # Not another user's 404 (see trusted): credentials accepted in the session.
+            if granted is not None and trusted(self.ctx, request, granted):
                 await self._drop_session(session_id, granted.epoch)
                 log.info("session %s ends (DELETE: the upstream does not know it)", log_id(session_id))
         return await relay(self.ctx, request, upstream)

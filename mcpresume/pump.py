@@ -64,7 +64,7 @@ class PumpJob:
     request_ids: tuple[str | int, ...]  # the requests whose responses complete the stream (none for GET)
     log_id: str  # a short hash of the session id: full session ids never appear in logs
     path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
-    # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and Authorization.
+    # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
     resume_headers: tuple[tuple[str, str], ...] = ()
 
 

@@ -132,7 +132,7 @@ class SessionAccess:
 
     epoch: str
     credentials: tuple[bytes, ...]  # digests (credentials.py); empty: the session began without any
-    protocol_version: str | None  # the MCP-Protocol-Version its accepted requests carried, if any
+    protocol_version: str | None  # the MCP-Protocol-Version its requests carried, if any (a ping says it)
 
 
 class ClaimOutcome(enum.Enum):
@@ -229,9 +229,9 @@ class SessionState:
         # they count against max_streams_per_session as much as live streams do. Kept exact by
         # _remember_request and _forget_request, the only writers of the request map.
         self.in_flight = 0
-        # Digests of the Authorization values the upstream accepted in this session (credentials.py), the
-        # newest last; empty when the session began without one (then nothing is checked). And the
-        # MCP-Protocol-Version its accepted requests carried: what a verifying ping says.
+        # Digests of the credentials the upstream accepted in this session (credentials.py), the newest
+        # last; empty when the session began without any (then nothing is checked). And the
+        # MCP-Protocol-Version its requests carried: what a verifying ping says.
         self.credentials: tuple[bytes, ...] = () if credential is None else (credential,)
         self.protocol_version: str | None = None
 
@@ -555,7 +555,7 @@ class SessionState:
         return SessionAccess(self.epoch, self.credentials, self.protocol_version)
 
     def accept_credential(self, digest: bytes, protocol_version: str | None) -> None:
-        """The upstream accepted a request of this session carrying these credentials (a 2xx answer)."""
+        """The upstream accepted these credentials in this session (``SessionStore.accept_credential``)."""
         if not self.credentials:
             return  # began without credentials: nothing is bound, nothing to remember
         self.credentials = remember(self.credentials, digest)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpresume.config import Settings, load_settings
+from mcpresume.config import Settings, SettingsError, load_settings
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "config" / "mcpresume.toml"
 EXAMPLE_UPSTREAM = "http://127.0.0.1:8000/mcp"
@@ -65,3 +65,12 @@ def test_every_setting_has_a_comment() -> None:
         assert above.startswith("# ") and not re.match(r"^# \w+ = ", above), (
             f"{name}: no description comment directly above it"
         )
+
+
+def test_credential_headers_are_header_names_in_lower_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCPRESUME_CREDENTIAL_HEADERS", "Authorization, X-Tenant-Token,authorization")
+    assert load_settings({}).credential_headers == ["authorization", "x-tenant-token"]
+    assert load_settings({"credential_headers": []}).credential_headers == []
+    for bad in (["Authorization: Bearer"], ["x api key"], [""]):
+        with pytest.raises(SettingsError, match="credential_headers"):
+            load_settings({"credential_headers": bad})

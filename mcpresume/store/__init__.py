@@ -45,8 +45,8 @@ class SessionStore(Protocol):
 
     async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
         """Start tracking a session (a fresh epoch even if the id was seen before); returns the epoch.
-        ``credential``: the digest of the Authorization the upstream accepted for the request that began
-        it (None: it began without one, and no credentials are checked in it). Raises
+        ``credential``: the digest of the credentials of the request that began it (None: it began without
+        any, and no credentials are checked in it). Raises
         ``TooManySessions`` at ``max_sessions``."""
         ...
 
@@ -57,8 +57,9 @@ class SessionStore(Protocol):
     async def accept_credential(
         self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
     ) -> None:
-        """The upstream accepted a request of incarnation ``epoch`` carrying these credentials: remember
-        them (the last few) and the request's MCP-Protocol-Version. Nothing if the epoch is not current."""
+        """The upstream accepted these credentials in incarnation ``epoch`` (it answered a ping with them, or
+        they are accepted there already): remember them (the last few) and ``protocol_version``, the
+        MCP-Protocol-Version a ping in the session carries. Nothing if the epoch is not current."""
         ...
 
     async def has_session(self, session_id: str) -> bool: ...

@@ -193,8 +193,8 @@ class MemoryStore:
     async def accept_credential(
         self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
     ) -> None:
-        session = self._sessions.get(session_id)
-        if session is not None and session.epoch == epoch:
+        session = self._incarnation(session_id, epoch)
+        if session is not None:
             session.accept_credential(digest, protocol_version)
 
     async def has_session(self, session_id: str) -> bool:
