@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Final
 
@@ -87,15 +87,51 @@ _CANONICAL: Final = re.compile(
     rb"(?:id: ([^\n\x00]*)\n)?(?:event: ([^\n]*)\n)?(?:id: ([^\n\x00]*)\n)?data: ([^\n]*)\n\n"
 )
 
-# Runs (see SSERun): whole chunks of canonical message events, each taken by findall() in one C-level pass.
-# Three spellings, from the cheapest: no id line (no groups, so no tuple per event: servers without an event
+# Runs (see SSERun): whole chunks of message events, each taken by findall() in one C-level pass. Three
+# spellings, from the cheapest: no id line (no groups, so no tuple per event: servers without an event
 # store, the streams the proxy exists for); the id line first (the official SDK's order); and the general
-# form, an id line between optional event lines. Groups let the id line be left out of what is forwarded.
+# form, for any other framing servers write (several data lines, as pretty-printed JSON gives; data without
+# the space; comment lines and comment blocks; an id line before, between or after event lines). Groups let
+# the id line be left out of what is forwarded.
+#
+# The general form, line by line (LF endings: CR is normalised first): a message event is any event and
+# comment lines, at most one id line (``id: `` and a value without NUL, as the other spellings: its line is
+# what replays are checked against), more event and comment lines, then data lines, the first one with a
+# value (so the data is not empty: an event with empty data is a priming event, which the line parser
+# handles), then more data, event and comment lines, and the blank line. A block of event and comment lines
+# only (a keep-alive) has no effect on a client: it is matched on its own (group 1) and dropped. Anything
+# else (retry, unknown fields, a line without a colon, an id after the data, two id lines, empty data) is
+# not matched: findall skips it, the matches do not tile the chunk, and the line parser takes it. Every
+# repeat is possessive, so a line is taken whole or not at all and a failed block costs one pass.
+_NOT_DATA: Final = rb"(?:event:|:)[^\n]*+\n"
+_DATA: Final = rb"data:(?: [^\n]|[^ \n])[^\n]*+\n(?:(?:data:|event:|:)[^\n]*+\n)*+\n"
+_ID_LINE: Final = rb"id: [^\n\x00]++\n"
 _RUN_PLAIN: Final = re.compile(rb"(?:event: .*\n)?data: .+\n\n")
 _RUN_ID_FIRST: Final = re.compile(rb"(id: [^\n\x00]+\n)?((?:event: .*\n)?data: .+\n\n)")
-_RUN_ANY: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
-_PLAIN, _ID_FIRST, _ANY = 0, 1, 2
-_ORDERS: Final = ((_PLAIN, _ID_FIRST, _ANY), (_ID_FIRST, _PLAIN, _ANY), (_ANY, _PLAIN, _ID_FIRST))
+_RUN_GENERAL: Final = re.compile(
+    rb"((?:"
+    + _NOT_DATA
+    + rb")*+\n)|((?:"
+    + _NOT_DATA
+    + rb")*+)("
+    + _ID_LINE
+    + rb")?((?:"
+    + _NOT_DATA
+    + rb")*+"
+    + _DATA
+    + rb")"
+)
+_PLAIN, _ID_FIRST, _GENERAL = 0, 1, 2
+_ORDERS: Final = ((_PLAIN, _ID_FIRST, _GENERAL), (_ID_FIRST, _PLAIN, _GENERAL), (_GENERAL, _PLAIN, _ID_FIRST))
+# Where a run of each spelling can start: what an anchored match of the first event must find before a
+# findall over the whole chunk is worth trying (a findall that fails to tile has scanned it all).
+_STARTS: Final = (
+    re.compile(rb"(?:event: .*\n)?data: .+\n\n"),
+    re.compile(rb"(?:id: [^\n\x00]+\n)?(?:event: .*\n)?data: .+\n\n"),
+    re.compile(
+        rb"(?:" + _NOT_DATA + rb")*+(?:\n|(?:" + _ID_LINE + rb")?(?:" + _NOT_DATA + rb")*+" + _DATA + rb")"
+    ),
+)
 # The longest run of events of one spelling from a position: where a chunk that is not all canonical stops
 # being so. Possessive quantifiers: a line is taken whole or not at all, so a failed event costs one pass.
 _PREFIXES: Final = tuple(
@@ -103,12 +139,13 @@ _PREFIXES: Final = tuple(
     for pattern in (
         rb"(?:event: .*+\n)?data: .++\n\n",
         rb"(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
-        rb"(?:event: .*+\n)?(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
+        rb"(?:" + _NOT_DATA + rb")*+(?:\n|(?:" + _ID_LINE + rb")?(?:" + _NOT_DATA + rb")*+" + _DATA + rb")",
     )
 )
 _FIRST: Final = itemgetter(0)
 _SECOND: Final = itemgetter(1)
-_WITHOUT_ID: Final = itemgetter(0, 2, 3)
+_THIRD: Final = itemgetter(2)
+_WITHOUT_ID: Final = itemgetter(1, 3)
 
 
 # Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
@@ -125,13 +162,14 @@ class SSEEvent:
 
 
 class SSERun:
-    """Consecutive message events, each spelled as servers write them (``[event][id][event] data`` lines,
-    one non-empty data line, LF endings), kept as the bytes they arrived in: per event its block without
-    its id line (event lines, data line, blank line), and its id line (b"" if none; ``ids`` is None when no
-    event has one). A client parsing ``id: <cursor>`` then the block gets the upstream's event with our id:
-    that is how the proxy forwards a run (``frame_parts``), with no per-event object."""
+    """Consecutive message events, kept as the bytes they arrived in (LF endings): per event its block
+    without its id line (event, data and comment lines, blank line), and its id line (b"" if none; ``ids``
+    is None when no event has one). ``general``: the blocks are of any spelling the parser accepts in a run
+    (see ``_RUN_GENERAL``), else each is ``[event: X] data: Y`` and the blank line. A client parsing
+    ``id: <cursor>`` then the block gets the upstream's event with our id: that is how the proxy forwards a
+    run (``frame_parts``), with no per-event object."""
 
-    __slots__ = ("_source", "blocks", "ids", "size")
+    __slots__ = ("_source", "blocks", "general", "ids", "size")
 
     def __init__(
         self,
@@ -139,11 +177,14 @@ class SSERun:
         ids: list[bytes] | None,
         size: int,
         source: tuple[bytes, int, int] | None = None,
+        *,
+        general: bool = False,
     ) -> None:
         self.blocks = blocks
         self.ids = ids
         self.size = size  # the bytes of the blocks (what a window keeps: the upstream id lines aside)
         self._source = source  # (chunk, start, end): the run is chunk[start:end]
+        self.general = general
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -152,13 +193,56 @@ class SSERun:
         """Events ``start:stop``."""
         blocks = self.blocks[start:stop]
         ids = None if self.ids is None else self.ids[start:stop]
-        return SSERun(blocks, ids, sum(map(len, blocks)))
+        return SSERun(blocks, ids, sum(map(len, blocks)), general=self.general)
 
     def keep(self, kept: list[int]) -> SSERun:
         """The events at the indexes ``kept`` (in order)."""
         ids = self.ids
         blocks = [self.blocks[i] for i in kept]
-        return SSERun(blocks, None if ids is None else [ids[i] for i in kept], sum(map(len, blocks)))
+        ids = None if ids is None else [ids[i] for i in kept]
+        return SSERun(blocks, ids, sum(map(len, blocks)), general=self.general)
+
+    def _bytes(self) -> tuple[bytes, int, int]:
+        """(buffer, start, end): the run's events as one buffer, each one's blocks ended by a blank line
+        (``\n\n``) and no other: the chunk they came in, or their blocks joined."""
+        if self._source is None:
+            joined = b"".join(self.blocks)
+            return joined, 0, len(joined)
+        return self._source
+
+    def suspects(self, prefix: bytes, markers: Sequence[bytes]) -> list[int]:
+        """The indexes of the events whose data does not start with ``prefix`` and whose bytes (the id
+        line included) hold one of ``markers``, none of which may hold LF: so every event whose data holds
+        one is found, whatever the data's spelling over lines. A few C-level scans for the whole run (each
+        ``find`` goes from the last event found on), then a little work per event found."""
+        chunk, begin, end = self._bytes()
+        found: list[int] = []
+        index = 0
+        pos = begin
+        starts = (b"data: " + prefix, b"data:" + prefix)
+        while pos < end:
+            hits = [hit for hit in (chunk.find(marker, pos, end) for marker in markers) if hit >= 0]
+            if not hits:
+                break
+            hit = min(hits)
+            index += chunk.count(b"\n\n", pos, hit)
+            first = chunk.rfind(b"\n\n", begin, hit)
+            first = begin if first < 0 else first + 2  # where the event starts
+            last = chunk.find(b"\n\n", hit, end) + 2  # where it ends
+            line = first if chunk.startswith(b"data:", first) else chunk.find(b"\ndata:", first, last) + 1
+            if not chunk.startswith(starts, line):
+                found.append(index)
+            index += 1
+            pos = last
+        return found
+
+    def all_data_start_with(self, prefix: bytes) -> bool:
+        """Whether every event's data line starts with ``prefix`` (one count: a plain substring scan;
+        ``prefix`` holds no LF). False for a general run whose data lines are not ``data: `` lines."""
+        chunk, start, end = self._bytes()
+        line = b"\ndata: " + prefix
+        count = chunk.count(line, max(0, start - 1), end) + (start == 0 and chunk.startswith(line[1:]))
+        return count == len(self.blocks)
 
     def first_data_without(self, prefix: bytes) -> int:
         """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
@@ -189,6 +273,11 @@ class SSERun:
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
         ids = self.ids or [b""] * len(self.blocks)
+        if self.general:
+            parser = SSEParser(1 + max(map(len, self.blocks)) + max(map(len, ids)))
+            return [
+                parser._lines(id_line + block)[0] for block, id_line in zip(self.blocks, ids, strict=True)
+            ]
         events = []
         for block, id_line in zip(self.blocks, ids, strict=True):
             lines = block[:-2].split(b"\n")
@@ -215,7 +304,7 @@ def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[
 
 def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | None:
     """``chunk[start:end]`` as a run of events of one spelling, or None if the matches do not tile it (a
-    byte skipped means an event that is not canonical: the matches are then not the events)."""
+    byte skipped means an event that is not of the spelling: the matches are then not the events)."""
     size = end - start
     source = (chunk, start, end)
     if spelling == _PLAIN:
@@ -227,11 +316,19 @@ def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | No
             return None
         ids = list(map(_FIRST, pairs))
         return SSERun(list(map(_SECOND, pairs)), ids, size - sum(map(len, ids)), source)
-    parts = _RUN_ANY.findall(chunk, start, end)
+    parts = _RUN_GENERAL.findall(chunk, start, end)
     if sum(map(len, chain.from_iterable(parts))) != size:
         return None
-    ids = list(map(_SECOND, parts))
-    return SSERun(list(map(b"".join, map(_WITHOUT_ID, parts))), ids, size - sum(map(len, ids)), source)
+    general = list(map(b"".join, map(_WITHOUT_ID, parts)))  # a keep-alive block gives b""
+    id_lines = list(map(_THIRD, parts))
+    if b"" not in general:
+        return SSERun(
+            general, id_lines if any(id_lines) else None, size - sum(map(len, id_lines)), source, general=True
+        )
+    # Keep-alive blocks: dropped, and the chunk is no longer the events' bytes.
+    id_lines = list(compress(id_lines, general))
+    general = list(filter(None, general))
+    return SSERun(general, id_lines if any(id_lines) else None, sum(map(len, general)), general=True)
 
 
 def _parse_retry(value: bytes) -> int | None:
@@ -413,23 +510,27 @@ class SSEParser:
                 pos = self._run(chunk, pos, events)
 
     def _run(self, chunk: bytes, pos: int, events: list[SSEEvent | SSERun]) -> int:
-        """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are canonical
-        message events within the size limit, else the canonical ones before the first other; returns
-        where the caller goes on (``pos`` if nothing was taken). The spelling that matched last time is
-        tried first: a stream writes every event the same way."""
+        """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are message events
+        of one spelling within the size limit, else those before the first other; returns where the caller
+        goes on (``pos`` if nothing was taken). The spelling that matched last time is tried first (a
+        stream writes every event the same way); another one only if its first event is there (one
+        anchored match), so a chunk costs one findall, two at a change of spelling."""
         end = chunk.rfind(b"\n\n") + 2
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
             return pos
-        for spelling in _ORDERS[self._spelling]:
+        order = _ORDERS[self._spelling]
+        for spelling in order:
+            if spelling != order[0] and _STARTS[spelling].match(chunk, pos, end) is None:
+                continue
             run = _match_run(spelling, chunk, pos, end)
             if run is not None:
                 self._spelling = spelling
                 break
         else:
-            # Not all canonical: take the canonical events up to the first other one, if any. A wrong
+            # Not all of one spelling: take the events up to the first other one, if any. A wrong
             # spelling fails at the first event, so trying each costs little.
-            for spelling in _ORDERS[self._spelling]:
+            for spelling in order:
                 found = _PREFIXES[spelling].match(chunk, pos, end)
                 if found is not None:
                     break
@@ -441,13 +542,15 @@ class SSEParser:
             if run is None:  # cannot happen (the prefix is made of such events); stay on the safe side
                 return pos
             self._spelling = spelling
-        # Each event's size as the line parser counts it is its bytes less the blank line's LF.
-        if (
-            size - 1 > self._max
-            and max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
+        # Each event's size as the line parser counts it is at most its bytes less the blank line's LF
+        # (comment lines, kept in a general block, count less). A general run over the limit in all is
+        # left to the line parser: its keep-alive blocks are not among the blocks to measure.
+        if size - 1 > self._max and (
+            run.general or max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
         ):
             return pos
-        events.append(run)
+        if run.blocks:  # else keep-alive blocks only: nothing for a client
+            events.append(run)
         return end
 
     def _lines(self, chunk: bytes) -> list[SSEEvent]:
