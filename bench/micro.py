@@ -37,9 +37,10 @@ EVENTS = 200_000  # per measure (--events to change)
 CHUNK = 64 * 1024
 
 
-def upstream_events(framing: Framing, size: int = 256, events: int = EVENTS) -> list[bytes]:
+def upstream_events(framing: Framing, size: int = 256, events: int | None = None) -> list[bytes]:
     """``events`` progress events of ``size`` bytes each, as the benchmark's upstream writes them in
     ``framing`` (with ids, each event's own)."""
+    events = EVENTS if events is None else events
     per_write = 256
     out: list[bytes] = []
     for write in range(0, events, per_write):

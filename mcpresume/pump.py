@@ -33,6 +33,7 @@ from mcpresume.errors import SERVER_ERROR, BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.jsonrpc import (
     NOTIFICATION_PREFIX,
+    NOTIFICATION_PREFIXES,
     RESPONSE_MARKERS,
     error_response,
     request_key,
@@ -40,7 +41,7 @@ from mcpresume.jsonrpc import (
 )
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
+from mcpresume.sse import SSEEvent, SSEParser, SSERun, event_start_needles, frame_body
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.window import EventKind
@@ -61,6 +62,8 @@ _REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
+# Where an event starts whose data starts like a notification, in a run's bytes (SSERun.all_start_with).
+_NOTIFICATION_STARTS: Final = event_start_needles(NOTIFICATION_PREFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,7 @@ class Pump:
         # resume) never need them.
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
+        self._spelling = 0  # of _NOTIFICATION_STARTS, the one counted first (see _suspects)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response
@@ -248,7 +252,11 @@ class Pump:
         stream), those as single events: the events whose data does not start like a notification and
         holds a member name a response must have (``jsonrpc.RESPONSE_MARKERS``; ``response_key`` parses
         no other). A few C-level scans, no call per event."""
-        if not self.pending or run.all_data_start_with(NOTIFICATION_PREFIX):
+        if not self.pending:
+            return [run]
+        spelling = run.all_start_with(_NOTIFICATION_STARTS, self._spelling)
+        if spelling is not None:  # every event starts like a notification: none is a response
+            self._spelling = spelling
             return [run]
         suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
         if not suspects:

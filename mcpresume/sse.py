@@ -63,6 +63,7 @@ __all__ = [
     "encode_comment",
     "encode_frame",
     "encode_retry",
+    "event_start_needles",
     "frame_body",
     "frame_parts",
     "priming_block",
@@ -236,13 +237,29 @@ class SSERun:
             pos = last
         return found
 
-    def all_data_start_with(self, prefix: bytes) -> bool:
-        """Whether every event's data line starts with ``prefix`` (one count: a plain substring scan;
-        ``prefix`` holds no LF). False for a general run whose data lines are not ``data: `` lines."""
-        chunk, start, end = self._bytes()
-        line = b"\ndata: " + prefix
-        count = chunk.count(line, max(0, start - 1), end) + (start == 0 and chunk.startswith(line[1:]))
-        return count == len(self.blocks)
+    def all_start_with(self, needles: Sequence[bytes], first: int = 0) -> int | None:
+        """Whether every event starts with one of ``needles``: if so the index of the needle counted last
+        (the one to count first next time), else None. ``needles`` are made by ``event_start_needles``:
+        each begins with the blank line before an event, so it occurs at most once per event, and none
+        can occur where another does. ``needles[first]`` is counted first: usually one C-level count. The
+        events' blocks are counted as joined (id lines aside), or as the chunk they came in when that is
+        the same bytes."""
+        blocks = self.blocks
+        if self._source is not None and self.ids is None:
+            chunk, start, end = self._source
+            if start < 2 or chunk[start - 2 : start] != b"\n\n":
+                chunk, start, end = b"\n\n" + chunk[start:end], 0, end - start + 2
+            else:
+                start -= 2
+        else:
+            chunk = b"\n\n" + b"".join(blocks)
+            start, end = 0, len(chunk)
+        total = 0
+        for k in (first, *(i for i in range(len(needles)) if i != first)):
+            total += chunk.count(needles[k], start, end)
+            if total == len(blocks):
+                return k
+        return None
 
     def first_data_without(self, prefix: bytes) -> int:
         """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
@@ -291,6 +308,18 @@ class SSERun:
             if id_line:
                 return id_line[4:-1]
         return None
+
+
+def event_start_needles(prefixes: Sequence[bytes]) -> tuple[bytes, ...]:
+    """For ``SSERun.all_start_with``: what the bytes of a run hold where an event starts whose data starts
+    with one of ``prefixes`` (none may end in LF), spelled with ``data: `` lines, with or without an
+    ``event: message`` line before them. Each needle begins with the blank line that ends the event
+    before (a run is counted with one in front), so it is found at an event's start only."""
+    needles = []
+    for lead in (b"", b"event: message\n"):
+        for prefix in prefixes:
+            needles.append(b"\n\n" + lead + b"data: " + prefix.replace(b"\n", b"\ndata: "))
+    return tuple(needles)
 
 
 def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[bytes]:
