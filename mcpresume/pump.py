@@ -41,7 +41,7 @@ from mcpresume.jsonrpc import (
 )
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEEvent, SSEParser, SSERun, event_start_needles, frame_body
+from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.window import EventKind
@@ -62,8 +62,6 @@ _REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
-# Where an event starts whose data starts like a notification, in a run's bytes (SSERun.all_start_with).
-_NOTIFICATION_STARTS: Final = event_start_needles(NOTIFICATION_PREFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +177,7 @@ class Pump:
         # resume) never need them.
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
-        self._spelling = 0  # of _NOTIFICATION_STARTS, the one counted first (see _suspects)
+        self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response
@@ -254,7 +252,7 @@ class Pump:
         no other). A few C-level scans, no call per event."""
         if not self.pending:
             return [run]
-        spelling = run.all_start_with(_NOTIFICATION_STARTS, self._spelling)
+        spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
         if spelling is not None:  # every event starts like a notification: none is a response
             self._spelling = spelling
             return [run]

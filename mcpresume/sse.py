@@ -48,6 +48,7 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,7 +66,6 @@ __all__ = [
     "encode_comment",
     "encode_frame",
     "encode_retry",
-    "event_start_needles",
     "frame_body",
     "frame_parts",
     "priming_block",
@@ -110,8 +110,11 @@ _CANONICAL: Final = re.compile(
 _NOT_DATA: Final = rb"(?:event:|:)[^\n]*+\n"
 _DATA: Final = rb"data:(?: [^\n]|[^ \n])[^\n]*+\n(?:(?:data:|event:|:)[^\n]*+\n)*+\n"
 _ID_LINE: Final = rb"id: [^\n\x00]++\n"
-_RUN_PLAIN: Final = re.compile(rb"(?:event: .*\n)?data: .+\n\n")
-_RUN_ID_FIRST: Final = re.compile(rb"(id: [^\n\x00]+\n)?((?:event: .*\n)?data: .+\n\n)")
+# Possessive repeats of "." (any byte but LF) are the cheapest loop the regex engine has: the id line's is
+# one too, and a chunk holding a NUL anywhere (which an id must not hold) takes the strict form instead.
+_RUN_PLAIN: Final = re.compile(rb"(?:event: .*+\n)?data: .++\n\n")
+_RUN_ID_FIRST: Final = re.compile(rb"(id: .++\n)?((?:event: .*+\n)?data: .++\n\n)")
+_RUN_ID_FIRST_NO_NUL: Final = re.compile(rb"(id: [^\n\x00]++\n)?((?:event: .*+\n)?data: .++\n\n)")
 _RUN_GENERAL: Final = re.compile(
     rb"((?:"
     + _NOT_DATA
@@ -240,23 +243,31 @@ class SSERun:
             pos = last
         return found
 
-    def all_start_with(self, needles: Sequence[bytes], first: int = 0) -> int | None:
-        """Whether every event starts with one of ``needles``: if so the index of the needle counted last
-        (the one to count first next time), else None. ``needles`` are made by ``event_start_needles``:
-        each begins with the blank line before an event, so it occurs at most once per event, and none
-        can occur where another does. ``needles[first]`` is counted first: usually one C-level count. The
-        events' blocks are counted as joined (id lines aside), or as the chunk they came in when that is
-        the same bytes."""
+    def all_start_with(self, prefixes: tuple[bytes, ...], first: int = 0) -> int | None:
+        """Whether every event's data starts with one of ``prefixes`` (spelled over ``data: `` lines; the
+        needles of ``_data_needles``): if so the index of the prefix counted last (the one to count first
+        next time), else None. ``prefixes[first]`` is counted first: usually one C-level count. Sound
+        because each needle occurs at most once per event, and none where another does: in a run of one
+        data line per event, a needle is a data line's start; in a general run, it begins with the blank
+        line before an event (the run is counted with one in front), and the id lines are left out."""
         blocks = self.blocks
-        if self._source is not None and self.ids is None:
+        if not self.general:
+            chunk, start, end = self._bytes()
+            needles = _data_needles(prefixes, False)
+            start = max(0, start - 1)  # the LF before the run's first line, if the chunk has it
+            if not start and not chunk.startswith(b"\n"):
+                chunk, end = b"\n" + chunk[:end], end + 1
+        elif self._source is not None and self.ids is None:
             chunk, start, end = self._source
-            if start < 2 or chunk[start - 2 : start] != b"\n\n":
-                chunk, start, end = b"\n\n" + chunk[start:end], 0, end - start + 2
-            else:
+            needles = _data_needles(prefixes, True)
+            if start >= 2 and chunk[start - 2 : start] == b"\n\n":
                 start -= 2
+            else:
+                chunk, start, end = b"\n\n" + chunk[start:end], 0, end - start + 2
         else:
             chunk = b"\n\n" + b"".join(blocks)
             start, end = 0, len(chunk)
+            needles = _data_needles(prefixes, True)
         total = 0
         for k in (first, *(i for i in range(len(needles)) if i != first)):
             total += chunk.count(needles[k], start, end)
@@ -313,16 +324,16 @@ class SSERun:
         return None
 
 
-def event_start_needles(prefixes: Sequence[bytes]) -> tuple[bytes, ...]:
-    """For ``SSERun.all_start_with``: what the bytes of a run hold where an event starts whose data starts
-    with one of ``prefixes`` (none may end in LF), spelled with ``data: `` lines, with or without an
-    ``event: message`` line before them. Each needle begins with the blank line that ends the event
-    before (a run is counted with one in front), so it is found at an event's start only."""
-    needles = []
-    for lead in (b"", b"event: message\n"):
-        for prefix in prefixes:
-            needles.append(b"\n\n" + lead + b"data: " + prefix.replace(b"\n", b"\ndata: "))
-    return tuple(needles)
+@functools.cache
+def _data_needles(prefixes: tuple[bytes, ...], at_event_start: bool) -> tuple[bytes, ...]:
+    """For ``SSERun.all_start_with``: what the bytes of a run hold where an event's data starts with one of
+    ``prefixes`` (an LF in a prefix is a new ``data: `` line): per prefix, its first data line after an LF
+    (a run of one data line per event: each prefix holding no LF; the others can never be found), or, at
+    an event's start (the blank line before it, then nothing or ``event: message``), its data lines."""
+    spelled = [b"data: " + prefix.replace(b"\n", b"\ndata: ") for prefix in prefixes]
+    if not at_event_start:
+        return tuple(b"\n" + line if b"\n" not in line else b"\n\x00" for line in spelled)
+    return tuple(b"\n\n" + lead + line for lead in (b"", b"event: message\n") for line in spelled)
 
 
 def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[bytes]:
@@ -343,7 +354,8 @@ def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | No
         blocks = _RUN_PLAIN.findall(chunk, start, end)
         return SSERun(blocks, None, size, source) if sum(map(len, blocks)) == size else None
     if spelling == _ID_FIRST:
-        pairs = _RUN_ID_FIRST.findall(chunk, start, end)
+        pattern = _RUN_ID_FIRST if chunk.find(b"\x00", start, end) < 0 else _RUN_ID_FIRST_NO_NUL
+        pairs = pattern.findall(chunk, start, end)
         if sum(map(len, chain.from_iterable(pairs))) != size:
             return None
         ids = list(map(_FIRST, pairs))
