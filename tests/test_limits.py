@@ -678,7 +678,7 @@ async def test_an_append_over_the_total_cap_costs_what_it_trims_not_a_pass_over_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """10,000 idle sessions, then one session's appends go over the cap: each append trims a few idle
-    windows, and looks at about that many sessions (it sorted all of them on every append)."""
+    windows, and looks at about that many sessions (it sorted all of them on every append over the cap)."""
     idle = 10_000
     store = MemoryStore(
         WindowLimits(10_000, 1 << 20, 1e9),
@@ -713,7 +713,10 @@ async def test_an_append_over_the_total_cap_costs_what_it_trims_not_a_pass_over_
         per_append.append(looked_at)
         assert (await store.stats()).window_bytes <= store.max_total_bytes
     assert await _held(store, "busy", opened.number) == primed + 40 * len(item.body)  # idle ones trimmed
-    assert max(per_append) < 200, per_append  # a 700-byte event trims about 90 priming events of 8 bytes
+    # The first append over the cap orders the sessions once; each later one looks at about the sessions
+    # it trims (a 700-byte event, about 90 priming events of 8 bytes), not at every session.
+    assert max(per_append) <= idle + 1, per_append  # once: every session held
+    assert sorted(per_append)[-2] < 200, per_append
 
 
 # -- 12. overflow: evict or pause, and undelivered evictions ---------------------------------------------

@@ -7,7 +7,10 @@ Besides each session's own window, the store keeps the total bytes held by all w
 ``max_total_bytes``: over it, the windows of idle sessions (no client attached), least recently active
 first, are trimmed, then those of active sessions. The running total is kept up to date on every change, so
 the check costs nothing when under the cap; over it, the sessions to trim come off a heap (``_TrimOrder``),
-so an append costs what it trims, never a pass over every session.
+so an append costs what it trims, never a pass over every session. The heap is built the first time the
+total goes over the cap (one pass) and dropped when it falls under half the cap, so it costs no memory
+per session while the windows are far from the cap, and a rebuild comes after at least half the cap was
+appended.
 """
 
 from __future__ import annotations
@@ -106,10 +109,17 @@ class _TrimOrder:
     is rebuilt when stale entries outnumber the sessions, so it stays within about twice their number and
     each push costs O(log n) amortized."""
 
-    def __init__(self) -> None:
+    def __init__(self, sessions: dict[str, SessionState]) -> None:
+        """The sessions of ``sessions`` that hold window bytes."""
         self._heap: list[tuple[bool, float, int, str]] = []
         self._latest: dict[str, int] = {}  # session id -> the tie-breaker of its current entry
         self._ticket = itertools.count()
+        for session in sessions.values():
+            if session.window.bytes:
+                ticket = next(self._ticket)
+                self._latest[session.session_id] = ticket
+                self._heap.append((not session.idle(), session.last_active, ticket, session.session_id))
+        heapq.heapify(self._heap)
 
     def push(self, session: SessionState) -> None:
         ticket = next(self._ticket)
@@ -162,7 +172,7 @@ class MemoryStore:
         self.max_total_bytes = max_total_bytes
         self._sessions: dict[str, SessionState] = {}
         self._total_bytes = 0
-        self._trim_order = _TrimOrder()  # kept only under a cap
+        self._trim_order: _TrimOrder | None = None  # while the total is near the cap (see the module doc)
         self._changed = Parking()  # views waiting for a session's next change
         self._readers_moved = Parking()  # pumps waiting for a reader to move (flow control)
 
@@ -190,23 +200,29 @@ class MemoryStore:
         result = change(session)
         after = session.window.bytes
         self._total_bytes += after - before
-        if after and self.max_total_bytes is not None and not self._trim_order.holds(session.session_id):
-            self._trim_order.push(session)
+        order = self._trim_order
+        if after and order is not None and not order.holds(session.session_id):
+            order.push(session)
         return result
 
     def _moved(self, session: SessionState) -> None:
         """The session's place in the trim order may have changed (idle or not, last activity)."""
-        if self.max_total_bytes is not None and session.window.bytes:
-            self._trim_order.push(session)
-            self._trim_order.compact(self._sessions)
+        order = self._trim_order
+        if order is not None and session.window.bytes:
+            order.push(session)
+            order.compact(self._sessions)
 
     def _enforce_total(self) -> Evicted:
         evicted = Evicted()
         cap = self.max_total_bytes
         if cap is None or self._total_bytes <= cap:
+            if self._trim_order is not None and (cap is None or self._total_bytes < cap // 2):
+                self._trim_order = None  # far from the cap again: no memory per session for it
             return evicted
         # Idle sessions first, least recently active first; then the active ones, in the same order.
         order = self._trim_order
+        if order is None:
+            order = self._trim_order = _TrimOrder(self._sessions)
         while self._total_bytes > cap:
             session = order.pop(self._sessions)
             if session is None:
@@ -225,7 +241,8 @@ class MemoryStore:
 
     def _drop(self, session_id: str) -> bool:
         session = self._sessions.pop(session_id, None)
-        self._trim_order.forget(session_id)
+        if self._trim_order is not None:
+            self._trim_order.forget(session_id)
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._notify(session_id)
