@@ -129,6 +129,8 @@ _RUN_GENERAL: Final = re.compile(
     + rb")"
 )
 _PLAIN, _ID_FIRST, _GENERAL = 0, 1, 2
+# A keep-alive block (comment lines only) where an event starts: what _without_keepalives takes out.
+_KEEPALIVE: Final = re.compile(rb"\n\n(?::[^\n]*+\n)++\n")
 _ORDERS: Final = ((_PLAIN, _ID_FIRST, _GENERAL), (_ID_FIRST, _PLAIN, _GENERAL), (_GENERAL, _PLAIN, _ID_FIRST))
 # Where a run of each spelling can start: what an anchored match of the first event must find before a
 # findall over the whole chunk is worth trying (a findall that fails to tile has scanned it all).
@@ -269,6 +271,8 @@ class SSERun:
             start, end = 0, len(chunk)
             needles = _data_needles(prefixes, True)
         total = 0
+        if first >= len(needles):  # a hint from a run of the other kind
+            first = 0
         for k in (first, *(i for i in range(len(needles)) if i != first)):
             total += chunk.count(needles[k], start, end)
             if total == len(blocks):
@@ -401,6 +405,7 @@ class SSEParser:
         "_has_data",
         "_head",
         "_id",
+        "_keepalives",
         "_max",
         "_partial",
         "_partial_len",
@@ -428,6 +433,7 @@ class SSEParser:
         self._retry: int | None = None
         self._state = _OPEN
         self._spelling = _PLAIN  # of the last run: tried first
+        self._keepalives = False  # the last general run held keep-alive blocks
 
     @property
     def buffered(self) -> int:
@@ -571,6 +577,10 @@ class SSEParser:
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
             return pos
+        if self._keepalives:
+            taken = self._without_keepalives(chunk, pos, end, events)
+            if taken:
+                return end
         order = _ORDERS[self._spelling]
         for spelling in order:
             if spelling != order[0] and _STARTS[spelling].match(chunk, pos, end) is None:
@@ -601,9 +611,32 @@ class SSEParser:
             run.general or max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
         ):
             return pos
+        if run.general and run._source is None:
+            self._keepalives = True  # it held keep-alive blocks: take them out first next time
         if run.blocks:  # else keep-alive blocks only: nothing for a client
             events.append(run)
         return end
+
+    def _without_keepalives(self, chunk: bytes, pos: int, end: int, events: list[SSEEvent | SSERun]) -> bool:
+        """For a stream that sends keep-alive blocks (comment lines only) between its events: take them out
+        of ``chunk[pos:end]`` (one substitution, anchored at event starts, so a comment line inside an
+        event stays) and read the rest as a run of one spelling, which costs a third of the general
+        spelling's match per keep-alive block. False (nothing taken, and not tried again until a general
+        run holds keep-alive blocks again) if the rest is not such a run within the size limit."""
+        region = _KEEPALIVE.sub(b"\n\n", b"\n\n" + chunk[pos:end])[2:]
+        if len(region) - 1 > self._max:  # the line parser decides what is too large
+            self._keepalives = False
+            return False
+        for spelling in _ORDERS[_PLAIN if self._spelling == _GENERAL else self._spelling]:
+            if _STARTS[spelling].match(region) is None:
+                continue
+            run = _match_run(spelling, region, 0, len(region))
+            if run is not None:
+                if run.blocks:
+                    events.append(run)
+                return True
+        self._keepalives = False
+        return False
 
     def _lines(self, chunk: bytes) -> list[SSEEvent]:
         """The line-by-line parser (WHATWG "Interpreting an event stream"), on LF-only text."""

@@ -117,3 +117,15 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
     (run,) = appended
     assert asked == [(2, sum(map(len, run.blocks)))]
     assert sum(map(len, run.blocks)) == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
+
+
+def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response() -> None:
+    """The pump remembers which notification spelling matched last; a multi-line (general) run's needles
+    outnumber a one-line run's, and the hint from one must not break the other (it raised IndexError)."""
+    pump = make_pump()
+    pretty = b'event: message\ndata: {\ndata:   "jsonrpc": "2.0",\ndata:   "method": "x"\ndata: }\n\n'
+    first = pump._events(SSEParser(1 << 20).feed_batched(pretty * 3))
+    assert flatten(first) == [("run", 3)]
+    second = pump._events(SSEParser(1 << 20).feed_batched(note(1) + note(2) + answer(7)))
+    assert flatten(second) == [("run", 2), ("RESPONSE", 1)]
+    assert pump.pending == {}
