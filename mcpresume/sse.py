@@ -253,12 +253,14 @@ class SSERun:
         data line per event, a needle is a data line's start; in a general run, it begins with the blank
         line before an event (the run is counted with one in front), and the id lines are left out."""
         blocks = self.blocks
+        head = -1  # the needle found at the very start of the bytes, with no LF before it
         if not self.general:
             chunk, start, end = self._bytes()
             needles = _data_needles(prefixes, False)
-            start = max(0, start - 1)  # the LF before the run's first line, if the chunk has it
-            if not start and not chunk.startswith(b"\n"):
-                chunk, end = b"\n" + chunk[:end], end + 1
+            if start:
+                start -= 1  # the LF that ends the event before the run
+            else:
+                head = next((k for k, n in enumerate(needles) if chunk.startswith(n[1:])), -1)
         elif self._source is not None and self.ids is None:
             chunk, start, end = self._source
             needles = _data_needles(prefixes, True)
@@ -274,7 +276,7 @@ class SSERun:
         if first >= len(needles):  # a hint from a run of the other kind
             first = 0
         for k in (first, *(i for i in range(len(needles)) if i != first)):
-            total += chunk.count(needles[k], start, end)
+            total += chunk.count(needles[k], start, end) + (k == head)
             if total == len(blocks):
                 return k
         return None
