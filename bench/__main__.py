@@ -35,6 +35,7 @@ from bench.procs import (
     rss_kib,
 )
 from bench.stats import percentiles, quantile_curve
+from bench.upstream import FRAMINGS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -43,7 +44,10 @@ MiB = 1 << 20
 
 # Targets from the issue. Each is checked in the report.
 TARGETS = {
-    "throughput_1x256_vs_nginx": 0.35,  # mcpresume >= 35% of nginx, one stream, 256 B events
+    "throughput_1x256_vs_nginx": 0.50,  # mcpresume >= 50% of nginx, 1 stream of 256 B events, canonical
+    "throughput_1x256_every_framing_vs_nginx": 0.40,  # the same, in every framing of bench.upstream.FRAMINGS
+    "throughput_100x256_vs_nginx": 0.35,  # 100 concurrent streams of 256 B events
+    "held_sessions_ratio": 0.9,  # one stream's throughput with 10,000 idle sessions held / with 10
     "added_latency_p99_1k_ms": 1.0,  # p99 added latency at 1k events/s <= 1 ms
     "resume_p99_ms": 5.0,  # re-attach to first replayed event, p99 <= 5 ms
     "window_memory_ratio": 1.3,  # RSS growth / payload held <= 1.3
@@ -51,9 +55,12 @@ TARGETS = {
     "attached_stream_kib": 20.0,  # per attached idle stream <= 20 KiB
 }
 
+# One stream of 256 B events in each framing but the canonical one (which every other scenario uses).
+OTHER_FRAMINGS = [(1, 256, name) for name in FRAMINGS if name != "canonical"]
+
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
-        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096)],
+        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096), *OTHER_FRAMINGS],
         "tp_duration": 0.8,
         "tp_reps": 1,
         "lat_rates": [1000, 10000],
@@ -66,9 +73,11 @@ MODES: dict[str, dict[str, Any]] = {
         "win_sessions": 200,
         "idle_sessions": 2000,
         "idle_streams": 1000,
+        "held_sessions": (10, 2000),
+        "held_reps": 1,
     },
     "full": {
-        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096)],
+        "tp_configs": [(1, 256), (100, 256), (1, 4096), (100, 4096), *OTHER_FRAMINGS],
         "tp_duration": 2.5,
         "tp_reps": 3,
         "lat_rates": [1000, 10000],
@@ -81,12 +90,14 @@ MODES: dict[str, dict[str, Any]] = {
         "win_sessions": 1000,
         "idle_sessions": 10000,
         "idle_streams": 10000,
+        "held_sessions": (10, 10000),
+        "held_reps": 3,
     },
 }
 
 # mcpresume runs with its default settings except this (the memory scenarios hold 10,000+ sessions).
 SESSIONS_CAP = {"max_sessions": 200_000}
-SCENARIOS = ("throughput", "latency", "resume", "memory")
+SCENARIOS = ("throughput", "latency", "resume", "memory", "sessions")
 
 
 def log(message: str) -> None:
@@ -151,28 +162,39 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 # -- scenarios -------------------------------------------------------------------------------------------
 
 
+def throughput_key(streams: int, size: int, framing: str = "canonical") -> str:
+    return f"{streams}x{size}" if framing == "canonical" else f"{streams}x{size}-{framing}"
+
+
+def throughput_spec(url: str, mode: dict[str, Any], streams: int, size: int, framing: str) -> dict[str, Any]:
+    return {
+        "kind": "throughput",
+        "url": url,
+        "streams": streams,
+        "size": size,
+        "framing": FRAMINGS[framing].to_args(),
+        "duration": mode["tp_duration"],
+        "probe_events": 2000 if streams == 1 else 10000,
+        "probe_seconds": 0.25,
+        "min_events": 200 if streams == 1 else 20,
+        # bound the run
+        "max_events": max(20, (2_000_000 if size <= 256 else 300_000) // streams),
+    }
+
+
 def throughput(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -> dict[str, Any]:
-    """Events/s per (streams, size), every target side by side, repetitions interleaved (median kept)."""
+    """Events/s per (streams, size, framing), every target side by side, repetitions interleaved (median
+    kept)."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     names = list(targets)
     for rep in range(mode["tp_reps"]):
-        for streams, size in mode["tp_configs"]:
-            key = f"{streams}x{size}"
+        for streams, size, *rest in mode["tp_configs"]:
+            framing = rest[0] if rest else "canonical"
+            key = throughput_key(streams, size, framing)
             order = names[rep % len(names) :] + names[: rep % len(names)]
             for name in order:
                 child = targets[name]
-                spec = {
-                    "kind": "throughput",
-                    "url": child.url,
-                    "streams": streams,
-                    "size": size,
-                    "duration": mode["tp_duration"],
-                    "probe_events": 2000 if streams == 1 else 10000,
-                    "probe_seconds": 0.25,
-                    "min_events": 200 if streams == 1 else 20,
-                    # bound the run
-                    "max_events": max(20, (2_000_000 if size <= 256 else 300_000) // streams),
-                }
+                spec = throughput_spec(child.url, mode, streams, size, framing)
                 cpu0, t0 = _cpu(child), time.monotonic()
                 result = run_client(procs, spec, timeout=120)
                 cpu1, t1 = _cpu(child), time.monotonic()
@@ -186,19 +208,61 @@ def throughput(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]
                 )
     summary: dict[str, Any] = {}
     for key, by_target in runs.items():
-        row: dict[str, Any] = {}
-        for name, results in by_target.items():
-            rates = [r["rate"] for r in results]
-            row[name] = {
-                "rate": statistics.median(rates),
-                "rates": rates,
-                "mib_per_s": statistics.median(r["mib_per_s"] for r in results),
-                "complete": all(r["complete_streams"] == r["streams"] for r in results),
-                "cpu_share": _median_or_none([r["cpu_share"] for r in results]),
-                "events_per_run": [r["events"] for r in results],
-            }
-        summary[key] = row
+        summary[key] = {name: _summarize(results) for name, results in by_target.items()}
     return {"configs": summary, "reps": mode["tp_reps"], "duration": mode["tp_duration"]}
+
+
+def _summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["rate"] for r in results]
+    return {
+        "rate": statistics.median(rates),
+        "rates": rates,
+        "mib_per_s": statistics.median(r["mib_per_s"] for r in results),
+        "complete": all(r["complete_streams"] == r["streams"] for r in results),
+        "cpu_share": _median_or_none([r.get("cpu_share") for r in results]),
+        "events_per_run": [r["events"] for r in results],
+    }
+
+
+def held_sessions(procs: Processes, mode: dict[str, Any], upstream: Child) -> dict[str, Any]:
+    """One stream of 256 B events through a proxy holding few idle sessions and through one holding many
+    (``initialize`` only, each with its priming event and response in its window), runs interleaved in
+    rotating order, median kept: what per-append work grows with the sessions held."""
+    counts = mode["held_sessions"]
+    proxies = {
+        held: procs.start_mcpresume(upstream, name=f"mcpresume-held-{held}", **SESSIONS_CAP)
+        for held in counts
+    }
+    try:
+        for held, proxy in proxies.items():
+            run_client(
+                procs,
+                {"kind": "sessions", "url": proxy.url, "sessions": held, "concurrency": 100},
+                timeout=600,
+            )
+        runs: dict[int, list[dict[str, Any]]] = {held: [] for held in counts}
+        for rep in range(mode["held_reps"]):
+            order = list(counts[rep % 2 :] + counts[: rep % 2])
+            for held in order:
+                spec = throughput_spec(proxies[held].url, mode, 1, 256, "canonical")
+                cpu0, t0 = _cpu(proxies[held]), time.monotonic()
+                result = run_client(procs, spec, timeout=120)
+                cpu1, t1 = _cpu(proxies[held]), time.monotonic()
+                if cpu0 is not None and cpu1 is not None:
+                    result["cpu_share"] = (cpu1 - cpu0) / (t1 - t0)
+                runs[held].append(result)
+                log(f"held sessions {held}: {result['rate']:,.0f} ev/s")
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+    rows = {str(held): _summarize(results) for held, results in runs.items()}
+    few, many = (str(held) for held in counts)
+    return {
+        "sessions": list(counts),
+        "by_sessions": rows,
+        "ratio": rows[many]["rate"] / rows[few]["rate"],
+        "reps": mode["held_reps"],
+    }
 
 
 def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -> dict[str, Any]:
@@ -249,6 +313,8 @@ def latency(procs: Processes, mode: dict[str, Any], targets: dict[str, Child]) -
                 "expected": counts[name][1],
                 # the proxy's CPU share of one core over each client run (setup included)
                 "cpu_share": statistics.median(cpu[name]) if cpu[name] else None,
+                # what the proxy's CPU share comes to per event relayed (nginx's too)
+                "cpu_us_per_event": statistics.median(cpu[name]) / rate * 1e6 if cpu[name] else None,
                 "upstream_cpu_share": statistics.median(upstream_cpu[name]),
             }
         for name in names:
@@ -422,10 +488,21 @@ def _settled_rss(pid: int, settle: float = 1.0) -> int:
 
 
 def _cpu(child: Child) -> float | None:
-    if child.name.startswith("mcpresume"):
-        with contextlib.suppress(OSError):
+    """The CPU seconds of mcpresume, or of nginx (its master and its worker)."""
+    with contextlib.suppress(OSError, ValueError):
+        if child.name.startswith("mcpresume"):
             return cpu_seconds(child.pid)
+        if child.name == "nginx":
+            return sum(cpu_seconds(pid) for pid in [child.pid, *_children(child.pid)])
     return None
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(found)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for found in (task / "children").read_text().split()
+    ]
 
 
 def _median_or_none(values: list[float | None]) -> float | None:
@@ -436,7 +513,9 @@ def _median_or_none(values: list[float | None]) -> float | None:
 # -- profiling -------------------------------------------------------------------------------------------
 
 
-def profile(procs: Processes, upstream: Child, seconds: float, out: Path) -> dict[str, str]:
+def profile(
+    procs: Processes, upstream: Child, seconds: float, out: Path, framing: str = "canonical"
+) -> dict[str, str]:
     """py-spy on the mcpresume process: under the 1-stream 256 B throughput load (a flame graph, then the
     collapsed stacks the summary is made from), under 100 streams, and under the paced 10k events/s
     latency load (one event per upstream write: the per-event overhead, not the per-byte one)."""
@@ -452,6 +531,7 @@ def profile(procs: Processes, upstream: Child, seconds: float, out: Path) -> dic
             "url": proxy.url,
             "streams": streams,
             "size": 256,
+            "framing": FRAMINGS[framing].to_args(),
             "duration": min(3.0, max(0.5, remaining)),
             "probe_events": 2000 if streams == 1 else 10000,
             "probe_seconds": 0.25,
@@ -476,6 +556,8 @@ def profile(procs: Processes, upstream: Child, seconds: float, out: Path) -> dic
         ("throughput-100x256", throughput_spec, 100, "raw"),
         ("latency-10k", latency_spec, 10, "raw"),
     ]
+    if framing != "canonical":
+        stages = [(f"throughput-1x256-{framing}", throughput_spec, 1, "raw")]
     try:
         for name, make_spec, streams, fmt in stages:
             path = out / f"profile-{name}.{'svg' if fmt == 'flamegraph' else 'txt'}"
@@ -508,6 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
     parser.add_argument("--profile", action="store_true", help="py-spy the proxy under throughput load only")
     parser.add_argument("--profile-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--profile-framing",
+        choices=list(FRAMINGS),
+        help="profile only one stream of 256 B events in this upstream framing (collapsed stacks)",
+    )
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx comparison")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results directory")
     parser.add_argument(
@@ -546,7 +633,9 @@ def main(argv: list[str] | None = None) -> int:
         upstream = procs.start_upstream()
         if args.profile:
             sources = report.snapshot_sources()  # the code the profiled proxy runs
-            profiled = profile(procs, upstream, args.profile_seconds, args.output)
+            profiled = profile(
+                procs, upstream, args.profile_seconds, args.output, args.profile_framing or "canonical"
+            )
             summary = report.profile_summary(
                 [Path(p) for k, p in profiled.items() if k.endswith("raw")], args.output, sources
             )
@@ -567,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
             proxy.stop()
         if "memory" in scenarios:
             results["memory"] = memory(procs, mode, upstream)
+        if "sessions" in scenarios:
+            results["held_sessions"] = held_sessions(procs, mode, upstream)
+            log(f"held sessions: ratio {results['held_sessions']['ratio']:.2f}")
         results["redis"] = "not available yet (the Redis store does not exist in this release)"
         results["elapsed_s"] = time.monotonic() - started
         (args.output / "latest.json").write_text(json.dumps(results, indent=1))

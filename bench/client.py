@@ -149,7 +149,7 @@ async def throughput(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def run(per_stream: int) -> dict[str, Any]:
             sessions = await pool(streams, 50, lambda _i: open_session(http, url))
-            body = tool_call(1, count=per_stream, size=size, rate=0)
+            body = tool_call(1, count=per_stream, size=size, rate=0, framing=spec.get("framing", {}))
             start = time.perf_counter()
             results = await asyncio.gather(*(count_stream(http, url, sid, body) for sid in sessions))
             elapsed = max(end for _, end, _ in results) - start
@@ -393,7 +393,20 @@ async def idle(spec: dict[str, Any]) -> dict[str, Any]:
     return {"sessions": len(sessions), "streams": spec["streams"], "streams_ok": sum(ok)}
 
 
+async def sessions(spec: dict[str, Any]) -> dict[str, Any]:
+    """``sessions`` sessions (initialize only), left open: the proxy holds them, idle, after this ends."""
+    async with http_session() as http:
+        start = time.perf_counter()
+        opened = await pool(
+            spec["sessions"],
+            spec["concurrency"],
+            lambda _i: open_session(http, spec["url"], initialized=False),
+        )
+    return {"sessions": len(opened), "elapsed": time.perf_counter() - start}
+
+
 WORKLOADS: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "sessions": sessions,
     "throughput": throughput,
     "latency": latency,
     "resume": resume,

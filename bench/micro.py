@@ -14,13 +14,17 @@ Two measures, no sockets:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import cProfile
+import pstats
 import time
 from typing import Any
 
 import orjson
 import uvloop
 
+from bench.upstream import FRAMINGS, Framing, burst_pieces
 from mcpresume.attach import ClientWriter, follow
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, PumpSettings
@@ -29,27 +33,29 @@ from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import WindowLimits
 
-EVENTS = 200_000
+EVENTS = 200_000  # per measure (--events to change)
 CHUNK = 64 * 1024
 
 
-def upstream_bytes(size: int = 256, ids: bool = True) -> bytes:
-    frames = []
-    for k in range(EVENTS):
-        # The official SDK writes the id line first (sse_starlette), then event and data.
-        head = f"id: 7-{k}\nevent: message\ndata: ".encode() if ids else b"event: message\ndata: "
-        body = {
-            "jsonrpc": "2.0",
-            "method": "notifications/progress",
-            "params": {"progressToken": 7, "progress": k},
-        }
-        data = orjson.dumps(body)
-        pad = size - len(head) - len(data) - 2
-        if pad > 0:
-            body["params"]["pad"] = "x" * max(0, pad - 9)
-            data = orjson.dumps(body)
-        frames.append(head + data + b"\n\n")
-    return b"".join(frames)
+def upstream_events(framing: Framing, size: int = 256, events: int | None = None) -> list[bytes]:
+    """``events`` progress events of ``size`` bytes each, as the benchmark's upstream writes them in
+    ``framing`` (with ids, each event's own)."""
+    events = EVENTS if events is None else events
+    per_write = 256
+    out: list[bytes] = []
+    for write in range(0, events, per_write):
+        count = min(per_write, events - write)
+        joined = (b"%08x" % write).join(burst_pieces(size, framing, count, 1_700_000_000_000_000_000))
+        end = b"\r\n\r\n" if framing.crlf else b"\n\n"
+        blocks = [block + end for block in joined.split(end) if block]
+        if framing.comments:  # each event is its comment block and its own block
+            blocks = [blocks[i] + blocks[i + 1] for i in range(0, len(blocks), 2)]
+        out += blocks
+    return out
+
+
+def upstream_bytes(framing: Framing, size: int = 256) -> bytes:
+    return b"".join(upstream_events(framing, size))
 
 
 class _Null:
@@ -60,8 +66,8 @@ class _Null:
         return self
 
 
-def run(ids: bool) -> float:
-    payload = upstream_bytes(ids=ids)
+def run(framing: Framing) -> float:
+    payload = upstream_bytes(framing)
     chunks = [payload[i : i + CHUNK] for i in range(0, len(payload), CHUNK)]
     session = SessionState("s", "aaaaaaaaaaaa", WindowLimits(256, 4 << 20, 300.0), 1000, 0.0)
     priming = session.open_stream(StreamOrigin.POST, ["n:7"], 0.0)
@@ -125,17 +131,15 @@ class _Sink:
         return 16 * 1024, 64 * 1024
 
 
-async def _one_event_per_chunk(events: int, ids: bool) -> float:
+async def _one_event_per_chunk(events: int, framing: Framing) -> float:
     store = MemoryStore(WindowLimits(256, 4 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=1000)
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.POST, ["n:7"], now=0.0)
     assert opened is not None
     after = opened.priming_seq - 1
     reader = await store.add_reader("s", [opened.number], after)
-    payload = upstream_bytes(ids=ids)
-    frames = payload.split(b"\n\n")[:events]
     done = frame_body(orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))
-    chunks = [frame + b"\n\n" for frame in frames] + [done]
+    chunks = [*upstream_events(framing, events=events), done]
     pump = Pump(
         PumpJob("s", opened.number, (7,), "x"),
         store,
@@ -157,20 +161,37 @@ async def _one_event_per_chunk(events: int, ids: bool) -> float:
     return elapsed / events * 1e6
 
 
-def one_event_per_chunk(ids: bool, events: int = 50_000) -> float:
-    return uvloop.run(_one_event_per_chunk(events, ids))
+def one_event_per_chunk(framing: Framing, events: int = 50_000) -> float:
+    return uvloop.run(_one_event_per_chunk(events, framing))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__)
+    parser.add_argument("--framing", nargs="+", choices=list(FRAMINGS), default=list(FRAMINGS))
+    parser.add_argument("--batched-only", action="store_true", help="skip the one-event-per-chunk measure")
+    parser.add_argument("--profile", action="store_true", help="cProfile the batched measure per framing")
+    args = parser.parse_args(argv)
+    for name in args.framing:
+        framing = FRAMINGS[name]
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(run, framing)
+            print(f"== {name}")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+            continue
+        best = min(run(framing) for _ in range(3))
+        print(
+            f"{name:18} {best:.2f} us per event ({1e6 / best:,.0f} events/s on one core), "
+            "256 B events, 64 KiB chunks"
+        )
+    if not args.batched_only and not args.profile:
+        for name in args.framing:
+            best = min(one_event_per_chunk(FRAMINGS[name]) for _ in range(3))
+            print(
+                f"{name:18} {best:.2f} us per event, one 256 B event per chunk through pump, store and view"
+            )
+    return 0
 
 
 if __name__ == "__main__":
-    for ids in (False, True):
-        best = min(run(ids) for _ in range(3))
-        print(
-            f"{best:.2f} us per event ({1e6 / best:,.0f} events/s on one core), 256 B events, 64 KiB chunks, "
-            + ("upstream ids on every event" if ids else "no upstream ids")
-        )
-    for ids in (False, True):
-        best = min(one_event_per_chunk(ids) for _ in range(3))
-        print(
-            f"{best:.2f} us per event, one 256 B event per chunk through pump task, store and view task "
-            + ("(upstream ids)" if ids else "(no upstream ids)")
-        )
+    raise SystemExit(main())

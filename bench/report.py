@@ -108,11 +108,57 @@ def targets_table(results: dict[str, Any]) -> tuple[list[list[str]], dict[str, b
         verdicts["throughput"] = ratio >= t["throughput_1x256_vs_nginx"]
         rows.append(
             [
-                "Throughput, 1 stream, 256 B events",
+                "Throughput, 1 stream, 256 B events (canonical framing)",
                 f">= {t['throughput_1x256_vs_nginx']:.0%} of nginx",
                 f"{ratio:.1%} of nginx ({_fmt_rate(tp['mcpresume']['rate'])} vs "
                 f"{_fmt_rate(tp['nginx']['rate'])} ev/s)",
                 _status(verdicts["throughput"]),
+            ]
+        )
+    configs = results.get("throughput", {}).get("configs", {})
+    framed = {
+        key: row["mcpresume"]["rate"] / row["nginx"]["rate"]
+        for key, row in configs.items()
+        if key.startswith("1x256") and "mcpresume" in row and "nginx" in row
+    }
+    if len(framed) > 1 and "throughput_1x256_every_framing_vs_nginx" in t:
+        goal = t["throughput_1x256_every_framing_vs_nginx"]
+        worst = min(framed, key=framed.__getitem__)
+        verdicts["throughput_every_framing"] = framed[worst] >= goal
+        rows.append(
+            [
+                "Throughput, 1 stream, 256 B events, worst upstream framing",
+                f">= {goal:.0%} of nginx in every framing",
+                f"{framed[worst]:.1%} of nginx ({worst.partition('-')[2] or 'canonical'}; "
+                + ", ".join(f"{k.partition('-')[2] or 'canonical'} {v:.0%}" for k, v in framed.items())
+                + ")",
+                _status(verdicts["throughput_every_framing"]),
+            ]
+        )
+    many = configs.get("100x256", {})
+    if "mcpresume" in many and "nginx" in many and "throughput_100x256_vs_nginx" in t:
+        ratio = many["mcpresume"]["rate"] / many["nginx"]["rate"]
+        verdicts["throughput_100"] = ratio >= t["throughput_100x256_vs_nginx"]
+        rows.append(
+            [
+                "Throughput, 100 streams, 256 B events",
+                f">= {t['throughput_100x256_vs_nginx']:.0%} of nginx",
+                f"{ratio:.1%} of nginx ({_fmt_rate(many['mcpresume']['rate'])} vs "
+                f"{_fmt_rate(many['nginx']['rate'])} ev/s)",
+                _status(verdicts["throughput_100"]),
+            ]
+        )
+    held = results.get("held_sessions")
+    if held and "held_sessions_ratio" in t:
+        few, lots = (str(n) for n in held["sessions"])
+        verdicts["held_sessions"] = held["ratio"] >= t["held_sessions_ratio"]
+        rows.append(
+            [
+                f"Throughput, 1 stream, with {int(lots):,} idle sessions held / with {int(few):,}",
+                f">= {t['held_sessions_ratio']}",
+                f"{held['ratio']:.2f} ({_fmt_rate(held['by_sessions'][lots]['rate'])} vs "
+                f"{_fmt_rate(held['by_sessions'][few]['rate'])} ev/s)",
+                _status(verdicts["held_sessions"]),
             ]
         )
     lat = results.get("latency", {}).get("1000", {}).get("mcpresume", {})
@@ -211,12 +257,14 @@ def write(results: dict[str, Any], out: Path) -> Path:
         tp = results["throughput"]
         rows = []
         for key, row in tp["configs"].items():
-            streams, size = key.split("x")
+            shape, _, framing = key.partition("-")
+            streams, size = shape.split("x")
             direct, nginx, mine = row.get("direct"), row.get("nginx"), row.get("mcpresume")
             rows.append(
                 [
                     streams,
                     f"{int(size):,} B",
+                    framing or "canonical",
                     _fmt_rate(direct["rate"]) if direct else "n/a",
                     _fmt_rate(nginx["rate"]) if nginx else "n/a",
                     _fmt_rate(mine["rate"]) if mine else "n/a",
@@ -232,7 +280,11 @@ def write(results: dict[str, Any], out: Path) -> Path:
             "",
             f"Median of {tp['reps']} interleaved run(s) of about {tp['duration']} s each; events of the "
             "given "
-            "size (the whole SSE frame) streamed by the upstream as fast as it can, many events per write. "
+            "size (the whole SSE frame) streamed by the upstream as fast as it can, many events per write, "
+            "framed as named (`bench.upstream.FRAMINGS`: canonical = compact JSON, `event:` and one `data:` "
+            "line, LF; ids = an `id:` line first in each; default-json-ids = `json.dumps`' separators and "
+            "ids; crlf = CRLF endings; pretty = `indent=2`, one `data:` line per JSON line; comments = a "
+            "`: keep-alive` block before each event). "
             "mcpresume with its default settings (256-event window: its flow control makes the upstream "
             "reader wait for the client); 'complete' = every stream delivered every event and the response.",
             "",
@@ -240,6 +292,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
                 [
                     "streams",
                     "event",
+                    "upstream framing",
                     "direct ev/s",
                     "nginx ev/s",
                     "mcpresume ev/s",
@@ -276,6 +329,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
                         _ms(r.get("added_p99_median_segment_ms")) if added else "",
                         _ms(statistics.median(r["segment_p99_ms"])) if r.get("segment_p99_ms") else "",
                         f"{r['cpu_share']:.0%}" if r.get("cpu_share") is not None else "",
+                        f"{r['cpu_us_per_event']:.1f}" if r.get("cpu_us_per_event") is not None else "",
                         f"{r['upstream_cpu_share']:.0%}" if "upstream_cpu_share" in r else "",
                         f"{r['received']:,}/{r['expected']:,}",
                     ]
@@ -292,8 +346,9 @@ def write(results: dict[str, Any], out: Path) -> Path:
             "direct's (pooled). 'seg. p99' = the median over segments of each segment's p99, and 'added "
             "seg. p99' its difference to direct's: a few scheduler stalls of the shared machine move the "
             "pooled p99, much less this one. '> 1 ms' = the share of events later than 1 ms: p99 moves by "
-            "a whole millisecond when it crosses 1%. CPU = mcpresume's share of one core; upstream CPU = the "
-            "paced upstream's (it shares the two cores with what it measures, so it must stay small). "
+            "a whole millisecond when it crosses 1%. CPU = the proxy's share of one core (nginx: master and "
+            "worker), and what it comes to per event relayed; upstream CPU = the paced upstream's (it shares "
+            "the two cores with what it measures, so it must stay small). "
             "Default settings.",
             "",
             _table(
@@ -311,6 +366,7 @@ def write(results: dict[str, Any], out: Path) -> Path:
                     "added seg. p99",
                     "seg. p99",
                     "CPU",
+                    "CPU us/event",
                     "upstream CPU",
                     "received",
                 ],

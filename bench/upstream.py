@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from bench.pacer import Pacer
@@ -50,6 +51,90 @@ _SSE_HEAD = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """How the upstream writes its events: all valid SSE and JSON, as real servers write them.
+
+    ``json``: ``compact`` (``separators=(",", ":")``: pydantic, ``JSON.stringify``, Go's ``encoding/json``),
+    ``default`` (``json.dumps``' own separators, ``", "`` and ``": "``: hand-written Python servers) or
+    ``pretty`` (``indent=2``: one ``data:`` line per JSON line). ``ids``: an ``id:`` line first in every
+    event (an SDK server with an event store). ``crlf``: CRLF line endings. ``comments``: a comment block
+    (``: keep-alive``) before every event."""
+
+    json: str = "compact"
+    ids: bool = False
+    crlf: bool = False
+    comments: bool = False
+
+    def to_args(self) -> dict[str, Any]:
+        return {"json": self.json, "ids": self.ids, "crlf": self.crlf, "comments": self.comments}
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> Framing:
+        framing = cls(
+            json=str(args.get("json", "compact")),
+            ids=bool(args.get("ids", False)),
+            crlf=bool(args.get("crlf", False)),
+            comments=bool(args.get("comments", False)),
+        )
+        if framing.json not in ("compact", "default", "pretty"):
+            raise ValueError(f"unknown json spelling {framing.json!r}")
+        return framing
+
+
+CANONICAL = Framing()
+# The framings the benchmark measures, by name (``canonical`` is the one the other scenarios use).
+FRAMINGS: dict[str, Framing] = {
+    "canonical": CANONICAL,
+    "ids": Framing(ids=True),
+    "default-json-ids": Framing(json="default", ids=True),
+    "crlf": Framing(crlf=True),
+    "pretty": Framing(json="pretty"),
+    "comments": Framing(comments=True),
+}
+
+# Stands for the 19 digits of the stamp, and for the id's write number (burst mode), while framing.
+_TS_MARK = 1234567890123456789
+_WRITE_MARK = b"\x00" * 8
+
+
+def _json(doc: Any, framing: Framing) -> str:
+    if framing.json == "compact":
+        return json.dumps(doc, separators=(",", ":"))
+    if framing.json == "pretty":
+        return json.dumps(doc, indent=2)
+    return json.dumps(doc)
+
+
+def frame(doc: Any, framing: Framing, event_id: bytes | None = None) -> bytes:
+    """One SSE event carrying ``doc`` as ``framing`` spells it (an id line when ``framing.ids`` and an id)."""
+    lines = []
+    if framing.ids and event_id is not None:
+        lines.append(b"id: " + event_id)
+    lines.append(b"event: message")
+    lines += [b"data: " + line.encode() for line in _json(doc, framing).split("\n")]
+    end = b"\r\n" if framing.crlf else b"\n"
+    text = end.join(lines) + end + end
+    if framing.comments:
+        text = b": keep-alive" + end + end + text
+    return text
+
+
+def _progress(pad: int) -> dict[str, Any]:
+    params = {"progressToken": "bench", "progress": 1, "ts": _TS_MARK, "pad": "x" * pad}
+    return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+
+
+def framed_parts(size: int, framing: Framing, event_id: bytes | None = None) -> tuple[bytes, bytes]:
+    """(prefix, suffix) of a progress event of exactly ``size`` bytes in ``framing``: prefix + 19 ts digits
+    + suffix."""
+    unpadded = len(frame(_progress(0), framing, event_id))
+    if size < unpadded:
+        raise ValueError(f"event size must be >= {unpadded} in this framing")
+    prefix, suffix = frame(_progress(size - unpadded), framing, event_id).split(b"%d" % _TS_MARK)
+    return prefix, suffix
+
+
 def event_parts(size: int) -> tuple[bytes, bytes]:
     """(prefix, suffix) of a progress event of exactly ``size`` bytes: prefix + 19 ts digits + suffix."""
     if size < MIN_EVENT_SIZE:
@@ -63,13 +148,29 @@ def make_event(size: int, ts_ns: int) -> bytes:
     return prefix + b"%019d" % ts_ns + suffix
 
 
+def burst_pieces(size: int, framing: Framing, count: int, ts_ns: int) -> list[bytes]:
+    """``count`` events of ``size`` bytes in ``framing``, as pieces that ``write_number.join`` (8 bytes)
+    turns into one write: with ids, every event's id is ``<write number>-<index in the write>``, so ids are
+    unique across a stream at the cost of one C-level join per write."""
+    if framing == CANONICAL:
+        return [make_event(size, ts_ns) * count]
+    events = []
+    for k in range(count):
+        event_id = _WRITE_MARK + b"-%04x" % k
+        prefix, suffix = framed_parts(size, framing, event_id)
+        events.append(prefix + b"%019d" % ts_ns + suffix)
+    return b"".join(events).split(_WRITE_MARK)
+
+
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n" % len(data) + data + b"\r\n"
 
 
-def response_event(request_id: Any, result: dict[str, Any]) -> bytes:
+def response_event(request_id: Any, result: dict[str, Any], framing: Framing = CANONICAL) -> bytes:
     doc = {"jsonrpc": "2.0", "id": request_id, "result": result}
-    return b"event: message\ndata: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+    if framing == CANONICAL:
+        return b"event: message\ndata: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+    return frame(doc, framing, b"response")
 
 
 class Upstream:
@@ -165,6 +266,7 @@ class Upstream:
                 rate=float(args.get("rate", 0)),
                 batch=int(args.get("batch", 65536)),
                 delay=float(args.get("delay", 0)),
+                framing=Framing.from_args(args.get("framing", {})),
             )
             return True
         data = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {}}).encode()
@@ -184,35 +286,44 @@ class Upstream:
         rate: float,
         batch: int,
         delay: float = 0.0,
+        framing: Framing = CANONICAL,
     ) -> None:
         writer.write(_SSE_HEAD + b"\r\n")
         if rate <= 0:
-            event = make_event(size, time.time_ns())
+            start_ns = time.time_ns()
             per_write = max(1, batch // size)
-            full = chunk(event * per_write)
-            sent = 0
+            pieces = burst_pieces(size, framing, per_write, start_ns)
+            sent = writes = 0
             while count - sent >= per_write:
-                writer.write(full)
+                writer.write(chunk((b"%08x" % (writes % 2**32)).join(pieces)))
+                writes += 1
                 sent += per_write
                 await writer.drain()
             if count > sent:
-                writer.write(chunk(event * (count - sent)))
+                rest = burst_pieces(size, framing, count - sent, start_ns)
+                writer.write(chunk((b"%08x" % (writes % 2**32)).join(rest)))
         else:
-            prefix, suffix = event_parts(size)
             interval = 1.0 / rate
             start = time.monotonic() + min(max(delay, 0.0), 10.0)
             sent = 0
+
+            def parts_of(n: int) -> tuple[bytes, bytes]:
+                if framing == CANONICAL:
+                    return event_parts(size)
+                return framed_parts(size, framing, b"%012d" % n)
+
             while sent < count:
                 await self.pacer.until(start + sent * interval)
                 now = time.monotonic()
                 parts = []
                 # every event that is due now, each stamped just before the write
                 while sent < count and start + sent * interval <= now:
+                    prefix, suffix = parts_of(sent)
                     parts.append(chunk(prefix + b"%019d" % time.time_ns() + suffix))
                     sent += 1
                 writer.write(b"".join(parts))
                 await writer.drain()
-        done = response_event(request_id, {"content": [{"type": "text", "text": f"{count} events"}]})
+        done = response_event(request_id, {"content": [{"type": "text", "text": f"{count} events"}]}, framing)
         writer.write(chunk(done) + b"0\r\n\r\n")
         await writer.drain()
 

@@ -88,13 +88,26 @@ def parse_client_body(body: bytes) -> ClientMessage:
 # Python SDK with pydantic): a top-level "method" member, so certainly not a response. Checked first:
 # progress notifications are most of a stream's events.
 NOTIFICATION_PREFIX: Final = b'{"jsonrpc":"2.0","method":'
+# The same as Python's json.dumps writes it, with its default separators and with indent=2: data starting
+# so has a "method" member at the top level (the second one), so it is not a response either.
+NOTIFICATION_PREFIXES: Final = (
+    NOTIFICATION_PREFIX,
+    b'{"jsonrpc": "2.0", "method":',
+    b'{\n  "jsonrpc": "2.0",\n  "method":',
+)
+
+
+# A response has a member named "result" or "error"; a JSON escape (\\u) may spell either name. Data that
+# holds none of these is not a response, however it is spelled (none holds LF: they are found in the SSE
+# bytes whatever the data's lines).
+RESPONSE_MARKERS: Final = (b'"result"', b'"error"', b"\\u")
 
 
 def response_key(data: bytes) -> str | None:
     """If an SSE event's data is a JSON-RPC response, the key of the id it answers; else None."""
-    if data.startswith(NOTIFICATION_PREFIX):
+    if data.startswith(NOTIFICATION_PREFIXES):
         return None
-    if b'"result"' not in data and b'"error"' not in data and b"\\u" not in data:
+    if not any(marker in data for marker in RESPONSE_MARKERS):
         return None  # no member named result or error, even written with a JSON escape: not a response
     try:
         doc: Any = orjson.loads(data)

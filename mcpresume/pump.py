@@ -31,7 +31,14 @@ import aiohttp
 
 from mcpresume.errors import SERVER_ERROR, BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
-from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_key
+from mcpresume.jsonrpc import (
+    NOTIFICATION_PREFIX,
+    NOTIFICATION_PREFIXES,
+    RESPONSE_MARKERS,
+    error_response,
+    request_key,
+    response_key,
+)
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
@@ -170,6 +177,7 @@ class Pump:
         # resume) never need them.
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
+        self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response
@@ -215,38 +223,59 @@ class Pump:
 
     def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[list[NewEvent] | SSERun]:
         """Upstream events -> batches to append, in order. Hot path: a run of message events passes whole
-        (see ``_run``); single events are converted one by one (``_event``)."""
+        (see ``_run``) but for the events that may be a response this stream waits for (``_suspects``);
+        single events are converted one by one (``_event``)."""
         batches: list[list[NewEvent] | SSERun] = []
         items: list[NewEvent] = []
         for event in parsed:
-            if type(event) is SSERun:
-                run, rest = self._run(event)
+            if type(event) is not SSERun:
+                self._event(event, items)  # type: ignore[arg-type]
+                continue
+            for piece in self._suspects(event):
+                if type(piece) is not SSERun:
+                    self._event(piece, items)  # type: ignore[arg-type]
+                    continue
+                run = self._run(piece)
                 if run.blocks:
                     if items:
                         batches.append(items)
                         items = []
                     batches.append(run)
-                for single in rest:
-                    self._event(single, items)
-            else:
-                self._event(event, items)  # type: ignore[arg-type]
         if items:
             batches.append(items)
         return batches
 
-    def _run(self, run: SSERun) -> tuple[SSERun, list[SSEEvent]]:
-        """A run as it will be appended, and the events after it that take the slow path: from the first
-        one that may be a response this stream waits for (the end of a POST stream). No call per event: one
-        search finds that event, and upstream ids are checked only after a resume (against a replay)."""
-        rest: list[SSEEvent] = []
-        if self.pending:
-            cut = run.first_data_without(NOTIFICATION_PREFIX)
-            if cut < len(run):
-                rest = run.split(cut, len(run)).events()
-                run = run.split(0, cut)
+    def _suspects(self, run: SSERun) -> list[SSERun | SSEEvent]:
+        """A run cut around the events that may be a response this stream waits for (the end of a POST
+        stream), those as single events: the events whose data does not start like a notification and
+        holds a member name a response must have (``jsonrpc.RESPONSE_MARKERS``; ``response_key`` parses
+        no other). A few C-level scans, no call per event."""
+        if not self.pending:
+            return [run]
+        spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
+        if spelling is not None:  # every event starts like a notification: none is a response
+            self._spelling = spelling
+            return [run]
+        suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
+        if not suspects:
+            return [run]
+        pieces: list[SSERun | SSEEvent] = []
+        start = 0
+        for index in suspects:
+            if index > start:
+                pieces.append(run.split(start, index))
+            pieces.extend(run.split(index, index + 1).events())
+            start = index + 1
+        if start < len(run):
+            pieces.append(run.split(start, len(run)))
+        return pieces
+
+    def _run(self, run: SSERun) -> SSERun:
+        """A run as it will be appended: no call per event; upstream ids are checked only after a resume
+        (against a replay)."""
         ids = run.ids
         if ids is None:
-            return run, rest
+            return run
         last_id = run.last_id()
         if last_id is not None:
             self.last_id = last_id
@@ -258,7 +287,7 @@ class Pump:
                 run = run.keep(kept)
                 ids = run.ids or []
         self._remember(filter(None, ids))
-        return run, rest
+        return run
 
     def _remember(self, id_lines: Iterable[bytes]) -> None:
         recent = self._recent

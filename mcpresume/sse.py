@@ -8,8 +8,9 @@ are handed on byte-for-byte (invalid UTF-8 included), and JSON decoding is someb
 Parsing follows the WHATWG HTML standard, section "Server-sent events", subsection "Interpreting an event
 stream" (cited below as *WHATWG*). Per chunk, ``SSEParser.feed`` does work proportional to the chunk only:
 
-1. Line endings are normalised to LF with two C-level ``replace`` calls, and only when the chunk contains
-   a CR at all. A CR that ends a chunk is remembered, so an LF starting the next chunk is dropped: CRLF split
+1. Line endings are normalised to LF, only when the chunk contains a CR at all: when every CR is half of a
+   CRLF, by deleting the CRs (one ``translate``), else with two C-level ``replace`` calls. A CR that ends a
+   chunk is remembered, so an LF starting the next chunk is dropped: CRLF split
    across two reads is one line ending, not a line ending plus a blank line.
 2. ``split(b"\\n")`` cuts the chunk into complete lines plus an unterminated tail. The tail is kept as a
    list of pieces, and an event's data lines are kept as a list, so an event that arrives in many small
@@ -19,7 +20,8 @@ stream" (cited below as *WHATWG*). Per chunk, ``SSEParser.feed`` does work propo
    MCP stream.
 
 The hot path (``feed_batched``) skips the per-event work for what servers actually send: when the complete
-events of a chunk are all canonical message events (``[event][id][event] data``, one non-empty data line),
+events of a chunk are all message events of one spelling (``[id][event] data``, one non-empty data line, or
+the general one of ``_RUN_GENERAL``: several data lines, comments, keep-alive blocks, ``data:`` unspaced),
 one ``findall`` takes them all and they come back as one ``SSERun``, the lines as they arrived, from which
 the proxy frames its own events without an object per event. The run is accepted only if its matches tile
 the chunk exactly, which makes them the events the line parser would read; otherwise the canonical events
@@ -46,10 +48,11 @@ The parser reports each event's own ``id`` (``None`` when the event carried none
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Final
 
@@ -73,6 +76,7 @@ __all__ = [
 _BOM: Final = b"\xef\xbb\xbf"
 _COLON: Final = 0x3A  # ord(":")
 _LF: Final = 0x0A
+_LONE_CR: Final = re.compile(rb"\r(?!\n)")  # a CR that ends a line by itself (or ends the chunk)
 
 # Parser states.
 _OPEN: Final = 0
@@ -87,15 +91,56 @@ _CANONICAL: Final = re.compile(
     rb"(?:id: ([^\n\x00]*)\n)?(?:event: ([^\n]*)\n)?(?:id: ([^\n\x00]*)\n)?data: ([^\n]*)\n\n"
 )
 
-# Runs (see SSERun): whole chunks of canonical message events, each taken by findall() in one C-level pass.
-# Three spellings, from the cheapest: no id line (no groups, so no tuple per event: servers without an event
+# Runs (see SSERun): whole chunks of message events, each taken by findall() in one C-level pass. Three
+# spellings, from the cheapest: no id line (no groups, so no tuple per event: servers without an event
 # store, the streams the proxy exists for); the id line first (the official SDK's order); and the general
-# form, an id line between optional event lines. Groups let the id line be left out of what is forwarded.
-_RUN_PLAIN: Final = re.compile(rb"(?:event: .*\n)?data: .+\n\n")
-_RUN_ID_FIRST: Final = re.compile(rb"(id: [^\n\x00]+\n)?((?:event: .*\n)?data: .+\n\n)")
-_RUN_ANY: Final = re.compile(rb"(event: .*\n)?(id: [^\n\x00]+\n)?(event: .*\n)?(data: .+\n\n)")
-_PLAIN, _ID_FIRST, _ANY = 0, 1, 2
-_ORDERS: Final = ((_PLAIN, _ID_FIRST, _ANY), (_ID_FIRST, _PLAIN, _ANY), (_ANY, _PLAIN, _ID_FIRST))
+# form, for any other framing servers write (several data lines, as pretty-printed JSON gives; data without
+# the space; comment lines and comment blocks; an id line before, between or after event lines). Groups let
+# the id line be left out of what is forwarded.
+#
+# The general form, line by line (LF endings: CR is normalised first): a message event is any event and
+# comment lines, at most one id line (``id: `` and a value without NUL, as the other spellings: its line is
+# what replays are checked against), more event and comment lines, then data lines, the first one with a
+# value (so the data is not empty: an event with empty data is a priming event, which the line parser
+# handles), then more data, event and comment lines, and the blank line. A block of event and comment lines
+# only (a keep-alive) has no effect on a client: it is matched on its own (group 1) and dropped. Anything
+# else (retry, unknown fields, a line without a colon, an id after the data, two id lines, empty data) is
+# not matched: findall skips it, the matches do not tile the chunk, and the line parser takes it. Every
+# repeat is possessive, so a line is taken whole or not at all and a failed block costs one pass.
+_NOT_DATA: Final = rb"(?:event:|:)[^\n]*+\n"
+_DATA: Final = rb"data:(?: [^\n]|[^ \n])[^\n]*+\n(?:(?:data:|event:|:)[^\n]*+\n)*+\n"
+_ID_LINE: Final = rb"id: [^\n\x00]++\n"
+# Possessive repeats of "." (any byte but LF) are the cheapest loop the regex engine has: the id line's is
+# one too, and a chunk holding a NUL anywhere (which an id must not hold) takes the strict form instead.
+_RUN_PLAIN: Final = re.compile(rb"(?:event: .*+\n)?data: .++\n\n")
+_RUN_ID_FIRST: Final = re.compile(rb"(id: .++\n)?((?:event: .*+\n)?data: .++\n\n)")
+_RUN_ID_FIRST_NO_NUL: Final = re.compile(rb"(id: [^\n\x00]++\n)?((?:event: .*+\n)?data: .++\n\n)")
+_RUN_GENERAL: Final = re.compile(
+    rb"((?:"
+    + _NOT_DATA
+    + rb")*+\n)|((?:"
+    + _NOT_DATA
+    + rb")*+)("
+    + _ID_LINE
+    + rb")?((?:"
+    + _NOT_DATA
+    + rb")*+"
+    + _DATA
+    + rb")"
+)
+_PLAIN, _ID_FIRST, _GENERAL = 0, 1, 2
+# A keep-alive block (comment lines only) where an event starts: what _without_keepalives takes out.
+_KEEPALIVE: Final = re.compile(rb"\n\n(?::[^\n]*+\n)++\n")
+_ORDERS: Final = ((_PLAIN, _ID_FIRST, _GENERAL), (_ID_FIRST, _PLAIN, _GENERAL), (_GENERAL, _PLAIN, _ID_FIRST))
+# Where a run of each spelling can start: what an anchored match of the first event must find before a
+# findall over the whole chunk is worth trying (a findall that fails to tile has scanned it all).
+_STARTS: Final = (
+    re.compile(rb"(?:event: .*\n)?data: .+\n\n"),
+    re.compile(rb"(?:id: [^\n\x00]+\n)?(?:event: .*\n)?data: .+\n\n"),
+    re.compile(
+        rb"(?:" + _NOT_DATA + rb")*+(?:\n|(?:" + _ID_LINE + rb")?(?:" + _NOT_DATA + rb")*+" + _DATA + rb")"
+    ),
+)
 # The longest run of events of one spelling from a position: where a chunk that is not all canonical stops
 # being so. Possessive quantifiers: a line is taken whole or not at all, so a failed event costs one pass.
 _PREFIXES: Final = tuple(
@@ -103,12 +148,13 @@ _PREFIXES: Final = tuple(
     for pattern in (
         rb"(?:event: .*+\n)?data: .++\n\n",
         rb"(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
-        rb"(?:event: .*+\n)?(?:id: [^\n\x00]++\n)?(?:event: .*+\n)?data: .++\n\n",
+        rb"(?:" + _NOT_DATA + rb")*+(?:\n|(?:" + _ID_LINE + rb")?(?:" + _NOT_DATA + rb")*+" + _DATA + rb")",
     )
 )
 _FIRST: Final = itemgetter(0)
 _SECOND: Final = itemgetter(1)
-_WITHOUT_ID: Final = itemgetter(0, 2, 3)
+_THIRD: Final = itemgetter(2)
+_WITHOUT_ID: Final = itemgetter(1, 3)
 
 
 # Not frozen: a frozen dataclass costs ~3.5x more to construct (its __init__ goes through
@@ -125,13 +171,14 @@ class SSEEvent:
 
 
 class SSERun:
-    """Consecutive message events, each spelled as servers write them (``[event][id][event] data`` lines,
-    one non-empty data line, LF endings), kept as the bytes they arrived in: per event its block without
-    its id line (event lines, data line, blank line), and its id line (b"" if none; ``ids`` is None when no
-    event has one). A client parsing ``id: <cursor>`` then the block gets the upstream's event with our id:
-    that is how the proxy forwards a run (``frame_parts``), with no per-event object."""
+    """Consecutive message events, kept as the bytes they arrived in (LF endings): per event its block
+    without its id line (event, data and comment lines, blank line), and its id line (b"" if none; ``ids``
+    is None when no event has one). ``general``: the blocks are of any spelling the parser accepts in a run
+    (see ``_RUN_GENERAL``), else each is ``[event: X] data: Y`` and the blank line. A client parsing
+    ``id: <cursor>`` then the block gets the upstream's event with our id: that is how the proxy forwards a
+    run (``frame_parts``), with no per-event object."""
 
-    __slots__ = ("_source", "blocks", "ids", "size")
+    __slots__ = ("_source", "blocks", "general", "ids", "size")
 
     def __init__(
         self,
@@ -139,11 +186,14 @@ class SSERun:
         ids: list[bytes] | None,
         size: int,
         source: tuple[bytes, int, int] | None = None,
+        *,
+        general: bool = False,
     ) -> None:
         self.blocks = blocks
         self.ids = ids
         self.size = size  # the bytes of the blocks (what a window keeps: the upstream id lines aside)
         self._source = source  # (chunk, start, end): the run is chunk[start:end]
+        self.general = general
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -152,13 +202,84 @@ class SSERun:
         """Events ``start:stop``."""
         blocks = self.blocks[start:stop]
         ids = None if self.ids is None else self.ids[start:stop]
-        return SSERun(blocks, ids, sum(map(len, blocks)))
+        return SSERun(blocks, ids, sum(map(len, blocks)), general=self.general)
 
     def keep(self, kept: list[int]) -> SSERun:
         """The events at the indexes ``kept`` (in order)."""
         ids = self.ids
         blocks = [self.blocks[i] for i in kept]
-        return SSERun(blocks, None if ids is None else [ids[i] for i in kept], sum(map(len, blocks)))
+        ids = None if ids is None else [ids[i] for i in kept]
+        return SSERun(blocks, ids, sum(map(len, blocks)), general=self.general)
+
+    def _bytes(self) -> tuple[bytes, int, int]:
+        """(buffer, start, end): the run's events as one buffer, each one's blocks ended by a blank line
+        (``\n\n``) and no other: the chunk they came in, or their blocks joined."""
+        if self._source is None:
+            joined = b"".join(self.blocks)
+            return joined, 0, len(joined)
+        return self._source
+
+    def suspects(self, prefix: bytes, markers: Sequence[bytes]) -> list[int]:
+        """The indexes of the events whose data does not start with ``prefix`` and whose bytes (the id
+        line included) hold one of ``markers``, none of which may hold LF: so every event whose data holds
+        one is found, whatever the data's spelling over lines. A few C-level scans for the whole run (each
+        ``find`` goes from the last event found on), then a little work per event found."""
+        chunk, begin, end = self._bytes()
+        found: list[int] = []
+        index = 0
+        pos = begin
+        starts = (b"data: " + prefix, b"data:" + prefix)
+        while pos < end:
+            hits = [hit for hit in (chunk.find(marker, pos, end) for marker in markers) if hit >= 0]
+            if not hits:
+                break
+            hit = min(hits)
+            index += chunk.count(b"\n\n", pos, hit)
+            first = chunk.rfind(b"\n\n", begin, hit)
+            first = begin if first < 0 else first + 2  # where the event starts
+            last = chunk.find(b"\n\n", hit, end) + 2  # where it ends
+            line = first if chunk.startswith(b"data:", first) else chunk.find(b"\ndata:", first, last) + 1
+            if not chunk.startswith(starts, line):
+                found.append(index)
+            index += 1
+            pos = last
+        return found
+
+    def all_start_with(self, prefixes: tuple[bytes, ...], first: int = 0) -> int | None:
+        """Whether every event's data starts with one of ``prefixes`` (spelled over ``data: `` lines; the
+        needles of ``_data_needles``): if so the index of the prefix counted last (the one to count first
+        next time), else None. ``prefixes[first]`` is counted first: usually one C-level count. Sound
+        because each needle occurs at most once per event, and none where another does: in a run of one
+        data line per event, a needle is a data line's start; in a general run, it begins with the blank
+        line before an event (the run is counted with one in front), and the id lines are left out."""
+        blocks = self.blocks
+        head = -1  # the needle found at the very start of the bytes, with no LF before it
+        if not self.general:
+            chunk, start, end = self._bytes()
+            needles = _data_needles(prefixes, False)
+            if start:
+                start -= 1  # the LF that ends the event before the run
+            else:
+                head = next((k for k, n in enumerate(needles) if chunk.startswith(n[1:])), -1)
+        elif self._source is not None and self.ids is None:
+            chunk, start, end = self._source
+            needles = _data_needles(prefixes, True)
+            if start >= 2 and chunk[start - 2 : start] == b"\n\n":
+                start -= 2
+            else:
+                chunk, start, end = b"\n\n" + chunk[start:end], 0, end - start + 2
+        else:
+            chunk = b"\n\n" + b"".join(blocks)
+            start, end = 0, len(chunk)
+            needles = _data_needles(prefixes, True)
+        total = 0
+        if first >= len(needles):  # a hint from a run of the other kind
+            first = 0
+        for k in (first, *(i for i in range(len(needles)) if i != first)):
+            total += chunk.count(needles[k], start, end) + (k == head)
+            if total == len(blocks):
+                return k
+        return None
 
     def first_data_without(self, prefix: bytes) -> int:
         """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
@@ -189,6 +310,11 @@ class SSERun:
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
         ids = self.ids or [b""] * len(self.blocks)
+        if self.general:
+            parser = SSEParser(1 + max(map(len, self.blocks)) + max(map(len, ids)))
+            return [
+                parser._lines(id_line + block)[0] for block, id_line in zip(self.blocks, ids, strict=True)
+            ]
         events = []
         for block, id_line in zip(self.blocks, ids, strict=True):
             lines = block[:-2].split(b"\n")
@@ -204,6 +330,18 @@ class SSERun:
         return None
 
 
+@functools.cache
+def _data_needles(prefixes: tuple[bytes, ...], at_event_start: bool) -> tuple[bytes, ...]:
+    """For ``SSERun.all_start_with``: what the bytes of a run hold where an event's data starts with one of
+    ``prefixes`` (an LF in a prefix is a new ``data: `` line): per prefix, its first data line after an LF
+    (a run of one data line per event: each prefix holding no LF; the others can never be found), or, at
+    an event's start (the blank line before it, then nothing or ``event: message``), its data lines."""
+    spelled = [b"data: " + prefix.replace(b"\n", b"\ndata: ") for prefix in prefixes]
+    if not at_event_start:
+        return tuple(b"\n" + line if b"\n" not in line else b"\n\x00" for line in spelled)
+    return tuple(b"\n\n" + lead + line for lead in (b"", b"event: message\n") for line in spelled)
+
+
 def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[bytes]:
     """What ``b"".join`` turns into the events' frames: per event, ``prefix`` + seq + LF (the proxy's id
     line, the cursor) then the event's block (an event without an id line); seqs from ``first_seq`` on."""
@@ -215,23 +353,35 @@ def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[
 
 def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | None:
     """``chunk[start:end]`` as a run of events of one spelling, or None if the matches do not tile it (a
-    byte skipped means an event that is not canonical: the matches are then not the events)."""
+    byte skipped means an event that is not of the spelling: the matches are then not the events)."""
     size = end - start
     source = (chunk, start, end)
     if spelling == _PLAIN:
         blocks = _RUN_PLAIN.findall(chunk, start, end)
         return SSERun(blocks, None, size, source) if sum(map(len, blocks)) == size else None
     if spelling == _ID_FIRST:
-        pairs = _RUN_ID_FIRST.findall(chunk, start, end)
+        pattern = _RUN_ID_FIRST if chunk.find(b"\x00", start, end) < 0 else _RUN_ID_FIRST_NO_NUL
+        pairs = pattern.findall(chunk, start, end)
         if sum(map(len, chain.from_iterable(pairs))) != size:
             return None
         ids = list(map(_FIRST, pairs))
         return SSERun(list(map(_SECOND, pairs)), ids, size - sum(map(len, ids)), source)
-    parts = _RUN_ANY.findall(chunk, start, end)
-    if sum(map(len, chain.from_iterable(parts))) != size:
+    parts = _RUN_GENERAL.findall(chunk, start, end)
+    general = list(map(b"".join, map(_WITHOUT_ID, parts)))  # a keep-alive block gives b""
+    id_lines = list(map(_THIRD, parts))
+    matched = sum(map(len, general)) + sum(map(len, id_lines))
+    if b"" in general:
+        matched += sum(map(len, map(_FIRST, parts)))
+    if matched != size:
         return None
-    ids = list(map(_SECOND, parts))
-    return SSERun(list(map(b"".join, map(_WITHOUT_ID, parts))), ids, size - sum(map(len, ids)), source)
+    if b"" not in general:
+        return SSERun(
+            general, id_lines if any(id_lines) else None, size - sum(map(len, id_lines)), source, general=True
+        )
+    # Keep-alive blocks: dropped, and the chunk is no longer the events' bytes.
+    id_lines = list(compress(id_lines, general))
+    general = list(filter(None, general))
+    return SSERun(general, id_lines if any(id_lines) else None, sum(map(len, general)), general=True)
 
 
 def _parse_retry(value: bytes) -> int | None:
@@ -257,6 +407,7 @@ class SSEParser:
         "_has_data",
         "_head",
         "_id",
+        "_keepalives",
         "_max",
         "_partial",
         "_partial_len",
@@ -284,6 +435,7 @@ class SSEParser:
         self._retry: int | None = None
         self._state = _OPEN
         self._spelling = _PLAIN  # of the last run: tried first
+        self._keepalives = False  # the last general run held keep-alive blocks
 
     @property
     def buffered(self) -> int:
@@ -334,7 +486,12 @@ class SSEParser:
         if b"\r" in chunk:
             self._skip_lf = chunk[-1:] == b"\r"
             # CRLF first, so a pair becomes one LF rather than two.
-            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if _LONE_CR.search(chunk) is None:
+                # Every CR is half of a CRLF: deleting them (a table lookup per byte) is a third of the
+                # cost of replacing the pairs (a substring search and a copy).
+                chunk = chunk.translate(None, b"\r")
+            else:
+                chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
         if self._at_boundary():
             return self._blocks(chunk)
@@ -413,23 +570,31 @@ class SSEParser:
                 pos = self._run(chunk, pos, events)
 
     def _run(self, chunk: bytes, pos: int, events: list[SSEEvent | SSERun]) -> int:
-        """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are canonical
-        message events within the size limit, else the canonical ones before the first other; returns
-        where the caller goes on (``pos`` if nothing was taken). The spelling that matched last time is
-        tried first: a stream writes every event the same way."""
+        """Take the complete events of ``chunk`` from ``pos`` as one SSERun if they all are message events
+        of one spelling within the size limit, else those before the first other; returns where the caller
+        goes on (``pos`` if nothing was taken). The spelling that matched last time is tried first (a
+        stream writes every event the same way); another one only if its first event is there (one
+        anchored match), so a chunk costs one findall, two at a change of spelling."""
         end = chunk.rfind(b"\n\n") + 2
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
             return pos
-        for spelling in _ORDERS[self._spelling]:
+        if self._keepalives:
+            taken = self._without_keepalives(chunk, pos, end, events)
+            if taken:
+                return end
+        order = _ORDERS[self._spelling]
+        for spelling in order:
+            if spelling != order[0] and _STARTS[spelling].match(chunk, pos, end) is None:
+                continue
             run = _match_run(spelling, chunk, pos, end)
             if run is not None:
                 self._spelling = spelling
                 break
         else:
-            # Not all canonical: take the canonical events up to the first other one, if any. A wrong
+            # Not all of one spelling: take the events up to the first other one, if any. A wrong
             # spelling fails at the first event, so trying each costs little.
-            for spelling in _ORDERS[self._spelling]:
+            for spelling in order:
                 found = _PREFIXES[spelling].match(chunk, pos, end)
                 if found is not None:
                     break
@@ -441,14 +606,39 @@ class SSEParser:
             if run is None:  # cannot happen (the prefix is made of such events); stay on the safe side
                 return pos
             self._spelling = spelling
-        # Each event's size as the line parser counts it is its bytes less the blank line's LF.
-        if (
-            size - 1 > self._max
-            and max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
+        # Each event's size as the line parser counts it is at most its bytes less the blank line's LF
+        # (comment lines, kept in a general block, count less). A general run over the limit in all is
+        # left to the line parser: its keep-alive blocks are not among the blocks to measure.
+        if size - 1 > self._max and (
+            run.general or max(map(len, run.blocks)) + max(map(len, run.ids or [b""])) - 1 > self._max
         ):
             return pos
-        events.append(run)
+        if run.general and run._source is None:
+            self._keepalives = True  # it held keep-alive blocks: take them out first next time
+        if run.blocks:  # else keep-alive blocks only: nothing for a client
+            events.append(run)
         return end
+
+    def _without_keepalives(self, chunk: bytes, pos: int, end: int, events: list[SSEEvent | SSERun]) -> bool:
+        """For a stream that sends keep-alive blocks (comment lines only) between its events: take them out
+        of ``chunk[pos:end]`` (one substitution, anchored at event starts, so a comment line inside an
+        event stays) and read the rest as a run of one spelling, which costs a third of the general
+        spelling's match per keep-alive block. False (nothing taken, and not tried again until a general
+        run holds keep-alive blocks again) if the rest is not such a run within the size limit."""
+        region = _KEEPALIVE.sub(b"\n\n", b"\n\n" + chunk[pos:end])[2:]
+        if len(region) - 1 > self._max:  # the line parser decides what is too large
+            self._keepalives = False
+            return False
+        for spelling in _ORDERS[_PLAIN if self._spelling == _GENERAL else self._spelling]:
+            if _STARTS[spelling].match(region) is None:
+                continue
+            run = _match_run(spelling, region, 0, len(region))
+            if run is not None:
+                if run.blocks:
+                    events.append(run)
+                return True
+        self._keepalives = False
+        return False
 
     def _lines(self, chunk: bytes) -> list[SSEEvent]:
         """The line-by-line parser (WHATWG "Interpreting an event stream"), on LF-only text."""

@@ -28,6 +28,9 @@ def test_every_target_has_a_verdict_and_the_latency_rows_their_late_share_and_up
     rows, verdicts = report.targets_table(results)
     assert set(verdicts) == {
         "throughput",
+        "throughput_every_framing",
+        "throughput_100",
+        "held_sessions",
         "latency",
         "resume",
         "window_memory",

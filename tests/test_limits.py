@@ -777,6 +777,51 @@ async def test_total_window_cap_trims_idle_least_recent_first_and_attached_last(
     assert first_global.undelivered[0] == first_global.counts[EvictReason.GLOBAL_BYTES][0]
 
 
+async def test_an_append_over_the_total_cap_costs_what_it_trims_not_a_pass_over_every_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """10,000 idle sessions, then one session's appends go over the cap: each append trims a few idle
+    windows, and looks at about that many sessions (it sorted all of them on every append over the cap)."""
+    idle = 10_000
+    store = MemoryStore(
+        WindowLimits(10_000, 1 << 20, 1e9),
+        session_ttl=300,
+        max_sessions=idle + 1,
+        retry_ms=None,
+        max_total_bytes=1 << 20,
+    )
+    for k in range(idle):
+        await store.create_session(f"idle-{k}", 0.0)
+        assert await store.open_stream(f"idle-{k}", StreamOrigin.GET, (), float(k)) is not None
+    held_idle = (await store.stats()).window_bytes
+    store.max_total_bytes = held_idle + 10_000  # the busy session's first events fit, then each one trims
+    await store.create_session("busy", 0.0)
+    opened = await store.open_stream("busy", StreamOrigin.GET, (), float(idle))
+    assert opened is not None and await store.attach("busy", float(idle))
+    primed = await _held(store, "busy", opened.number)
+    looked_at = 0
+    real_idle = SessionState.idle
+
+    def counted(self: SessionState) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return real_idle(self)
+
+    monkeypatch.setattr(SessionState, "idle", counted)
+    item = NewEvent(frame_body(b"x" * 700), EventKind.MESSAGE)
+    per_append = []
+    for _ in range(40):
+        looked_at = 0
+        await store.append("busy", opened.number, [item], float(idle))
+        per_append.append(looked_at)
+        assert (await store.stats()).window_bytes <= store.max_total_bytes
+    assert await _held(store, "busy", opened.number) == primed + 40 * len(item.body)  # idle ones trimmed
+    # The first append over the cap orders the sessions once; each later one looks at about the sessions
+    # it trims (a 700-byte event, about 90 priming events of 8 bytes), not at every session.
+    assert max(per_append) <= idle + 1, per_append  # once: every session held
+    assert sorted(per_append)[-2] < 200, per_append
+
+
 # -- 12. overflow: evict or pause, and undelivered evictions ---------------------------------------------
 
 

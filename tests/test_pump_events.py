@@ -48,7 +48,8 @@ def test_a_chunk_ending_with_the_response_is_a_run_then_the_response() -> None:
     pump = make_pump()
     chunk = b"".join(note(k) for k in range(50)) + answer(7) + note(99)
     batches = pump._events(SSEParser(1 << 20).feed_batched(chunk))
-    assert flatten(batches) == [("run", 50), ("RESPONSE", 1), ("MESSAGE", 1)]
+    # Only the event that may be the response leaves the run: what follows it is a run again.
+    assert flatten(batches) == [("run", 50), ("RESPONSE", 1), ("run", 1)]
     assert pump.pending == {}  # answered: the stream is complete
     # Once nothing is pending, a chunk is a run whatever it holds.
     assert flatten(pump._events(SSEParser(1 << 20).feed_batched(answer(8) + note(1)))) == [("run", 2)]
@@ -57,13 +58,13 @@ def test_a_chunk_ending_with_the_response_is_a_run_then_the_response() -> None:
 def test_an_answer_to_another_request_stays_a_message() -> None:
     pump = make_pump((7,))
     batches = pump._events(SSEParser(1 << 20).feed_batched(note(1) + answer(3) + note(2)))
-    assert flatten(batches) == [("run", 1), ("MESSAGE", 1), ("MESSAGE", 1)]
+    assert flatten(batches) == [("run", 1), ("MESSAGE", 1), ("run", 1)]
     assert set(pump.pending) == {"n:7"}
 
 
 def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> None:
     pump = make_pump()
-    odd = b"id: u5\ndata: two\ndata: lines\n\n"  # not canonical: a single event, the slow path
+    odd = b"id: u5\nretry: 10\ndata: two\ndata: lines\n\n"  # a retry: a single event, the slow path
     first = b"".join(note(k, b"u%d" % k) for k in range(5)) + odd
     assert flatten(pump._events(SSEParser(1 << 20).feed_batched(first))) == [("run", 5), ("MESSAGE", 1)]
     assert pump.last_id == b"u5"
@@ -117,3 +118,15 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
     (run,) = appended
     assert asked == [(2, sum(map(len, run.blocks)))]
     assert sum(map(len, run.blocks)) == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
+
+
+def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response() -> None:
+    """The pump remembers which notification spelling matched last; a multi-line (general) run's needles
+    outnumber a one-line run's, and the hint from one must not break the other (it raised IndexError)."""
+    pump = make_pump()
+    pretty = b'event: message\ndata: {\ndata:   "jsonrpc": "2.0",\ndata:   "method": "x"\ndata: }\n\n'
+    first = pump._events(SSEParser(1 << 20).feed_batched(pretty * 3))
+    assert flatten(first) == [("run", 3)]
+    second = pump._events(SSEParser(1 << 20).feed_batched(note(1) + note(2) + answer(7)))
+    assert flatten(second) == [("run", 2), ("RESPONSE", 1)]
+    assert pump.pending == {}

@@ -6,12 +6,18 @@ call is atomic; waiters park on per-session futures that the matching changes re
 Besides each session's own window, the store keeps the total bytes held by all windows under
 ``max_total_bytes``: over it, the windows of idle sessions (no client attached), least recently active
 first, are trimmed, then those of active sessions. The running total is kept up to date on every change, so
-the check costs nothing when under the cap.
+the check costs nothing when under the cap; over it, the sessions to trim come off a heap (``_TrimOrder``),
+so an append costs what it trims, never a pass over every session. The heap is built the first time the
+total goes over the cap (one pass) and dropped when it falls under half the cap, so it costs no memory
+per session while the windows are far from the cap, and a rebuild comes after at least half the cap was
+appended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -94,6 +100,61 @@ class Parking:
         return len(self._parked)
 
 
+class _TrimOrder:
+    """The sessions holding window bytes, in the order the global cap trims them: idle before active, then
+    least recently active first (``SessionState.idle``, ``last_active``). A heap with lazy deletion: a
+    session is pushed again whenever its place may have changed (``push``: the store calls it after every
+    call that changes either, and when an empty window gets bytes), and an entry that is not its session's
+    latest is skipped when it comes up. A trimmed session leaves the heap until it holds bytes again. The heap
+    is rebuilt when stale entries outnumber the sessions, so it stays within about twice their number and
+    each push costs O(log n) amortized."""
+
+    def __init__(self, sessions: dict[str, SessionState]) -> None:
+        """The sessions of ``sessions`` that hold window bytes."""
+        self._heap: list[tuple[bool, float, int, str]] = []
+        self._latest: dict[str, int] = {}  # session id -> the tie-breaker of its current entry
+        self._ticket = itertools.count()
+        for session in sessions.values():
+            if session.window.bytes:
+                ticket = next(self._ticket)
+                self._latest[session.session_id] = ticket
+                self._heap.append((not session.idle(), session.last_active, ticket, session.session_id))
+        heapq.heapify(self._heap)
+
+    def push(self, session: SessionState) -> None:
+        ticket = next(self._ticket)
+        self._latest[session.session_id] = ticket
+        heapq.heappush(self._heap, (not session.idle(), session.last_active, ticket, session.session_id))
+
+    def forget(self, session_id: str) -> None:
+        self._latest.pop(session_id, None)
+
+    def holds(self, session_id: str) -> bool:
+        return session_id in self._latest
+
+    def pop(self, sessions: dict[str, SessionState]) -> SessionState | None:
+        """The next session to trim (out of the heap now), or None if none holds bytes."""
+        heap, latest = self._heap, self._latest
+        while heap:
+            _, _, ticket, session_id = heapq.heappop(heap)
+            if latest.get(session_id) == ticket:
+                del latest[session_id]
+                session = sessions.get(session_id)
+                if session is not None:
+                    return session
+        return None
+
+    def compact(self, sessions: dict[str, SessionState]) -> None:
+        if len(self._heap) > 2 * len(self._latest) + 64:
+            self._heap = []
+            for session_id in list(self._latest):
+                session = sessions.get(session_id)
+                if session is None:
+                    del self._latest[session_id]
+                else:
+                    self.push(session)
+
+
 class MemoryStore:
     def __init__(
         self,
@@ -111,6 +172,7 @@ class MemoryStore:
         self.max_total_bytes = max_total_bytes
         self._sessions: dict[str, SessionState] = {}
         self._total_bytes = 0
+        self._trim_order: _TrimOrder | None = None  # while the total is near the cap (see the module doc)
         self._changed = Parking()  # views waiting for a session's next change
         self._readers_moved = Parking()  # pumps waiting for a reader to move (flow control)
 
@@ -132,25 +194,44 @@ class MemoryStore:
     # -- byte accounting ---------------------------------------------------------------------------------
 
     def _mutate(self, session: SessionState, change: Callable[[SessionState], T]) -> T:
-        """Apply ``change`` to ``session``, keeping the all-sessions byte total exact."""
+        """Apply ``change`` to ``session``, keeping the all-sessions byte total exact (and the session in
+        the trim order once its window holds bytes)."""
         before = session.window.bytes
         result = change(session)
-        self._total_bytes += session.window.bytes - before
+        after = session.window.bytes
+        self._total_bytes += after - before
+        order = self._trim_order
+        if after and order is not None and not order.holds(session.session_id):
+            order.push(session)
         return result
+
+    def _moved(self, session: SessionState) -> None:
+        """The session's place in the trim order may have changed (idle or not, last activity)."""
+        order = self._trim_order
+        if order is not None and session.window.bytes:
+            order.push(session)
+            order.compact(self._sessions)
 
     def _enforce_total(self) -> Evicted:
         evicted = Evicted()
         cap = self.max_total_bytes
         if cap is None or self._total_bytes <= cap:
+            if self._trim_order is not None and (cap is None or self._total_bytes < cap // 2):
+                self._trim_order = None  # far from the cap again: no memory per session for it
             return evicted
         # Idle sessions first, least recently active first; then the active ones, in the same order.
-        order = sorted(self._sessions.values(), key=lambda s: (not s.idle(), s.last_active))
-        for session in order:
-            excess = self._total_bytes - cap
-            if excess <= 0:
+        order = self._trim_order
+        if order is None:
+            order = self._trim_order = _TrimOrder(self._sessions)
+        while self._total_bytes > cap:
+            session = order.pop(self._sessions)
+            if session is None:
                 break
+            excess = self._total_bytes - cap
             evicted.merge(self._trim(session, max(0, session.window.bytes - excess)))
             self._notify(session.session_id)
+            if session.window.bytes:  # trimmed enough before it was empty: it keeps its place
+                order.push(session)
         return evicted
 
     def _trim(self, session: SessionState, max_bytes: int) -> Evicted:
@@ -160,6 +241,8 @@ class MemoryStore:
 
     def _drop(self, session_id: str) -> bool:
         session = self._sessions.pop(session_id, None)
+        if self._trim_order is not None:
+            self._trim_order.forget(session_id)
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._notify(session_id)
@@ -246,6 +329,7 @@ class MemoryStore:
         if session is None:
             return None
         priming = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now))
+        self._moved(session)
         self._enforce_total()
         self._notify(session_id)
         return OpenedStream(priming.stream, session.epoch, priming.seq)
@@ -274,6 +358,7 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is not None:
             session.end_stream(stream, now)
+            self._moved(session)
             self._notify(session_id)
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
@@ -308,6 +393,7 @@ class MemoryStore:
             return False
         session.attached += 1
         session.last_active = now
+        self._moved(session)
         return True
 
     async def detach(self, session_id: str, now: float) -> None:
@@ -315,6 +401,7 @@ class MemoryStore:
         if session is not None:
             session.attached = max(0, session.attached - 1)
             session.last_active = now
+            self._moved(session)
 
     async def add_reader(self, session_id: str, streams: Sequence[int], position: int) -> int:
         session = self._sessions.get(session_id)

@@ -1,0 +1,75 @@
+"""``python -m bench.ab REV [FRAMING ...]``: one stream of 256 B events through nginx, through mcpresume at
+``REV`` (its ``mcpresume/`` tree from ``git archive``, in a temp dir) and through the working tree's, in
+each upstream framing (default: all of ``bench.upstream.FRAMINGS``), 3 interleaved runs each in rotating
+order, medians: whether a change made the proxy faster or slower, measured side by side in one run (the
+ratios to nginx move with the machine's load from run to run, these comparisons much less)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import bench.procs as procs_mod
+from bench.__main__ import MODES, SESSIONS_CAP, run_client, throughput_spec
+from bench.upstream import FRAMINGS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
+    parser.add_argument("rev", help="the git revision to compare with")
+    parser.add_argument("framings", nargs="*", help=f"of {', '.join(FRAMINGS)} (default: all)")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    unknown = set(args.framings) - set(FRAMINGS)
+    if unknown:
+        parser.error(f"unknown framing(s): {', '.join(sorted(unknown))}")
+    args.framings = args.framings or list(FRAMINGS)
+    with tempfile.TemporaryDirectory(prefix="mcpresume-ab-") as base_dir:
+        archive = subprocess.run(
+            ["git", "archive", args.rev, "mcpresume"], cwd=procs_mod.ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
+        procs = procs_mod.Processes()
+        try:
+            upstream = procs.start_upstream()
+            nginx = procs.start_nginx(upstream)
+            if nginx is None:
+                raise SystemExit("nginx is not installed")
+            new = procs.start_mcpresume(upstream, name="mcpresume-new", **SESSIONS_CAP)
+            root = procs_mod.ROOT
+            procs_mod.ROOT = Path(base_dir)  # the base proxy runs from there (cwd and PYTHONPATH)
+            try:
+                base = procs.start_mcpresume(upstream, name="mcpresume-base", **SESSIONS_CAP)
+            finally:
+                procs_mod.ROOT = root
+            targets = {"nginx": nginx, "base": base, "new": new}
+            names = list(targets)
+            rates: dict[str, dict[str, list[float]]] = {}
+            for rep in range(args.reps):
+                for framing in args.framings:
+                    for name in names[rep % 3 :] + names[: rep % 3]:
+                        spec = throughput_spec(targets[name].url, MODES["full"], 1, 256, framing)
+                        result = run_client(procs, spec, timeout=120)
+                        rates.setdefault(framing, {}).setdefault(name, []).append(result["rate"])
+            print(
+                f"| framing | nginx ev/s | {args.rev} ev/s | working tree ev/s | {args.rev} / nginx "
+                "| working tree / nginx | working tree / base |"
+            )
+            print("|---|---|---|---|---|---|---|")
+            for framing, by in rates.items():
+                med = {name: statistics.median(values) for name, values in by.items()}
+                print(
+                    f"| {framing} | {med['nginx']:,.0f} | {med['base']:,.0f} | {med['new']:,.0f} | "
+                    f"{med['base'] / med['nginx']:.3f} | {med['new'] / med['nginx']:.3f} | "
+                    f"{med['new'] / med['base']:.2f} |"
+                )
+        finally:
+            procs.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
