@@ -317,9 +317,8 @@ class Pump:
         store, sid, settings = self.store, self.job.session_id, self.settings
         if settings.pause and not self._paused_out:
             pause = settings.session_ttl
-            if await store.wait_for_room(
-                sid, count, size, pause, keep_undelivered=True, stream=self.job.stream
-            ):
+            # Any stream's undelivered events, not only this one's: what pause protects is the session's.
+            if await store.wait_for_room(sid, count, size, pause, keep_undelivered=True):
                 return
             self._paused_out = True  # paused for session_ttl with nobody reading: evict from now on
         elif await store.wait_for_room(sid, count, size, settings.stall_timeout):

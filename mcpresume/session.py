@@ -486,8 +486,8 @@ class SessionState:
         self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None
     ) -> bool:
         """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
-        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; only of
-        ``stream`` when given, so a stream nobody reads pauses its own pump, not its neighbours').
+        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; of any
+        stream, so a busy stream cannot evict a neighbour's unsent result; only of ``stream`` when given).
 
         A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
         overrun a client that is reading: the window bounds memory, readers set the pace."""
