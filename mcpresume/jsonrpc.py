@@ -108,6 +108,29 @@ def response_key(data: bytes) -> str | None:
     return request_key(request_id)
 
 
+def response_keys(data: bytes) -> tuple[str, ...]:
+    """The keys of the ids an SSE event's data answers: one response's, or those of the responses in a
+    batch (2025-03-26 allows one event to carry a JSON array of messages; its requests and notifications
+    answer nothing). Empty when it answers none."""
+    if data.lstrip()[:1] != b"[":
+        key = response_key(data)
+        return () if key is None else (key,)
+    try:
+        doc: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ()
+    if not isinstance(doc, list):
+        return ()
+    keys = []
+    for item in doc:
+        if not isinstance(item, dict) or "method" in item or ("result" not in item and "error" not in item):
+            continue
+        request_id = item.get("id")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            keys.append(request_key(request_id))
+    return tuple(keys)
+
+
 def error_response(request_id: str | int | None, code: int, message: str, data: dict[str, Any]) -> bytes:
     """A serialized JSON-RPC error response."""
     return orjson.dumps(

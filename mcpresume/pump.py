@@ -31,7 +31,7 @@ import aiohttp
 
 from mcpresume.errors import SERVER_ERROR, BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
-from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_key
+from mcpresume.jsonrpc import NOTIFICATION_PREFIX, error_response, request_key, response_keys
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
@@ -285,9 +285,10 @@ class Pump:
         body = frame_body(data, event.event)
         pending = self.pending
         if pending and not data.startswith(NOTIFICATION_PREFIX):
-            key = response_key(data)
-            if key is not None and pending.pop(key, None) is not None:
-                items.append(NewEvent(body, EventKind.RESPONSE, key))
+            # A batch event (2025-03-26) settles every response in it, once.
+            settled = [key for key in response_keys(data) if pending.pop(key, None) is not None]
+            if settled:
+                items.append(NewEvent(body, EventKind.RESPONSE, settled[0]))
                 return
         items.append(NewEvent(body, EventKind.MESSAGE, None))
 

@@ -8,12 +8,14 @@ import asyncio
 
 import aiohttp
 import orjson
+from aiohttp import web
 
+from mcpresume.jsonrpc import response_keys
 from mcpresume.sse import SSEParser
 from tests.conftest import ServeApp
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, running_proxy
-from tests.support.scripted import ScriptedUpstream
+from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
 
 TIMEOUT = 30.0  # a hang guard, never a timing assertion
 
@@ -57,3 +59,57 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_stream_is_busy(
     for messages, request_id in ((first, first_id), (later, second_id)):
         assert [m["params"]["progress"] for m in messages if "method" in m] == list(range(1, 11))  # type: ignore[index]
         assert [m["id"] for m in messages if "result" in m] == [request_id]
+
+
+# -- batched SSE responses (2025-03-26) ---------------------------------------------------------------------
+
+
+def test_response_keys_of_a_batch_event() -> None:
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "result": {}},
+        {"jsonrpc": "2.0", "id": "b", "error": {"code": -1, "message": "no"}},
+        {"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage", "params": {}},  # a request
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {}},
+        {"jsonrpc": "2.0", "id": True, "result": {}},  # not an id
+    ]
+    assert response_keys(orjson.dumps(batch)) == ("n:1", "s:b")
+    assert response_keys(orjson.dumps(batch[2:])) == ()
+    assert response_keys(orjson.dumps(batch[0])) == ("n:1",)
+    assert response_keys(b"[not json") == ()
+
+
+async def test_a_batch_event_settles_every_response_in_it_once(serve: ServeApp) -> None:
+    """A 2025-03-26 upstream answers a batch POST with one SSE event holding both responses (after an event
+    holding a batch of a server request and a notification). Each request id gets its result once, and no
+    synthesized upstream_stream_lost error follows."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        doc = orjson.loads(await request.read())
+        if isinstance(doc, dict) and doc.get("method") == "initialize":
+            return initialize_answer(doc, "batch-session", "batch")
+        if isinstance(doc, dict):
+            return web.Response(status=202)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        server_batch = [
+            {"jsonrpc": "2.0", "id": "s1", "method": "roots/list"},
+            {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}},
+        ]
+        answers = [{"jsonrpc": "2.0", "id": item["id"], "result": {"n": item["id"]}} for item in doc]
+        for data in (server_batch, answers):
+            await response.write(b"data: " + orjson.dumps(data) + b"\n\n")  # no ids: not resumable
+        return response
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        batch = [{"jsonrpc": "2.0", "id": i, "method": "tools/list"} for i in (1, 2)]
+        headers = client.headers(**{"MCP-Protocol-Version": "2025-03-26"})
+        async with http.post(client.url, data=orjson.dumps(batch), headers=headers) as response:
+            assert response.status == 200
+            events = [orjson.loads(e.data) for e in await collect(response) if e.data]
+    assert events[0][0]["method"] == "roots/list"
+    assert events[1:] == [
+        [{"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}, {"jsonrpc": "2.0", "id": 2, "result": {"n": 2}}]
+    ]
