@@ -16,6 +16,7 @@ from tests.conftest import ServeApp
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
+from tests.support.sdk import ProgressCall, count_slowly, sdk_session
 
 TIMEOUT = 30.0  # a hang guard, never a timing assertion
 
@@ -113,3 +114,17 @@ async def test_a_batch_event_settles_every_response_in_it_once(serve: ServeApp) 
     assert events[1:] == [
         [{"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}, {"jsonrpc": "2.0", "id": 2, "result": {"n": 2}}]
     ]
+
+
+# -- the official SDK client's parallel calls fit the default limits ---------------------------------------
+
+
+async def test_twelve_parallel_calls_of_one_sdk_session_all_succeed(example_upstream: str) -> None:
+    """The official client runs each concurrent call_tool on a POST stream of its own, next to its standalone
+    GET: 12 parallel calls are 13 client views of one session. With default settings all 12 succeed, as
+    they do against the upstream directly (they got 429 too_many_attachments beyond the 8th view)."""
+    async with running_proxy(example_upstream) as proxy, sdk_session(proxy.url) as session:
+        calls = [count_slowly(session, n=6, delay=0.25) for _ in range(12)]
+        async with asyncio.timeout(TIMEOUT):
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    assert [r.text if isinstance(r, ProgressCall) else repr(r) for r in results] == ["counted to 6"] * 12
