@@ -33,7 +33,7 @@ from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
 from mcpresume.context import ProxyContext, log_id
-from mcpresume.cursor import Cursor, parse_cursor
+from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
     SERVER_ERROR,
     BadSessionId,
@@ -59,11 +59,11 @@ from mcpresume.headers import (
     header_bytes,
     valid_session_id,
 )
-from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
+from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
-from mcpresume.sse import encode_comment, encode_retry, frame_body
+from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
 
@@ -243,11 +243,9 @@ class Proxy:
         view = await self.store.view(session_id, stream)
         if view is None or view.stream is None:
             return None
-        return (
-            stream
-            if view.stream.first_seq > after and view.stream.delivered <= view.stream.first_seq
-            else None
-        )
+        # Sent nothing but its priming event (when it has one): delivered at most first_seq, or below it.
+        untouched = view.stream.delivered < view.stream.first_seq + view.stream.primed
+        return stream if view.stream.first_seq > after and untouched else None
 
     async def _forward_claimed(
         self,
@@ -349,7 +347,9 @@ class Proxy:
                 await self.store.settle(sid, keys)  # answered: a re-send is refused, never forwarded again
             return upstream
         now = self.ctx.clock()
-        stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now)
+        stream = await self.store.open_stream(
+            sid, StreamOrigin.POST, message.request_keys, now, priming=_primes(request, message)
+        )
         if stream is None:
             return upstream
         # The client's reader is registered before the pump starts: the first burst waits for it.
@@ -438,8 +438,11 @@ class Proxy:
         assert view is not None and view.stream is not None  # decide re-attaches only to a stream it saw
         return decision, view.stream, view.newest_seq
 
-    def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:
-        preface = encode_retry(self.settings.retry_ms) + encode_comment(f"resumed {epoch_cursor}".encode())
+    def _resume_preface(self, request: web.Request, epoch_cursor: str, stream: int) -> bytes:
+        # The retry hint only where a priming event would carry it: a client of an earlier revision may
+        # surface a block without data as an empty event.
+        preface = encode_retry(self.settings.retry_ms) if _primes(request) else b""
+        preface += encode_comment(f"resumed {epoch_cursor}".encode())
         if self.settings.resume_notification:
             note = orjson.dumps(
                 {
@@ -476,7 +479,7 @@ class Proxy:
                 decision.stream,
                 decision.after,
             )
-            preface = self._resume_preface(session_id, cursor_header, decision.stream)
+            preface = self._resume_preface(request, cursor_header, decision.stream)
             plan = ViewPlan(
                 (decision.stream, *stream.group),
                 decision.after,
@@ -512,9 +515,15 @@ class Proxy:
             if stream is not None:
                 view = await self.store.view(session_id, stream)
                 if view is not None and view.stream is not None:
-                    # One upstream GET per session: a second client view joins the live stream at its head.
-                    preface = encode_retry(self.settings.retry_ms)
-                    return ViewPlan((stream,), view.stream.last_seq, _SSE_HEADERS, preface, standalone=True)
+                    # One upstream GET per session: a second client view joins the live stream at its head,
+                    # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
+                    # that drops before the next message can re-attach without missing it.
+                    head = view.stream.last_seq
+                    preface = b""
+                    if _primes(request) and head >= view.stream.first_seq:
+                        cursor = encode_cursor(view.epoch, stream, head)
+                        preface = encode_frame(cursor, priming_block(self.settings.retry_ms))
+                    return ViewPlan((stream,), head, _SSE_HEADERS, preface, standalone=True)
             opening = self._opening_standalone.get(session_id)
             if opening is None:
                 break
@@ -530,7 +539,9 @@ class Proxy:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
-                opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), self.ctx.clock())
+                opened = await self.store.open_stream(
+                    session_id, StreamOrigin.GET, (), self.ctx.clock(), priming=_primes(request)
+                )
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
@@ -583,7 +594,7 @@ class Proxy:
                 if isinstance(opened, _Opened):
                     streams.append(opened.stream)
                 elif opened.status == 200 and opened.content_type == "application/json":
-                    streams.append(await self._retain_answer(session_id, message, opened))
+                    streams.append(await self._retain_answer(request, session_id, message, opened))
                 elif opened.status == 202:
                     opened.release()  # notifications only: the view carries the old stream's tail alone
                     if not streams:
@@ -597,14 +608,14 @@ class Proxy:
                     await self.store.remove_reader(session_id, opened.reader)
             if len(streams) > 1:
                 await self.store.group_streams(session_id, streams)
-            preface = self._resume_preface(session_id, cursor_header, decision.stream) if followed else b""
+            preface = self._resume_preface(request, cursor_header, decision.stream) if followed else b""
             plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
             return await serve_view(self.ctx, request, session_id, plan)
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
     async def _retain_answer(
-        self, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse
+        self, request: web.Request, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse
     ) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
@@ -618,7 +629,9 @@ class Proxy:
         finally:
             upstream.release()
         now = self.ctx.clock()
-        opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now)
+        opened = await self.store.open_stream(
+            session_id, StreamOrigin.POST, message.request_keys, now, priming=_primes(request, message)
+        )
         if opened is None:
             raise UnknownSession("the session ended while its request was forwarded")
         if len(answer) <= limit:
@@ -659,6 +672,14 @@ class _Opened:
 
 
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
+
+
+def _primes(request: web.Request, message: ClientMessage | None = None) -> bool:
+    """Whether this request's SSE response starts with a priming event: its client speaks 2025-11-25 or
+    later (the version an initialize asks for; after it, MCP-Protocol-Version, the negotiated one)."""
+    if message is not None and message.is_initialize:
+        return primes(message.protocol_version)
+    return primes(request.headers.get(PROTOCOL_VERSION_HEADER))
 
 
 def _client_headers(upstream: UpstreamAnswer) -> list[tuple[str, str]]:

@@ -66,6 +66,9 @@ class StreamState:
     # Retained ones only (bounded by the window); ``group_lost``: the last seq of members gone since.
     group: tuple[int, ...] = ()
     group_lost: int = 0
+    # It began with a priming event (2025-11-25 and later); without one, its first event is a message and
+    # ``last_seq`` stays ``first_seq - 1`` until it comes.
+    primed: bool = True
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -216,18 +219,25 @@ class SessionState:
 
     # -- streams -----------------------------------------------------------------------------------------
 
-    def open_stream(self, origin: StreamOrigin, request_keys: Sequence[str], now: float) -> Event:
-        """Start a stream and append its priming event; returns the priming event."""
+    def open_stream(
+        self, origin: StreamOrigin, request_keys: Sequence[str], now: float, *, priming: bool = True
+    ) -> Event:
+        """Start a stream and append its priming event; returns the priming event. ``priming=False`` (a
+        client of a revision before 2025-11-25, which may parse every event's data as JSON): no event is
+        appended, and the returned one (empty) only says the seq the stream's first event may take."""
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(origin, seq, seq)
+        self.streams[number] = StreamState(origin, seq, seq if priming else seq - 1, primed=priming)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
             self.standalone = number
-        block = priming_block(self.retry_ms)
         self.last_active = now
+        if not priming:
+            self.version += 1  # a reader of the stream may wait on it (its end, say): the stream is news
+            return Event(seq, number, b"", now)
+        block = priming_block(self.retry_ms)
         self._add(Segment.of(number, seq, [block], now), now)
         return Event(seq, number, encode_frame(encode_cursor(self.epoch, number, seq), block), now)
 
@@ -302,7 +312,12 @@ class SessionState:
     def _forget_gone_streams(self) -> None:
         window = self.window
         # Eviction takes a stream's events oldest first, so its last one is the last to go.
-        gone = [n for n, s in self.streams.items() if not s.live and window.evicted_through(n) >= s.last_seq]
+        # (A stream that never had an event, ``last_seq < first_seq``, is gone as soon as it ends.)
+        gone = [
+            n
+            for n, s in self.streams.items()
+            if not s.live and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
+        ]
         if not gone:
             return  # the common case (every append to a full window gets here): no reader set to build
         # A stream a registered reader still follows is kept (ended, empty) until that reader is done: a
@@ -442,6 +457,7 @@ class SessionState:
                 state.group,
                 max([state.group_lost, *(window.evicted_through(n) for n in state.group)]),
                 state.delivered,
+                state.primed,
             ),
         )
 

@@ -11,14 +11,16 @@ import orjson
 from aiohttp import web
 
 from mcpresume.jsonrpc import response_keys
-from mcpresume.sse import SSEParser
+from mcpresume.sse import SSEEvent, SSEParser
 from tests.conftest import ServeApp
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, running_proxy
+from tests.support.relay import SseEvent, parse_sse
 from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
 from tests.support.sdk import ProgressCall, count_slowly, sdk_session
 
 TIMEOUT = 30.0  # a hang guard, never a timing assertion
+READ_GUARD = 10.0  # a hang guard for one read of events that are due now
 
 
 # -- overflow = pause protects undelivered events of every stream ------------------------------------------
@@ -128,3 +130,151 @@ async def test_twelve_parallel_calls_of_one_sdk_session_all_succeed(example_upst
         async with asyncio.timeout(TIMEOUT):
             results = await asyncio.gather(*calls, return_exceptions=True)
     assert [r.text if isinstance(r, ProgressCall) else repr(r) for r in results] == ["counted to 6"] * 12
+
+
+# -- priming: every SSE response of a 2025-11-25 session starts with a cursor; none for older clients ------
+
+
+class StandaloneUpstream:
+    """A scripted upstream whose standalone GET stream sends what the test puts in ``queue`` (each item an
+    event's data), and whose tools/call answers with a progress notification and the result. With
+    ``ask_on_call``, a tools/call first sends a server request on the standalone stream; when no standalone
+    stream is open at that instant it is lost (``lost`` counts them), as with the SDK servers."""
+
+    def __init__(self, *, ask_on_call: bool = False) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.ask_on_call = ask_on_call
+        self.open_gets = 0
+        self.sent = 0
+        self.lost = 0
+        self.sessions = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        if request.method == "GET":
+            return await self._standalone(request)
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            self.sessions += 1
+            answer = initialize_answer(message, f"standalone-{self.sessions}", "standalone")
+            return answer
+        if "method" not in message or "id" not in message:
+            return web.Response(status=202)  # notifications, and answers to the server's requests
+        if self.ask_on_call:
+            if self.open_gets:
+                ask = {"jsonrpc": "2.0", "id": f"ask-{self.sent}", "method": "roots/list"}
+                self.sent += 1
+                self.queue.put_nowait(orjson.dumps(ask))
+            else:
+                self.lost += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+        result = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        for data in (note, result):
+            await response.write(b"event: message\ndata: " + orjson.dumps(data) + b"\n\n")
+        return response
+
+    async def _standalone(self, request: web.Request) -> web.StreamResponse:
+        self.open_gets += 1  # on arrival, before anything is written: the server can send on it now
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            while True:
+                data = await self.queue.get()
+                await response.write(b"event: message\ndata: " + data + b"\n\n")
+        finally:
+            self.open_gets -= 1
+
+
+async def _first_event(response: aiohttp.ClientResponse) -> SSEEvent:
+    """The first event with an id or data (a retry:-only block sets no cursor and fires nothing)."""
+    parser = SSEParser(1 << 20)
+    async with asyncio.timeout(READ_GUARD):
+        while True:
+            events = [e for e in parser.feed(await response.content.readany()) if e.id or e.data]
+            if events:
+                return events[0]
+
+
+async def _raw_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
+    """The first ``count`` SSE events as a client's parser sees them (comments dropped, nothing else)."""
+    body = b""
+    async with asyncio.timeout(READ_GUARD):
+        while len(events := parse_sse(body)) < count:
+            body += await response.content.readany()
+    return events
+
+
+async def test_a_second_standalone_view_starts_with_a_priming_cursor(serve: ServeApp) -> None:
+    """A second GET of a 2025-11-25 session joins the one upstream standalone stream at its head. It starts
+    with a priming event carrying a cursor, so after a drop it re-attaches and gets the server message the
+    first view received meanwhile (it had only a retry: hint, no cursor, and missed it)."""
+    upstream = StandaloneUpstream()
+    url = await serve(catch_all(upstream.handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with http.get(client.url, headers=client.headers()) as first:
+            first_priming = await _first_event(first)
+            assert first_priming.id and first_priming.data == b""
+            async with http.get(client.url, headers=client.headers()) as second:
+                assert second.status == 200
+                priming = await _first_event(second)
+            assert priming.data == b"" and priming.id  # a cursor before any message
+            upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+            seen = await _first_event(first)
+            assert seen.data.startswith(b'{"jsonrpc"')
+            headers = client.headers(**{"Last-Event-ID": priming.id.decode()})
+            async with http.get(client.url, headers=headers) as again:
+                assert again.status == 200
+                missed = await _first_event(again)
+    assert (missed.data, missed.id) == (seen.data, seen.id)
+
+
+async def test_clients_before_2025_11_25_get_no_priming_and_a_cursor_on_every_message(
+    serve: ServeApp,
+) -> None:
+    """A 2025-06-18 client (the TypeScript SDK 1.20 parses every event's data as JSON): no event without data
+    on a POST stream, the standalone stream, a second standalone view or a re-attach; every message event
+    carries a cursor, and the first one resumes the stream."""
+    upstream = StandaloneUpstream()
+    url = await serve(catch_all(upstream.handle))
+    old = "2025-06-18"
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": old,
+                "capabilities": {},
+                "clientInfo": {"name": "ts", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(init), headers=headers) as response:
+            headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+        headers["MCP-Protocol-Version"] = old
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
+        async with http.post(proxy.url, data=orjson.dumps(call), headers=headers) as response:
+            posted = parse_sse(await response.read())
+        async with http.get(proxy.url, headers=headers) as first:
+            async with http.get(proxy.url, headers=headers) as second:
+                upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+                upstream.queue.put_nowait(
+                    b'{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}'
+                )
+                joined = await _raw_events(second, 2)
+            standalone = await _raw_events(first, 2)
+            resume = {**headers, "Last-Event-ID": standalone[0].id or ""}
+            async with http.get(proxy.url, headers=resume) as again:
+                resumed = await _raw_events(again, 1)
+    assert [orjson.loads(e.data).get("id") for e in posted] == [None, 2]
+    for event in [*posted, *standalone, *joined, *resumed]:
+        assert event.data and event.id and event.retry is None, event
+    assert resumed == standalone[1:]
