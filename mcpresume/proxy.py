@@ -23,9 +23,11 @@ stable, and is logged in one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 import orjson
@@ -70,6 +72,11 @@ from mcpresume.window import EventKind
 log = logging.getLogger("mcpresume.proxy")
 
 _REQUEST_ANSWERS = frozenset({"application/json", SSE})
+# How long a POST of a session waits for the session's standalone GET, being opened upstream (a new
+# connection: a few milliseconds), to be sent first: the upstream sees them in the order they reached the
+# proxy (servers that send requests on the standalone stream need it open before the call that triggers
+# them), and a GET that cannot connect holds the session's calls no longer than this.
+ORDER_WAIT: Final = 1.0
 
 
 class Proxy:
@@ -82,6 +89,9 @@ class Proxy:
         # Sessions whose standalone upstream GET is being opened: a second cursor-less GET waits for that
         # one and joins its stream instead of opening another (one upstream GET per session).
         self._opening_standalone: dict[str, asyncio.Future[None]] = {}
+        # Of those, the ones whose GET is not yet written to its upstream connection: a POST of the session
+        # waits for it (ORDER_WAIT at most), so it does not overtake the GET.
+        self._sending_standalone: dict[str, asyncio.Future[None]] = {}
         settings = self.settings
         self._pump_settings = PumpSettings(  # one for every pump
             max_event_bytes=settings.max_event_bytes,
@@ -311,6 +321,8 @@ class Proxy:
         adopt: bool,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         keys = message.request_keys
+        if session_id is not None:
+            await self._after_standalone_sent(session_id)
         try:
             upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
         except ProxyError as error:
@@ -356,6 +368,15 @@ class Proxy:
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
+
+    async def _after_standalone_sent(self, session_id: str) -> None:
+        """Wait (ORDER_WAIT at most) until the session's standalone GET being opened, if any, is sent."""
+        sending = self._sending_standalone.get(session_id)
+        if sending is None or sending.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ORDER_WAIT):
+                await asyncio.shield(sending)
 
     async def _begin_session(self, session_id: str) -> bool:
         try:
@@ -528,13 +549,25 @@ class Proxy:
             if opening is None:
                 break
             await asyncio.shield(opening)  # then look again: joined, or that open failed and this one tries
-        opened_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        opened_here: asyncio.Future[None] = loop.create_future()
         self._opening_standalone[session_id] = opened_here
+        sent: asyncio.Future[None] = loop.create_future()
+        self._sending_standalone[session_id] = sent
+
+        def on_sent() -> None:  # the GET is written: the session's POSTs may go
+            if not sent.done():
+                sent.set_result(None)
+            if self._sending_standalone.get(session_id) is sent:
+                del self._sending_standalone[session_id]
+
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
             with self.ctx.upstream_wait(standalone=True):
-                upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
+                upstream = answer = await self.upstream.open_get(
+                    request.path_qs, upstream_headers(request), on_sent
+                )
             if answer.status == 404:
                 await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
             opened = None
@@ -560,6 +593,7 @@ class Proxy:
                 upstream.release()
             raise
         finally:
+            on_sent()  # sent, or it never will be: nothing waits for it any more
             del self._opening_standalone[session_id]
             opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
         return answer if plan is None else plan

@@ -161,7 +161,9 @@ class StandaloneUpstream:
             return answer
         if "method" not in message or "id" not in message:
             return web.Response(status=202)  # notifications, and answers to the server's requests
-        if self.ask_on_call:
+        if message["method"] == "tools/list":
+            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": []}})
+        if self.ask_on_call and message["method"] == "tools/call":
             if self.open_gets:
                 ask = {"jsonrpc": "2.0", "id": f"ask-{self.sent}", "method": "roots/list"}
                 self.sent += 1
@@ -278,3 +280,20 @@ async def test_clients_before_2025_11_25_get_no_priming_and_a_cursor_on_every_me
     for event in [*posted, *standalone, *joined, *resumed]:
         assert event.data and event.id and event.retry is None, event
     assert resumed == standalone[1:]
+
+
+# -- the order of a session's requests ---------------------------------------------------------------------
+
+
+async def test_a_call_right_after_the_standalone_get_finds_that_stream_open(serve: ServeApp) -> None:
+    """The official client opens its standalone GET a moment before its first call. The upstream sends a
+    server request on its standalone stream as soon as a call arrives (as servers that elicit or sample
+    do), so it must see the GET first: the proxy forwards the call only once the GET's request is sent
+    (a new upstream connection) and not before, as the call would overtake it on a pooled one."""
+    upstream = StandaloneUpstream(ask_on_call=True)
+    url = await serve(catch_all(upstream.handle))
+    async with running_proxy(url) as proxy:
+        for _ in range(50):
+            async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
+                await session.call_tool("ask", {})
+    assert (upstream.sent, upstream.lost) == (50, 0)
