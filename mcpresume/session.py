@@ -39,10 +39,12 @@ from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowL
 # session's memory flat.
 MAX_REQUEST_IDS: Final = 4096
 
-# One read returns at most this much, so one write to a client stays bounded and a re-attach to a full
-# window is sent in a few large writes rather than one huge one.
+# One read returns at most this much (and at least one event), so one write to a client stays bounded and a
+# re-attach to a full window is sent in several writes rather than one huge one. 64 KiB: a view writes only
+# while its client's socket buffer is under the transport's high-water mark (64 KiB by default), so a view
+# whose client never reads holds at most about twice that (attach.ClientWriter), whatever the window holds.
 READ_MAX_EVENTS: Final = 512
-READ_MAX_BYTES: Final = 1 << 20
+READ_MAX_BYTES: Final = 64 << 10
 
 
 class StreamOrigin(enum.Enum):

@@ -5,6 +5,7 @@ requests."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiohttp
 import orjson
@@ -297,3 +298,61 @@ async def test_a_call_right_after_the_standalone_get_finds_that_stream_open(serv
             async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
                 await session.call_tool("ask", {})
     assert (upstream.sent, upstream.lost) == (50, 0)
+
+
+# -- views whose clients never read hold a small constant each ---------------------------------------------
+
+HIGH_WATER = 64 * 1024  # asyncio's and uvloop's default write high-water mark, which aiohttp keeps
+VIEW_BOUND = 256 * 1024  # what one view may make the proxy hold: about the high-water mark and one write
+VIEWS = 4
+
+
+async def test_views_that_never_read_hold_a_bounded_buffer_each(serve: ServeApp) -> None:
+    """Re-attach views of a window of ~9 MiB whose clients never read (a tiny receive buffer, nothing
+    read): each one writes only while its socket buffer is under the high-water mark, so each holds about
+    that and one write, not a whole read of the window (the first write alone put 1 MiB in the buffer)."""
+    # More than the kernel takes into a socket's send buffer (4 MiB on loopback here): the rest is the
+    # proxy's to hold.
+    upstream = ScriptedUpstream(total=8000, pad=1000, send_ids=False)
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=10_000, window_bytes=16 << 20) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        _, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            cursor = (await collect(response, limit=1))[0].id
+        assert cursor is not None
+        await until(lambda: len(proxy.ctx.pumps) == 0, what="the call read to its end")
+        loop = asyncio.get_running_loop()
+        request = (
+            f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nAccept: text/event-stream\r\n"
+            f"Mcp-Session-Id: {client.session_id}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+            f"Last-Event-ID: {cursor.decode()}\r\n\r\n"
+        ).encode()
+        readers = []
+        try:
+            for _ in range(VIEWS):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await loop.sock_connect(sock, ("127.0.0.1", proxy.port))
+                await loop.sock_sendall(sock, request)
+                readers.append(sock)
+            server = proxy.runners[0].server
+            assert server is not None
+
+            def buffers() -> list[int]:  # what each client connection's transport holds, unsent
+                return [c.transport.get_write_buffer_size() for c in server.connections if c.transport]
+
+            await until(
+                lambda: len([b for b in buffers() if b > HIGH_WATER]) == VIEWS,
+                timeout=TIMEOUT,
+                what="every view writing into a full socket buffer",
+            )
+            assert max(buffers()) <= VIEW_BOUND, buffers()
+        finally:
+            for sock in readers:
+                sock.close()
