@@ -183,7 +183,7 @@ class Pump:
                 current = await self._resume()
         except asyncio.CancelledError:
             self.failure = "the proxy stopped reading the stream (shutdown or session end)"
-            await self._finish()
+            await self._finish(wait=False)
             raise
         await self._finish()
 
@@ -382,8 +382,12 @@ class Pump:
 
     # -- the end -----------------------------------------------------------------------------------------
 
-    async def _finish(self) -> None:
+    async def _finish(self, *, wait: bool = True) -> None:
+        """Answer the pending requests with an error, and end the stream. ``wait``: the errors wait for
+        room as every append does (overflow = pause: they must not evict what no client was sent either);
+        not once the proxy stopped the pump, nor past a cancel of that wait."""
         job = self.job
+        items: list[NewEvent] = []
         if self.pending:
             log.warning(
                 "session %s stream %d: %s; answering %d request(s) with an error",
@@ -402,5 +406,10 @@ class Pump:
                 for key, request_id in self.pending.items()
             ]
             self.metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
-            await self.store.append(job.session_id, job.stream, items, self.clock())
-        await self.store.end_stream(job.session_id, job.stream, self.clock())
+        try:
+            if items and wait:
+                await self._make_room(len(items), sum(len(item.body) for item in items))
+        finally:
+            if items:
+                await self.store.append(job.session_id, job.stream, items, self.clock())
+            await self.store.end_stream(job.session_id, job.stream, self.clock())

@@ -65,6 +65,47 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_stream_is_busy(
         assert [m["id"] for m in messages if "result" in m] == [request_id]
 
 
+async def test_pause_keeps_a_streams_unsent_result_while_another_streams_error_is_synthesized(
+    serve: ServeApp,
+) -> None:
+    """The same with the second call's upstream stream ending before its response (no ids: it cannot be
+    resumed): the error the proxy synthesizes for it is an append too, and waits as the pump's do."""
+    # 12 events of the first call (its priming delivered), the second's priming and 3 events: the last one
+    # evicts the delivered priming, so the window is full of undelivered events when the error comes.
+    upstream = ScriptedUpstream(total=10, start_delay=0.3, send_ids=False, drops=[None, 3])
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=15, overflow="pause") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        first_id, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            first_events = SSEParser(1 << 20).feed(await response.content.readany())
+        cursor = (first_events[0].id or b"").decode()
+        await until(lambda: len(proxy.ctx.pumps) == 0, what="the first call read to its end")
+        second_id, body = client.tool_call("work", {})
+
+        async def second_call() -> list[dict[str, object]]:
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                return [orjson.loads(e.data) for e in await collect(response) if e.data]
+
+        second = asyncio.ensure_future(second_call())
+        parked = proxy.ctx.store._readers_moved  # type: ignore[attr-defined]  # pumps waiting for room
+        await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
+        headers = client.headers(**{"Last-Event-ID": cursor})
+        async with http.get(client.url, headers=headers) as response:
+            assert response.status == 200  # 409 cursor_out_of_window when the error evicted them
+            first = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        later = await asyncio.wait_for(second, TIMEOUT)
+    assert [m["id"] for m in first if "result" in m] == [first_id]
+    assert len([m for m in first if "method" in m]) == 10
+    assert [(m["id"], m["error"]["data"]["reason"]) for m in later if "error" in m] == [  # type: ignore[index]
+        (second_id, "upstream_stream_lost")
+    ]
+
+
 # -- batched SSE responses (2025-03-26) ---------------------------------------------------------------------
 
 
