@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.context import ProxyContext, log_id
+from mcpresume.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
 from mcpresume.proxy import Proxy
 from mcpresume.store import SessionStore
@@ -161,6 +162,7 @@ class RunningProxy:
     admin_url: str | None
     app: web.Application
     runners: list[web.AppRunner]
+    connections: ConnectionCap  # the client listener's open connections and its cap
 
     @property
     def ctx(self) -> ProxyContext:
@@ -207,10 +209,25 @@ async def start_proxy(
     # 8 KiB). Its 128 headers at most stay: the parser has no limit on the total, so the count bounds what
     # one request head can hold before the proxy's own check (431) runs: 128 x max_header_bytes.
     header_limit = settings.max_header_bytes
+    limit, descriptors = connection_budget(settings.max_connections)
+    if limit < settings.max_connections:
+        log.warning(
+            "max_connections lowered from %d to %d: the process may open %s files",
+            settings.max_connections,
+            limit,
+            descriptors,
+        )
+    cap = ConnectionCap(
+        limit, metrics.client_connections.set, lambda how: metrics.refused_connections.labels(how).inc()
+    )
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,
+        # aiohttp's keep-alive timer runs from a connection's opening, and from each answer's end, until a
+        # complete request head arrives: a connection silent or trickling its head for header_timeout is
+        # closed (slowloris). It is the keep-alive idle timeout as well.
+        keepalive_timeout=settings.header_timeout,
         # aiohttp waits this long for handlers before it cancels them: the drain ends views cleanly at
         # drain_timeout (RunningProxy.stop), so this comes after, for a write that cannot finish
         shutdown_timeout=settings.drain_timeout + DRAIN_GRACE,
@@ -221,17 +238,30 @@ async def start_proxy(
     server_log = logging.getLogger("aiohttp.server")
     if _UNPARSABLE not in server_log.filters:
         server_log.addFilter(_UNPARSABLE)
+    # Both listeners are bound before anything starts (the upstream client, the store), so a port in use
+    # fails with one ListenError and nothing to clean up.
+    sock = _listen(settings.host, settings.port, "port")
+    admin_sock = None
+    if settings.metrics_port:
+        try:
+            admin_host = settings.metrics_host or settings.host
+            admin_sock = _listen(admin_host, settings.metrics_port, "metrics_port")
+        except ListenError:
+            sock.close()
+            raise
     await runner.setup()
-    sock = _listen(settings.host, settings.port)
-    site = web.SockSite(runner, sock)
+    site = CappedSite(runner, sock, cap)
     await site.start()
     port = sock.getsockname()[1]
     runners = [runner]
     admin_url = None
-    if settings.metrics_port:
-        admin = web.AppRunner(build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1), access_log=None)
+    if admin_sock is not None:
+        admin = web.AppRunner(
+            build_admin_app(app[CONTEXT], lambda: sock.fileno() != -1),
+            access_log=None,
+            keepalive_timeout=settings.header_timeout,
+        )
         await admin.setup()
-        admin_sock = _listen(settings.metrics_host or settings.host, settings.metrics_port)
         await web.SockSite(admin, admin_sock).start()
         runners.append(admin)
         admin_url = (
@@ -239,15 +269,37 @@ async def start_proxy(
         )
     assert settings.upstream is not None
     path = app[CONTEXT].upstream.mcp_path
-    return RunningProxy(f"http://{_url_host(settings.host)}:{port}{path}", port, admin_url, app, runners)
+    if unlike_mcp_path(path):
+        log.warning(
+            "upstream path %r does not look like an MCP endpoint (usually /mcp): only requests to exactly "
+            "this path are resumable, every other path is relayed as is; check --upstream",
+            path,
+        )
+    url = f"http://{_url_host(settings.host)}:{port}{path}"
+    return RunningProxy(url, port, admin_url, app, runners, cap)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def unlike_mcp_path(path: str) -> bool:
+    """Whether an upstream URL's path is probably not an MCP endpoint: its last segment does not name
+    MCP (``/``, ``/sse`` of the older HTTP+SSE transport, ``/api``; ``/mcp``, ``/v1/mcp/`` pass)."""
+    return "mcp" not in path.rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+class ListenError(OSError):
+    """A listener could not be bound: the message names the address, the port and the setting."""
+
+
+def _listen(host: str, port: int, setting: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise ListenError(f"cannot listen on {_url_host(host)}:{port} ({setting}): {reason}") from None
     sock.setblocking(False)
     return sock
 

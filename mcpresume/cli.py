@@ -23,37 +23,75 @@ from mcpresume.config import Settings, SettingsError, load_settings
 log = logging.getLogger("mcpresume")
 
 
+# The settings ``mcpresume demo`` uses (it runs its own upstream; the rest keep their defaults).
+DEMO_SETTINGS = (
+    "host",
+    "port",
+    "metrics_host",
+    "metrics_port",
+    "window_events",
+    "log_level",
+    "log_format",
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcpresume",
         description="A reverse proxy that makes MCP Streamable HTTP streams resumable.",
+        epilog="Every setting is also an MCPRESUME_<NAME> environment variable or a line of the TOML file;"
+        " precedence: flag > environment > file > default.",
     )
     parser.add_argument("--version", action="version", version=f"mcpresume {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve = commands.add_parser("serve", help="run the proxy in front of an upstream MCP server")
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy in front of an upstream MCP server",
+        description="Run the proxy in front of an upstream MCP server (--upstream).",
+    )
     demo = commands.add_parser(
-        "demo", help="run a bundled example upstream behind the proxy and show resumption"
+        "demo",
+        help="run a bundled example upstream behind the proxy and show resumption",
+        description="Run a bundled example upstream behind the proxy and show resumption"
+        " (needs: pip install 'mcpresume[demo]').",
     )
     demo.add_argument(
         "--once", action="store_true", help="exit after the demo instead of serving until Ctrl-C"
     )
-    for sub in (serve, demo):
-        sub.add_argument("--config", metavar="FILE", help="TOML settings file (or MCPRESUME_CONFIG)")
-        for name, field in Settings.model_fields.items():
+    for sub, names in ((serve, tuple(Settings.model_fields)), (demo, DEMO_SETTINGS)):
+        sub.add_argument(
+            "--config", metavar="FILE", help="TOML settings file [default: none; env MCPRESUME_CONFIG]"
+        )
+        for name in names:
+            field = Settings.model_fields[name]
             flag = "--" + name.replace("_", "-")
+            help_text = f"{field.description} [{_default_and_env(name)}]".replace("%", "%%")
             if field.annotation is bool:
                 sub.add_argument(
                     flag,
                     dest=name,
                     action=argparse.BooleanOptionalAction,
                     default=argparse.SUPPRESS,
-                    help=field.description,
+                    help=help_text,
                 )
             else:
-                sub.add_argument(
-                    flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=field.description
-                )
+                sub.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=help_text)
     return parser
+
+
+def _default_and_env(name: str) -> str:
+    """``default: 8080; env MCPRESUME_PORT``: what a flag's help ends with."""
+    field = Settings.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    if default is None:
+        shown = "none"
+    elif isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif isinstance(default, list):
+        shown = ",".join(default) or "empty"
+    else:
+        shown = str(default)
+    return f"default: {shown}; env MCPRESUME_{name.upper()}"
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -101,9 +139,29 @@ def main(argv: list[str] | None = None) -> int:
     _use_uvloop()
     if command == "serve":
         return asyncio.run(serve(settings))
-    from mcpresume.demo import run_demo  # imports the optional MCP SDK: only for the demo
+    try:
+        from mcpresume.demo import run_demo  # imports the optional MCP SDK: only for the demo
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] not in DEMO_EXTRA:
+            raise
+        print(
+            f"mcpresume: the demo needs the demo extra ({exc.name} is not installed):"
+            " pip install 'mcpresume[demo]'",
+            file=sys.stderr,
+        )
+        return 2
+    from mcpresume.app import ListenError
 
-    return asyncio.run(run_demo(settings, once=once))
+    try:
+        return asyncio.run(run_demo(settings, once=once))
+    except ListenError as exc:
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
+
+
+# The top-level modules of the demo extra's packages (pyproject.toml: demo = ["mcp", "uvicorn"]) and of
+# what they bring.
+DEMO_EXTRA = frozenset({"mcp", "uvicorn", "starlette", "sse_starlette", "httpx", "httpx2", "anyio"})
 
 
 def _use_uvloop() -> None:
@@ -125,7 +183,7 @@ def freeze_long_lived() -> int:
 
 
 async def serve(settings: Settings) -> int:
-    from mcpresume.app import start_proxy
+    from mcpresume.app import ListenError, start_proxy
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,9 +192,9 @@ async def serve(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
     try:
         proxy = await start_proxy(settings)
-    except OSError as exc:
-        print(f"mcpresume: cannot listen: {exc}", file=sys.stderr)
-        return 1
+    except ListenError as exc:  # a port in use, an address not of this host
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
     except NotImplementedError as exc:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2

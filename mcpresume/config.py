@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     upstream: str | None = Field(None, description="URL of the upstream MCP endpoint (required for serve)")
     host: str = Field("127.0.0.1", description="address the proxy listens on")
     port: int = Field(8080, ge=0, le=65535, description="port the proxy listens on (0: any free port)")
-    metrics_host: str | None = Field(None, description="address of the admin listener (default: host)")
+    metrics_host: str | None = Field(
+        None, description="address of the admin listener (none: the same as host)"
+    )
     metrics_port: int = Field(9464, ge=0, le=65535, description="admin listener port; 0 disables it")
 
     # -- the window (per session) ------------------------------------------------------------------------
@@ -69,11 +71,19 @@ class Settings(BaseSettings):
         30.0, gt=0, description="seconds a client may take to send a request body (408)"
     )
     max_header_bytes: int = Field(16384, ge=1024, description="largest total of request header bytes (431)")
+    header_timeout: float = Field(
+        10.0, gt=0, description="seconds a connection may take to send a complete request head (closed)"
+    )
+    max_connections: int = Field(
+        4096, ge=1, description="most client connections open at once (503 beyond; fitted to the fd limit)"
+    )
     allowed_origins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Origin values accepted on the MCP endpoint (empty: any)"
+        default_factory=list, description="Origin values accepted, every path (empty: any)"
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Host values accepted on the MCP endpoint (empty: any)"
+        default_factory=list,
+        description="Host values accepted, every path; no port: any port; '*': any (empty: loopback "
+        "names when listening on loopback, else any)",
     )
 
     # -- upstream ----------------------------------------------------------------------------------------

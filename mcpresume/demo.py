@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from mcpresume.app import RunningProxy, start_proxy
+from mcpresume.app import ListenError, RunningProxy, start_proxy
 from mcpresume.config import Settings
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.sse import SSEEvent, SSEParser
@@ -72,7 +72,11 @@ async def _start(settings: Settings, upstream_url: str) -> RunningProxy:
     demo_settings = settings.model_copy(update={"upstream": upstream_url})
     try:
         return await start_proxy(demo_settings)
-    except OSError:  # the configured ports are taken: any free ones will do for a demo
+    except ListenError as exc:
+        if settings.model_fields_set & {"port", "metrics_port"}:
+            raise  # ports the user chose: the caller says which is taken, and the demo does not run
+        # The default ports are taken (a proxy already running?): any free ones will do for a demo.
+        say(f"mcpresume demo: {exc}; using free ports instead (choose with --port, --metrics-port)")
         return await start_proxy(demo_settings.model_copy(update={"port": 0, "metrics_port": 0}))
 
 

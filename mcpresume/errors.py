@@ -88,6 +88,19 @@ class DuplicateRequest(ProxyError):
     reason = "duplicate_request"
 
 
+class CredentialsRefused(ProxyError):
+    """The upstream did not accept the request's credentials for this session (asked with a ``ping``):
+    nothing of the session is served. Its status is the upstream's (401 or 403, as a rule)."""
+
+    status = 403
+    reason = "credentials_refused"
+
+    def __init__(self, message: str, status: int = 403, challenges: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.challenges = challenges  # the upstream's WWW-Authenticate values, relayed as they came
+
+
 # -- limits ----------------------------------------------------------------------------------------------
 
 
@@ -96,6 +109,13 @@ class TooManySessions(ProxyError):
 
     status = 503
     reason = "too_many_sessions"
+
+
+class TooManyConnections(ProxyError):
+    """503: the listener holds ``max_connections`` client connections (answered before any request)."""
+
+    status = 503
+    reason = "too_many_connections"
 
 
 class BodyTooLarge(ProxyError):

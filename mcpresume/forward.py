@@ -18,7 +18,7 @@ from aiohttp import web
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
 from mcpresume.context import ProxyContext, ended_for_drain
 from mcpresume.errors import BodyTimeout, BodyTooLarge
-from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded
+from mcpresume.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
 from mcpresume.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.proxy")
@@ -32,6 +32,19 @@ def upstream_headers(request: web.Request) -> list[tuple[str, str]]:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     client_ip = peer[0] if isinstance(peer, tuple) else None
     return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
+
+
+def client_headers(
+    ctx: ProxyContext, upstream: UpstreamAnswer, *, decoded: bool = True
+) -> list[tuple[str, str]]:
+    """The upstream's end-to-end response headers as the client gets them: a ``Location`` or
+    ``Content-Location`` at the upstream's own address points at the proxy instead. ``decoded``: the body
+    was read uncompressed (``Upstream.request(decoded=True)``, a held GET): a ``Content-Encoding`` the
+    proxy did not apply never reaches the client."""
+    headers = end_to_end(upstream.headers.items(), request=False)
+    if decoded:
+        headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
+    return rewrite_locations(headers, ctx.upstream.origin_url)
 
 
 def body_stream(request: web.Request) -> AsyncIterator[bytes] | None:
@@ -73,20 +86,23 @@ async def passthrough(
     stream_get = request.method == "GET" and request.path == ctx.upstream.mcp_path
     with ctx.upstream_wait(standalone=stream_get):
         upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
-    return await relay(ctx, request, upstream)
+    return await relay(ctx, request, upstream, decoded=False)  # the bytes as they came, encoded or not
 
 
-async def relay(ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswer) -> web.StreamResponse:
-    """Stream an upstream answer to the client as it arrives, end-to-end headers only."""
+async def relay(
+    ctx: ProxyContext, request: web.Request, upstream: UpstreamAnswer, *, decoded: bool = True
+) -> web.StreamResponse:
+    """Stream an upstream answer to the client as it arrives, end-to-end headers only. ``decoded``: the
+    body is read uncompressed (``client_headers``); a compressed one's length is then the proxy's framing."""
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for name, value in end_to_end(upstream.headers.items(), request=False):
+        for name, value in client_headers(ctx, upstream, decoded=decoded):
             response.headers.add(name, value)
         is_sse = upstream.content_type == SSE
         if is_sse:
             for name, value in SSE_RESPONSE_HEADERS[1:]:
                 response.headers[name] = value
-        elif upstream.content_length is not None:
+        elif upstream.content_length is not None and not (decoded and "Content-Encoding" in upstream.headers):
             response.content_length = upstream.content_length
         await response.prepare(request)
         if is_sse:

@@ -9,8 +9,10 @@ go to the upstream as they came), ``Accept``, ``Content-Type``, ``Origin``, ``La
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ipaddress
+from collections.abc import Iterable, Sequence
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -28,8 +30,10 @@ HOP_BY_HOP: Final = frozenset(
 # Framing is the proxy's own on each side: the body is re-framed (chunked or sized) by the HTTP stack.
 _FRAMING: Final = frozenset({"content-length"})
 # The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
-# (the same default as nginx's proxy_pass), which also keeps upstream DNS-rebinding checks meaningful.
-_REQUEST_ONLY_DROPS: Final = frozenset({"host"})
+# (the same default as nginx's proxy_pass). Expect: the proxy's HTTP server answers 100-continue itself
+# before the handler runs, so the body is on its way to the proxy: forwarded, the header would make the
+# upstream hop hold the body back for a 100 the upstream may never send.
+_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect"})
 
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
@@ -58,6 +62,38 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
     if request:
         drop = drop | _REQUEST_ONLY_DROPS
     return [(name, value) for name, value in items if name.lower() not in drop]
+
+
+_LOCATIONS: Final = frozenset({"location", "content-location"})
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """scheme, host and port (the scheme's default when absent) of an absolute http(s) URL, else None."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number, a bracket left open
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def rewrite_locations(headers: list[tuple[str, str]], upstream_origin: str) -> list[tuple[str, str]]:
+    """``Location`` and ``Content-Location`` values that point at the upstream's origin, made references
+    to the same path on the proxy (as nginx's ``proxy_redirect default``): the client resolves them against
+    the URL it asked, the proxy's, so a redirect never hands it the upstream's address. The proxy serves
+    every path of the upstream's origin as it is, so only the origin goes. Other values are untouched."""
+    upstream = _origin(upstream_origin)
+    result = []
+    for name, value in headers:
+        if name.lower() in _LOCATIONS and upstream is not None and _origin(value) == upstream:
+            parts = urlsplit(value.strip())
+            value = urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+        result.append((name, value))
+    return result
 
 
 def forwarded(
@@ -89,6 +125,61 @@ MAX_SESSION_ID_LEN: Final = 256
 
 def valid_session_id(value: str) -> bool:
     return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+
+
+# The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding
+# protection), on any port: a page of another site that a rebinding DNS name points at 127.0.0.1 sends
+# that name in Host, never one of these.
+LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
+ANY_HOST: Final = "*"
+
+
+def split_host(value: str) -> tuple[str, str | None]:
+    """A Host value's name (lower case; an IPv6 literal keeps its brackets) and its port (None: none)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end >= 0:
+            rest = value[end + 1 :]
+            return value[: end + 1], rest[1:] if rest.startswith(":") else None
+        return value, None
+    name, sep, port = value.rpartition(":")
+    return (name, port) if sep else (value, None)
+
+
+def host_allowed(value: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a Host value matches one of ``allowed``: the same name, and the same port when the entry
+    names one (an entry without a port matches any port); ``*`` matches anything. No Host matches nothing
+    but ``*``."""
+    if ANY_HOST in allowed:
+        return True
+    if value is None:
+        return False
+    name, port = split_host(value)
+    for entry in allowed:
+        entry_name, entry_port = split_host(entry)
+        if entry_name == name and (entry_port is None or entry_port == port):
+            return True
+    return False
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a listen address is a loopback one (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def effective_allowed_hosts(allowed: Sequence[str], listen: str) -> tuple[str, ...]:
+    """The Host values the proxy accepts: ``allowed_hosts`` as set; unset, the SDKs' loopback rule when
+    the proxy listens on loopback (it rewrites Host, so the upstream's own check no longer sees the
+    client's), else any."""
+    if allowed:
+        return tuple(allowed)
+    return LOOPBACK_HOSTS if is_loopback(listen) else (ANY_HOST,)
 
 
 def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:

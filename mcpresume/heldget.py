@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, cast
 
@@ -34,11 +35,19 @@ HIGH_WATER: Final = 128 * 1024
 MAX_HEAD: Final = 64 * 1024
 _NO_HEADERS: Final[CIMultiDictProxy[str]] = CIMultiDictProxy(CIMultiDict())
 # The proxy re-frames the events it reads: the upstream must send them as they are.
-_IDENTITY: Final = ("Accept-Encoding", "identity")
+IDENTITY: Final = ("Accept-Encoding", "identity")
+# Content codings read anyway when an upstream compresses what it was asked to send as is (zlib's wbits:
+# gzip's header, zlib's), as aiohttp's client decodes them.
+_DECODERS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+DECODABLE: Final = frozenset({"identity", "gzip", "deflate"})
 
 
 class NotHTTP11(ConnectionError):
     """The upstream's answer breaks HTTP/1.1 framing (h11 says how)."""
+
+
+class UnreadableEncoding(NotHTTP11):
+    """The upstream's answer is in a content encoding the proxy did not ask for and cannot decode."""
 
 
 class HeldGet(asyncio.Protocol):
@@ -49,6 +58,7 @@ class HeldGet(asyncio.Protocol):
         "_buffered",
         "_chunks",
         "_conn",
+        "_decoder",
         "_ended",
         "_error",
         "_head",
@@ -72,7 +82,7 @@ class HeldGet(asyncio.Protocol):
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         fields = [("Host", host)]
         fields += [(n, v) for n, v in headers if n.lower() not in ("accept-encoding", "connection", "host")]
-        fields += [_IDENTITY, ("Connection", "close")]
+        fields += [IDENTITY, ("Connection", "close")]
         # Header values as they came to the proxy (aiohttp decodes them as UTF-8, surrogates kept); h11
         # refuses CR, LF and NUL in them (LocalProtocolError).
         request = h11.Request(
@@ -91,6 +101,7 @@ class HeldGet(asyncio.Protocol):
         self._buffered = 0
         self._paused = False
         self._ended = False  # the body is complete (h11 saw its end)
+        self._decoder: zlib._Decompress | None = None  # the body came compressed anyway
         self._error: Exception | None = None
         self.status = 0
         self.reason = ""
@@ -162,8 +173,12 @@ class HeldGet(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._receive(data)
-        except h11.RemoteProtocolError as exc:
-            self._fail(NotHTTP11(f"the upstream's answer is not valid HTTP/1.1: {exc}"))
+        except (h11.RemoteProtocolError, NotHTTP11, zlib.error) as exc:
+            if isinstance(exc, h11.RemoteProtocolError):
+                exc = NotHTTP11(f"the upstream's answer is not valid HTTP/1.1: {exc}")
+            elif isinstance(exc, zlib.error):
+                exc = NotHTTP11(f"the upstream's compressed answer cannot be decoded: {exc}")
+            self._fail(exc)
             if self._transport is not None:
                 self._transport.close()
         if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
@@ -179,7 +194,7 @@ class HeldGet(asyncio.Protocol):
         if exc is not None:
             self._fail(ConnectionResetError(f"the upstream connection failed: {type(exc).__name__}: {exc}"))
         elif not self._ended and self._error is None:
-            with contextlib.suppress(h11.RemoteProtocolError):
+            with contextlib.suppress(h11.RemoteProtocolError, NotHTTP11, zlib.error):
                 self._receive(b"")  # h11 decides: the end of a read-until-close body, or a cut one
         if self._head is not None and not self._head.done():
             self._head.set_exception(
@@ -200,25 +215,42 @@ class HeldGet(asyncio.Protocol):
         while True:
             event = conn.next_event()
             if isinstance(event, h11.Data):
-                self._chunks.append(bytes(event.data))  # h11 hands out bytearray slices of its buffer
-                self._buffered += len(event.data)
+                # h11 hands out bytearray slices of its buffer
+                self._take(self._decoder.decompress(event.data) if self._decoder else bytes(event.data))
             elif isinstance(event, h11.Response):
                 self._begin(event)
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                if self._decoder is not None:
+                    self._take(self._decoder.flush())
                 self._ended = self.status != 0  # a close before any head is no end
                 return
             elif not isinstance(event, h11.InformationalResponse):
                 return  # NEED_DATA (or PAUSED, once the answer is complete)
 
+    def _take(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+
     def _begin(self, response: h11.Response) -> None:
         self.status = response.status_code
         self.reason = response.reason.decode("latin-1")
-        self.headers = CIMultiDictProxy(
-            CIMultiDict(
-                (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
-                for name, value in response.headers.raw_items()
-            )
+        headers = CIMultiDict(
+            (name.decode("latin-1"), value.decode("utf-8", "surrogateescape"))
+            for name, value in response.headers.raw_items()
         )
+        encoding = headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding in _DECODERS:
+            # Asked for identity, compressed anyway: decoded here, so the head describes what is read.
+            self._decoder = zlib.decompressobj(_DECODERS[encoding])
+            headers.popall("Content-Encoding")
+            headers.popall("Content-Length", None)
+        elif encoding != "identity":
+            raise UnreadableEncoding(
+                f"the upstream answered in content encoding {encoding[:40]!r}, which the proxy did not ask "
+                "for and cannot read"
+            )
+        self.headers = CIMultiDictProxy(headers)
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
 

@@ -30,6 +30,18 @@ class Metrics:
             "mcpresume_upstream_errors", "Upstream failures, by reason.", ["reason"], registry=r
         )
         self.open_streams = Gauge("mcpresume_open_streams", "Client SSE responses open now.", registry=r)
+        self.client_connections = Gauge(
+            "mcpresume_client_connections", "Client connections open now (max_connections).", registry=r
+        )
+        self.refused_connections = Counter(
+            "mcpresume_refused_connections",
+            "Client connections turned away at max_connections, by how: refused (a new one answered 503) "
+            "or evicted (the oldest one still without a request head closed to make room).",
+            ["how"],
+            registry=r,
+        )
+        for how in ("refused", "evicted"):
+            self.refused_connections.labels(how)
         self.resumptions = Counter(
             "mcpresume_resumptions",
             "Resume requests (Last-Event-ID), by outcome: reattach or the rejection reason.",

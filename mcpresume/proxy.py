@@ -8,8 +8,10 @@ Routing
 
   - 2026-07-28 requests (``MCP-Protocol-Version: 2026-07-28`` or a ``server/discover`` probe) pass straight
     through; a client disconnect cancels the upstream request (in that revision closing the stream IS
-    cancellation). Requests of sessions the upstream never issued pass through too.
+    cancellation). Requests without a session id (other than ``initialize``) pass through too.
   - ``initialize``: forwarded; if the upstream answers with ``Mcp-Session-Id``, the session begins here.
+  - A request with a session id the proxy does not track (reaped, deleted, or from before a restart):
+    404 ``unknown_session``, not forwarded (the client re-initializes); a DELETE is still forwarded.
   - POST in a session: the request ids are claimed (exactly once per id); an SSE answer becomes a stream of
     the session, read by a pump into the window, and the client is attached to it from its priming event.
   - GET + ``Last-Event-ID`` (and POST + ``Last-Event-ID``): ``resume.decide`` re-attaches or rejects.
@@ -34,6 +36,7 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
+from mcpresume.authorize import authorize, begins_with, remember_accepted, trusted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
@@ -51,20 +54,29 @@ from mcpresume.errors import (
     UnknownSession,
     UpstreamBadResponse,
 )
-from mcpresume.forward import SSE, body_stream, passthrough, read_body, relay, upstream_headers
+from mcpresume.forward import (
+    SSE,
+    body_stream,
+    client_headers,
+    passthrough,
+    read_body,
+    relay,
+    upstream_headers,
+)
 from mcpresume.headers import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SSE_RESPONSE_HEADERS,
-    end_to_end,
+    effective_allowed_hosts,
     header_bytes,
+    host_allowed,
     valid_session_id,
 )
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin
 from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -93,6 +105,7 @@ class Proxy:
         # waits for it (ORDER_WAIT at most), so it does not overtake the GET.
         self._sending_standalone: dict[str, asyncio.Future[None]] = {}
         settings = self.settings
+        self._allowed_hosts = effective_allowed_hosts(settings.allowed_hosts, settings.host)
         self._pump_settings = PumpSettings(  # one for every pump
             max_event_bytes=settings.max_event_bytes,
             stall_timeout=settings.stall_timeout,
@@ -111,7 +124,7 @@ class Proxy:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
-                response = await passthrough(self.ctx, request, body_stream(request))
+                response = await self._other_path(request)
             elif request.method == "POST":
                 response = await self._mcp_post(request)
             elif request.method == "GET":
@@ -125,20 +138,45 @@ class Proxy:
         self.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
 
+    async def _other_path(self, request: web.Request) -> web.StreamResponse:
+        """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the
+        client and ``--upstream`` disagree on the path (a typo?): the session it begins is relayed with no
+        resumption at all, so that is logged, once per session (the initialize that begins it)."""
+        accept = request.headers.get("Accept", "")
+        if request.method != "POST" or request.content_type != "application/json" or SSE not in accept:
+            return await passthrough(self.ctx, request, body_stream(request))
+        # An MCP client's POST (it accepts SSE): read whole to look at, with the MCP endpoint's limits.
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
+        try:
+            initialize = parse_client_body(body).is_initialize
+        except ProxyError:
+            initialize = False  # not JSON-RPC: the upstream answers it
+        if initialize:
+            log.warning(
+                "initialize on %s is relayed as is, with no resumption: the MCP endpoint is %s (the path of "
+                "the upstream URL); does the client's URL or --upstream have the wrong path?",
+                request.path[:200],
+                self.upstream.mcp_path,
+            )
+        return await passthrough(self.ctx, request, body)
+
     def _admit(self, request: web.Request) -> None:
         """Checks every request passes before anything is read or forwarded."""
         settings = self.settings
         if header_bytes(request.raw_headers) > settings.max_header_bytes:
             raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
-        if request.path != self.upstream.mcp_path:
-            return
-        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Enforced
-        # here for upstreams that don't; with the lists empty, anything passes (the upstream may check).
+        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Checked
+        # on every path the proxy relays (an upstream may route /MCP or /mcp/ to its endpoint too). Origin
+        # is forwarded as it came, so the upstream's own check still sees it; Host is not (the upstream gets
+        # its own authority), so the proxy checks it itself, by default with the SDKs' loopback rule.
         origin = request.headers.get("Origin")
         if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
             raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
-        if settings.allowed_hosts and request.host not in settings.allowed_hosts:
-            raise HostNotAllowed(f"Host {request.host[:200]!r} is not allowed")
+        host = request.headers.get("Host")
+        if not host_allowed(host, self._allowed_hosts):
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+        if request.path != self.upstream.mcp_path:
+            return
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
@@ -159,19 +197,20 @@ class Proxy:
             return await passthrough(self.ctx, request, body)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
         if cursor_header is not None:
-            # Checked first: a cursor of a session the proxy does not know cannot be resumed (404, as a GET
-            # gets), and adopting the session would drop the events after it without a word.
+            # The cursor is checked before anything is forwarded (404 for a session the proxy does not know).
             return await self._post_with_cursor(request, body, message, session_id, cursor_header)
-        if not await self.store.has_session(session_id):
-            # Not ours (the proxy restarted, or the session was reaped): the upstream decides. If it still
-            # knows the session, the proxy adopts it with a fresh epoch, so old cursors read as foreign.
-            return await self._forward_in_session(request, body, message, session_id, adopt=True)
-        return await self._forward_in_session(request, body, message, session_id, adopt=False)
+        granted = await self.store.access(session_id)
+        if granted is None:
+            # Not tracked (reaped, deleted, or the proxy restarted): gone, as a server says of a session it
+            # does not know, and the client re-initializes (spec). Forwarding would run a re-sent request
+            # twice, and relay the upstream's own event ids.
+            raise UnknownSession("session is unknown, deleted or expired; re-initialize")
+        return await self._forward_in_session(request, body, message, session_id, granted)
 
     async def _initialize(
         self, request: web.Request, body: bytes, message: ClientMessage
     ) -> web.StreamResponse:
-        return await self._forward_in_session(request, body, message, None, adopt=True)
+        return await self._forward_in_session(request, body, message, None, None)
 
     async def _forward_in_session(
         self,
@@ -179,12 +218,12 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        *,
-        adopt: bool,
+        granted: SessionAccess | None,
     ) -> web.StreamResponse:
+        """Forward a request in a tracked session (``granted``: its access), or an ``initialize``."""
         reserved = False
-        if session_id is not None and not adopt and message.request_keys:
-            refused = await self._claim_and_reserve(request, session_id, message)
+        if session_id is not None and granted is not None and message.request_keys:
+            refused = await self._claim_and_reserve(request, session_id, message, granted)
             if refused is not None:
                 assert not isinstance(refused, int)  # a merge is never asked here
                 return refused
@@ -196,7 +235,7 @@ class Proxy:
                 max_sessions=self.settings.max_sessions,
             )
         try:
-            opened = await self._forward_claimed(request, body, message, session_id, adopt)
+            opened = await self._forward_claimed(request, body, message, session_id, granted)
             if isinstance(opened, web.Response):
                 return opened
             if isinstance(opened, _Opened):
@@ -215,19 +254,32 @@ class Proxy:
         request: web.Request,
         session_id: str,
         message: ClientMessage,
+        granted: SessionAccess,
         *,
         resume: tuple[int, Sequence[int]] | None = None,
+        verified: bool = False,
     ) -> web.StreamResponse | int | None:
         """Before forwarding: claim the request ids (exactly once), then count the client view the request
         will get (a request refused for too many views must not run upstream). An answer if refused.
+
+        ``granted``: the session's access: the claim is made in its incarnation only; and unless
+        ``verified`` already, a request id seen before is answered from the window only once the request's
+        credentials are (``authorize``).
 
         ``resume`` (POST + ``Last-Event-ID``: the cursor's seq and the streams it resumes): a re-sent request
         whose stream the client can take from there is not answered here; its stream number is returned for
         the caller's view (counted already) to follow."""
         if message.request_keys:
             limit = self.settings.max_streams_per_session
-            claim = await self.store.claim(session_id, message.request_keys, limit)
-            if claim is not None and claim.outcome is not ClaimOutcome.NEW:
+            claim = await self.store.claim(session_id, message.request_keys, limit, granted.epoch)
+            if claim is None:  # ended (or re-issued) since it was looked up
+                error = UnknownSession("session is unknown, deleted or expired; re-initialize")
+                return self.ctx.reject(request, error, message.first_id)
+            if claim.outcome is not ClaimOutcome.NEW:
+                if not verified:
+                    refused = await authorize(self.ctx, request, session_id, granted, message.first_id)
+                    if refused is not None:
+                        return refused
                 stream = None
                 if resume is not None and claim.outcome is ClaimOutcome.ATTACH and claim.stream is not None:
                     stream = await self._resumable_duplicate(session_id, claim.stream, *resume)
@@ -237,8 +289,8 @@ class Proxy:
                 refused = await reserve_view(self.ctx, request, session_id, message.first_id)
                 return stream if refused is None else refused
         refused = await reserve_view(self.ctx, request, session_id, message.first_id)
-        if refused is not None:
-            await self.store.release(session_id, message.request_keys)  # the same id may come back
+        if refused is not None:  # the same id may come back
+            await self.store.release(session_id, message.request_keys, granted.epoch)
         return refused
 
     async def _resumable_duplicate(
@@ -263,10 +315,10 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | web.Response:
         """Forward; on failure answer with the error (the forward released or settled the claim)."""
-        opened = await self._forward_shielded(request, body, message, session_id, adopt)
+        opened = await self._forward_shielded(request, body, message, session_id, granted)
         if not isinstance(opened, ProxyError):
             return opened
         return self.ctx.reject(request, opened, message.first_id)
@@ -277,12 +329,12 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
         """Forward in a task of its own: a client that disconnects now must not cancel the upstream request
         (handshake era: disconnection is not cancellation); its answer still reaches the window. A drain's
         deadline ends the wait (503 shutting_down) but not the forward."""
-        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, adopt))
+        forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, granted))
         try:
             with self.ctx.upstream_wait():
                 return await asyncio.shield(forward)
@@ -318,56 +370,77 @@ class Proxy:
         body: bytes,
         message: ClientMessage,
         session_id: str | None,
-        adopt: bool,
+        granted: SessionAccess | None,
     ) -> _Opened | aiohttp.ClientResponse | ProxyError:
+        """``session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a session;
+        else a request of the tracked session, ``granted`` its access. Everything this request records is
+        recorded in its own incarnation (``epoch``): if the upstream re-issued the session id meanwhile, the
+        new incarnation gets nothing of it (no claim released or settled, no stream, no answer)."""
         keys = message.request_keys
+        epoch = None if granted is None else granted.epoch
         if session_id is not None:
             await self._after_standalone_sent(session_id)
         try:
-            upstream = await self.upstream.request("POST", request.path_qs, upstream_headers(request), body)
+            upstream = await self.upstream.request(
+                "POST", request.path_qs, upstream_headers(request), body, decoded=True
+            )
         except ProxyError as error:
-            # Here, in the shielded task, so it happens even when the client left: the request never ran.
+            # Here, in the shielded task, so it happens even when the client left: the request never ran,
+            # unless it was answered in an encoding the proxy cannot read (then it must not run again).
             if session_id is not None and keys:
-                await self.store.release(session_id, keys)
+                if isinstance(error, UpstreamBadResponse):
+                    await self.store.settle(session_id, keys, epoch)
+                else:
+                    await self.store.release(session_id, keys, epoch)
             return error
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         if upstream.status == 404 and session_id is not None:
             # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
-            await self._drop_session(session_id)
+            if granted is not None and trusted(request, granted):
+                await self._drop_session(session_id, epoch)
+            elif keys:
+                await self.store.release(session_id, keys, epoch)
             return upstream
         if not (200 <= upstream.status < 300) or sid is None:
             if session_id is not None and keys:
-                await self.store.release(session_id, keys)  # refused: the same id may be sent again
+                await self.store.release(session_id, keys, epoch)  # refused: the same id may be sent again
             return upstream
-        # Adopt an unknown session once: two requests racing to adopt it must not make two incarnations.
-        if adopt and (session_id is None or not await self.store.has_session(sid)):
-            if not await self._begin_session(sid):
-                return upstream
-            if session_id is not None and message.request_keys:
-                await self.store.claim(sid, message.request_keys)
+        if session_id is None:
+            epoch = await self._begin_session(sid, begins_with(request))
+            if epoch is None:
+                upstream.release()
+                return TooManySessions(  # untracked, its every request would be 404 unknown_session
+                    f"the proxy holds its maximum of {self.settings.max_sessions} sessions",
+                    max_sessions=self.settings.max_sessions,
+                )
+        elif granted is not None:
+            await remember_accepted(self.ctx, request, sid, granted)
         if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
             # Spec: a POST with a request is answered with application/json or text/event-stream.
             content_type = upstream.content_type
             upstream.release()
             if session_id is not None:
-                await self.store.settle(session_id, keys)  # it ran upstream: never forward it again
+                await self.store.settle(session_id, keys, epoch)  # it ran upstream: never forward it again
             return UpstreamBadResponse(
                 f"the upstream answered a request with {content_type!r}", content_type=content_type
             )
         if upstream.content_type != SSE:
-            if keys:
-                await self.store.settle(sid, keys)  # answered: a re-send is refused, never forwarded again
+            if keys:  # answered: a re-send is refused, never forwarded again
+                await self.store.settle(sid, keys, epoch)
             return upstream
         now = self.ctx.clock()
         stream = await self.store.open_stream(
-            sid, StreamOrigin.POST, message.request_keys, now, priming=_primes(request, message)
+            sid, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
         )
         if stream is None:
-            return upstream
+            # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
+            # as a request of an ended session is, never relayed raw (nor its event ids).
+            upstream.release()
+            return UnknownSession("the session ended while its request was forwarded")
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
-        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(upstream), reader)
+        return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
 
     async def _after_standalone_sent(self, session_id: str) -> None:
         """Wait (ORDER_WAIT at most) until the session's standalone GET being opened, if any, is sent."""
@@ -378,14 +451,15 @@ class Proxy:
             async with asyncio.timeout(ORDER_WAIT):
                 await asyncio.shield(sending)
 
-    async def _begin_session(self, session_id: str) -> bool:
+    async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
+        """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
         try:
-            await self.store.create_session(session_id, self.ctx.clock())
+            epoch = await self.store.create_session(session_id, self.ctx.clock(), credential)
         except ProxyError as error:
-            log.warning("session %s passes through untracked: %s", log_id(session_id), error.message)
-            return False
+            log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
+            return None
         log.info("session %s begins", log_id(session_id))
-        return True
+        return epoch
 
     def _job(
         self, request: web.Request, session_id: str, stream: int, request_ids: tuple[str | int, ...]
@@ -446,12 +520,15 @@ class Proxy:
     # -- resumption --------------------------------------------------------------------------------------
 
     async def _decide(
-        self, session_id: str, cursor_header: str
+        self, session_id: str, cursor_header: str, granted: SessionAccess | None
     ) -> tuple[ReAttach, StreamView, int] | ProxyError:
         """The resume decision: a re-attach with its stream as the decision saw it (retained, or the last
-        standalone stream gone) and the session's newest seq then; or the rejection."""
+        standalone stream gone) and the session's newest seq then; or the rejection. ``granted``: the
+        incarnation the request's credentials were checked in; another one is as good as unknown."""
         cursor = parse_cursor(cursor_header)
         view = await self.store.view(session_id, cursor.stream if isinstance(cursor, Cursor) else 0)
+        if view is not None and (granted is None or view.epoch != granted.epoch):
+            view = None  # begun since the check: nothing of it is served to credentials not checked in it
         decision = decide(view, cursor, self.ctx.clock())
         self.metrics.resumptions.labels(outcome_label(decision)).inc()
         if isinstance(decision, ProxyError):
@@ -480,10 +557,16 @@ class Proxy:
         if session_id is None or self._is_modern(request, None):
             return await passthrough(self.ctx, request, None)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        granted = await self.store.access(session_id)
+        if granted is not None:  # history, live events and a 409's facts: only to accepted credentials
+            refused = await authorize(self.ctx, request, session_id, granted)
+            if refused is not None:
+                return refused
         if cursor_header is not None:
-            decided = await self._decide(session_id, cursor_header)
+            decided = await self._decide(session_id, cursor_header, granted)
             if isinstance(decided, ProxyError):
                 return self.ctx.reject(request, decided, None)
+            assert granted is not None  # _decide found the session, in the incarnation checked
             decision, stream, newest = decided
             if stream.standalone and not stream.live and decision.after >= stream.last_seq:
                 # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
@@ -493,7 +576,7 @@ class Proxy:
                 log.info(
                     "session %s: standalone stream %d ended; a new one", log_id(session_id), stream.number
                 )
-                return await self._standalone(request, session_id)
+                return await self._standalone(request, session_id, granted)
             log.info(
                 "session %s re-attaches to stream %d after %d",
                 log_id(session_id),
@@ -510,31 +593,37 @@ class Proxy:
                 standalone=stream.standalone,
             )
             return await attach_view(self.ctx, request, session_id, plan)
-        if not await self.store.has_session(session_id):
-            return await passthrough(self.ctx, request, None)
-        return await self._standalone(request, session_id)
+        if granted is None:  # not tracked: gone (see _mcp_post)
+            return self.ctx.reject(request, UnknownSession("session is unknown, deleted or expired"), None)
+        return await self._standalone(request, session_id, granted)
 
-    async def _standalone(self, request: web.Request, session_id: str) -> web.StreamResponse:
+    async def _standalone(
+        self, request: web.Request, session_id: str, granted: SessionAccess
+    ) -> web.StreamResponse:
         """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
         refused = await reserve_view(self.ctx, request, session_id)
         if refused is not None:
             return refused  # before any upstream GET is opened for it
         try:
             # Planned in a call that returns: a held view keeps no frame of the opening.
-            plan = await self._standalone_plan(request, session_id)
+            plan = await self._standalone_plan(request, session_id, granted)
             if isinstance(plan, ViewPlan):
                 return await serve_view(self.ctx, request, session_id, plan)
             return await relay(self.ctx, request, plan)  # the upstream's answer when it opened no stream
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
-    async def _standalone_plan(self, request: web.Request, session_id: str) -> ViewPlan | UpstreamAnswer:
+    async def _standalone_plan(
+        self, request: web.Request, session_id: str, granted: SessionAccess
+    ) -> ViewPlan | UpstreamAnswer:
         """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
         and its pump); the upstream's response when that GET did not open an SSE stream."""
         while True:
             stream = await self.store.standalone_stream(session_id)
             if stream is not None:
                 view = await self.store.view(session_id, stream)
+                if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
+                    raise UnknownSession("the session ended while its standalone stream was joined")
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head,
                     # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
@@ -568,13 +657,17 @@ class Proxy:
                 upstream = answer = await self.upstream.open_get(
                     request.path_qs, upstream_headers(request), on_sent
                 )
-            if answer.status == 404:
-                await self._drop_session(session_id)  # the upstream forgot it: the client must re-initialize
+            if answer.status == 404 and trusted(request, granted):  # forgotten: the client re-initializes
+                await self._drop_session(session_id, granted.epoch)
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
+                await remember_accepted(self.ctx, request, session_id, granted)
+                now = self.ctx.clock()
                 opened = await self.store.open_stream(
-                    session_id, StreamOrigin.GET, (), self.ctx.clock(), priming=_primes(request)
+                    session_id, StreamOrigin.GET, (), now, granted.epoch, priming=_primes(request)
                 )
+                if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
+                    raise UnknownSession("the session ended while its standalone stream was opened")
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
@@ -582,7 +675,7 @@ class Proxy:
                 plan = ViewPlan(
                     (opened.number,),
                     opened.priming_seq - 1,
-                    _client_headers(answer),
+                    _client_headers(self.ctx, answer),
                     reader=reader,
                     standalone=True,
                 )
@@ -605,14 +698,20 @@ class Proxy:
         forwarded; then this response carries the old stream's tail and the new request's events (a
         re-sent request's stream instead, when it began after the cursor). The streams one view followed
         are grouped: the client holds one cursor for them, so a re-attach with it follows them all."""
-        decided = await self._decide(session_id, cursor_header)
+        granted = await self.store.access(session_id)
+        if granted is not None:  # the cursor's facts and the stream's tail: only to accepted credentials
+            refused = await authorize(self.ctx, request, session_id, granted, message.first_id)
+            if refused is not None:
+                return refused
+        decided = await self._decide(session_id, cursor_header, granted)
         if isinstance(decided, ProxyError):
             return self.ctx.reject(request, decided, message.first_id)
+        assert granted is not None  # _decide found the session, in the incarnation checked
         decision, stream, newest = decided
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
-            request, session_id, message, resume=(decision.after, followed)
+            request, session_id, message, granted, resume=(decision.after, followed), verified=True
         )
         if isinstance(claimed, web.StreamResponse):
             return claimed
@@ -621,14 +720,15 @@ class Proxy:
             if isinstance(claimed, int):  # re-sent: its stream is followed, the request not forwarded again
                 streams = followed if claimed in followed else [*followed, claimed]
             else:
-                opened = await self._forward_claimed(request, body, message, session_id, False)
+                opened = await self._forward_claimed(request, body, message, session_id, granted)
                 if isinstance(opened, web.Response):
                     return opened
                 streams = list(followed)
                 if isinstance(opened, _Opened):
                     streams.append(opened.stream)
                 elif opened.status == 200 and opened.content_type == "application/json":
-                    streams.append(await self._retain_answer(request, session_id, message, opened))
+                    retained = await self._retain_answer(request, session_id, message, opened, granted.epoch)
+                    streams.append(retained)
                 elif opened.status == 202:
                     opened.release()  # notifications only: the view carries the old stream's tail alone
                     if not streams:
@@ -649,7 +749,12 @@ class Proxy:
             await self.store.detach(session_id, self.ctx.clock())
 
     async def _retain_answer(
-        self, request: web.Request, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse
+        self,
+        request: web.Request,
+        session_id: str,
+        message: ClientMessage,
+        upstream: aiohttp.ClientResponse,
+        epoch: str,
     ) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
@@ -664,7 +769,7 @@ class Proxy:
             upstream.release()
         now = self.ctx.clock()
         opened = await self.store.open_stream(
-            session_id, StreamOrigin.POST, message.request_keys, now, priming=_primes(request, message)
+            session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
         )
         if opened is None:
             raise UnknownSession("the session ended while its request was forwarded")
@@ -683,15 +788,23 @@ class Proxy:
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
         session_id = request.headers.get(SESSION_HEADER)
         with self.ctx.upstream_wait():
-            upstream = await self.upstream.request("DELETE", request.path_qs, upstream_headers(request), None)
-        if session_id is not None and (200 <= upstream.status < 300 or upstream.status == 404):
+            upstream = await self.upstream.request(
+                "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
+            )
+        if session_id is not None and 200 <= upstream.status < 300:
             await self._drop_session(session_id)
             log.info("session %s ends (DELETE)", log_id(session_id))
+        elif session_id is not None and upstream.status == 404:
+            granted = await self.store.access(session_id)
+            if granted is not None and trusted(request, granted):  # see trusted: not another user's 404
+                await self._drop_session(session_id, granted.epoch)
+                log.info("session %s ends (DELETE: the upstream does not know it)", log_id(session_id))
         return await relay(self.ctx, request, upstream)
 
-    async def _drop_session(self, session_id: str) -> None:
-        self.ctx.pumps.cancel_session(session_id)
-        await self.store.delete_session(session_id)
+    async def _drop_session(self, session_id: str, epoch: str | None = None) -> None:
+        """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
+        if await self.store.delete_session(session_id, epoch) or epoch is None:
+            self.ctx.pumps.cancel_session(session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,8 +829,8 @@ def _primes(request: web.Request, message: ClientMessage | None = None) -> bool:
     return primes(request.headers.get(PROTOCOL_VERSION_HEADER))
 
 
-def _client_headers(upstream: UpstreamAnswer) -> list[tuple[str, str]]:
-    """The upstream's end-to-end response headers, with the SSE no-buffering headers set."""
+def _client_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:
+    """The upstream's response headers as the client gets them, with the SSE no-buffering headers set."""
     ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
-    kept = [(n, v) for n, v in end_to_end(upstream.headers.items(), request=False) if n.lower() not in ours]
+    kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in ours]
     return kept + _SSE_HEADERS if kept else _SSE_HEADERS  # one shared list when nothing else is kept

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from mcpresume.credentials import remember
 from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
@@ -130,6 +131,15 @@ class ReadResult:
         return events
 
 
+@dataclass(frozen=True, slots=True)
+class SessionAccess:
+    """What deciding who may read a session needs: its incarnation, and the credentials bound to it."""
+
+    epoch: str
+    credentials: tuple[bytes, ...]  # digests (credentials.py); empty: the session began without any
+    protocol_version: str | None  # the MCP-Protocol-Version its accepted requests carried, if any
+
+
 class ClaimOutcome(enum.Enum):
     NEW = "new"  # no id seen before: forward the request
     ATTACH = "attach"  # every id belongs to one retained stream: attach to it, do not forward
@@ -150,6 +160,9 @@ class Claim:
 # gives the session a dict of its own first. Never mutated.
 _NO_READERS: Final[dict[int, tuple[tuple[int, ...], int]]] = {}
 
+# One string object per revision for every session, not one per session (a header value is a new str).
+_KNOWN_VERSIONS: Final = {v: v for v in ("2025-03-26", "2025-06-18", "2025-11-25")}
+
 # The request-id map's markers: "claimed, the upstream has not answered yet", and "answered without a
 # stream" (an application/json answer, relayed and not retained).
 _PENDING: Final = 0
@@ -163,12 +176,14 @@ class SessionState:
         "_next_reader",
         "_requests",
         "attached",
+        "credentials",
         "epoch",
         "gone_standalone",
         "in_flight",
         "last_active",
         "next_seq",
         "next_stream",
+        "protocol_version",
         "readers",
         "retry_ms",
         "session_id",
@@ -187,6 +202,7 @@ class SessionState:
         now: float,
         first_stream: int = 1,
         first_version: int = 0,
+        credential: bytes | None = None,
     ) -> None:
         self.session_id = session_id
         self.retry_ms = retry_ms
@@ -218,6 +234,11 @@ class SessionState:
         # they count against max_streams_per_session as much as live streams do. Kept exact by
         # _remember_request and _forget_request, the only writers of the request map.
         self.in_flight = 0
+        # Digests of the Authorization values the upstream accepted in this session (credentials.py), the
+        # newest last; empty when the session began without one (then nothing is checked). And the
+        # MCP-Protocol-Version its accepted requests carried: what a verifying ping says.
+        self.credentials: tuple[bytes, ...] = () if credential is None else (credential,)
+        self.protocol_version: str | None = None
 
     # -- streams -----------------------------------------------------------------------------------------
 
@@ -545,6 +566,19 @@ class SessionState:
                 del self.readers[token]
                 dropped += 1
         return dropped
+
+    # -- credentials -----------------------------------------------------------------------------------
+
+    def access(self) -> SessionAccess:
+        return SessionAccess(self.epoch, self.credentials, self.protocol_version)
+
+    def accept_credential(self, digest: bytes, protocol_version: str | None) -> None:
+        """The upstream accepted a request of this session carrying these credentials (a 2xx answer)."""
+        if not self.credentials:
+            return  # began without credentials: nothing is bound, nothing to remember
+        self.credentials = remember(self.credentials, digest)
+        if protocol_version is not None and protocol_version != self.protocol_version:
+            self.protocol_version = _KNOWN_VERSIONS.get(protocol_version, protocol_version)
 
     # -- liveness ----------------------------------------------------------------------------------------
 

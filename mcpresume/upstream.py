@@ -12,14 +12,32 @@ from typing import Any, Final, Protocol
 import aiohappyeyeballs
 import aiohttp
 import h11
+from aiohttp.http_exceptions import ContentEncodingError
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from mcpresume.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
-from mcpresume.heldget import HeldGet
+from mcpresume.errors import BadRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
+
+
+def _undecodable(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ContentEncodingError):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _bad_encoding(encoding: str | None) -> UpstreamBadResponse:
+    named = f" ({encoding[:40]!r})" if encoding else ""
+    return UpstreamBadResponse(
+        f"the upstream answered in a content encoding{named} the proxy did not ask for and cannot read",
+        **({"content_encoding": encoding[:40]} if encoding else {}),
+    )
 
 
 class BodyReader(Protocol):
@@ -51,6 +69,7 @@ class Upstream:
     def __init__(self, url: str, *, connect_timeout: float, first_byte_timeout: float) -> None:
         self.url = URL(url)
         self.origin = self.url.origin()
+        self.origin_url = str(self.origin)
         self.mcp_path = self.url.path or "/"
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
@@ -65,7 +84,8 @@ class Upstream:
         self._session = aiohttp.ClientSession(
             # No total timeout: SSE streams live as long as their request (handshake era) or session.
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None),
-            # Bodies pass through as bytes: content-encoding is the client's and the upstream's business.
+            # Bodies pass through as bytes (content-encoding is the client's and the upstream's business),
+            # except those the proxy reads (request(decoded=True)).
             auto_decompress=False,
             # Upstream cookies belong to the client, not to the proxy's shared session.
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -83,18 +103,28 @@ class Upstream:
         path_qs: str,
         headers: Sequence[tuple[str, str]],
         data: bytes | AsyncIterable[bytes] | None,
+        *,
+        decoded: bool = False,
     ) -> aiohttp.ClientResponse:
         """Send a request; returns once the upstream's headers arrived. Raises ``UpstreamUnreachable`` or
-        ``UpstreamTimeout``. The caller owns the response and must release it."""
+        ``UpstreamTimeout``. The caller owns the response and must release it.
+
+        ``decoded``: the answer is read as it is meant, not as bytes to pass on (the proxy re-frames it):
+        ``Accept-Encoding: identity`` is asked, and a body the upstream compresses anyway (gzip, deflate)
+        is decompressed; its ``Content-Encoding`` and ``Content-Length`` then describe bytes nobody gets.
+        Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came."""
         assert self._session is not None, "Upstream.start() was not awaited"
+        if decoded:
+            headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
         try:
             async with asyncio.timeout(self.first_byte_timeout):
-                return await self._session.request(
+                response = await self._session.request(
                     method,
                     self.origin.join(URL(path_qs, encoded=True)),
                     headers=list(headers),
                     data=data,
                     allow_redirects=False,  # redirects are the client's to follow, with its own policy
+                    auto_decompress=decoded,
                 )
         except aiohttp.ConnectionTimeoutError:
             raise self._connect_timed_out() from None
@@ -103,7 +133,14 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
         except (aiohttp.ClientError, OSError) as exc:
+            if _undecodable(exc):  # an encoding aiohttp knows but cannot decode here (br without Brotli)
+                raise _bad_encoding(None) from None
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if decoded and encoding not in DECODABLE:
+            response.release()
+            raise _bad_encoding(encoding)
+        return response
 
     async def open_get(
         self, path_qs: str, headers: Sequence[tuple[str, str]], on_sent: Callable[[], None] | None = None
@@ -128,6 +165,8 @@ class Upstream:
                     await held.head()
             except TimeoutError:
                 raise self._head_timed_out() from None
+            except UnreadableEncoding as exc:
+                raise UpstreamBadResponse(str(exc)) from None
             except OSError as exc:  # reset, closed before the head, or not HTTP/1.1 (NotHTTP11)
                 raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
         except BaseException:

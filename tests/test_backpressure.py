@@ -15,6 +15,7 @@ from mcpresume.app import reap_once
 from mcpresume.attach import ClientWriter, Stalled
 from mcpresume.sse import SSEParser
 from tests.conftest import ServeApp
+from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import ScriptedUpstream
@@ -49,7 +50,7 @@ async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(
         request_id, body = client.tool_call("work", {})
         reader, writer = await raw_post(proxy.port, body, client.headers(), rcvbuf=4096)
         metrics = proxy.ctx.metrics
-        await until(lambda: _value_now(metrics.backpressure_detaches) > 0)
+        await until(lambda: sample(metrics, "mcpresume_backpressure_detaches_total") > 0)
         # The slow client never slowed the pump: the whole stream reached the window anyway.
         await until(lambda: len(proxy.ctx.pumps) == 0)
         # Another session is unaffected meanwhile.
@@ -67,7 +68,7 @@ async def test_a_client_that_stops_reading_is_detached_and_resumes_without_loss(
     messages = [orjson.loads(e.data) for e in before + after if e.data]
     assert [m["params"]["progress"] for m in messages if m.get("method")] == list(range(1, 121))
     assert [m["id"] for m in messages if "result" in m] == [request_id]
-    assert _value_now(metrics.backpressure_detaches) == 1
+    assert sample(metrics, "mcpresume_backpressure_detaches_total") == 1
 
 
 def dechunk(body: bytes) -> bytes:
@@ -81,10 +82,6 @@ def dechunk(body: bytes) -> bytes:
         out += rest[:size]
         rest = rest[size + 2 :]
     return bytes(out)
-
-
-def _value_now(counter: object) -> float:
-    return counter._value.get()  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.mark.parametrize("overflow", ["evict", "pause"])
@@ -118,7 +115,9 @@ async def test_overflow_policy_while_no_client_reads(serve: ServeApp, overflow: 
             if overflow == "evict":
                 assert response.status == 409
                 assert (await error_of(response))["data"]["reason"] == "cursor_out_of_window"
-                undelivered = proxy.ctx.metrics.evicted_events.labels("undelivered")._value.get()
+                undelivered = sample(
+                    proxy.ctx.metrics, "mcpresume_evicted_events_total", reason="undelivered"
+                )
                 assert undelivered > 0
                 return
             assert response.status == 200
@@ -161,7 +160,7 @@ async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: ServeApp) -
             clock.advance(61)
             await reap_once(proxy.ctx)
             assert (await proxy.ctx.store.stats()).sessions == 0
-            assert proxy.ctx.metrics.sessions._value.get() == 0
+            assert sample(proxy.ctx.metrics, "mcpresume_sessions") == 0
             after = _held() - baseline
             assert after <= 256 * 1024, f"{after} bytes still held after every session expired"
     finally:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,116 @@ def test_serve_freezes_what_start_up_allocated() -> None:
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+# -- a newcomer's first runs -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+def _run(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "mcpresume", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_clean_env())
+
+
+def _clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("MCPRESUME_")}
+
+
+@pytest.mark.parametrize("which", ["port", "metrics_port"])
+def test_a_port_in_use_is_one_line_naming_it_and_exit_2(busy_port: int, which: str) -> None:
+    ports = {"port": "0", "metrics_port": "0", which: str(busy_port)}
+    done = _run(
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1/mcp",
+        "--port",
+        ports["port"],
+        "--metrics-port",
+        ports["metrics_port"],
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"mcpresume: cannot listen on 127.0.0.1:{busy_port} ({which}): Address already in use"
+    ]
+
+
+def test_demo_on_a_port_in_use_says_so(busy_port: int) -> None:
+    done = _run("demo", "--once", "--port", str(busy_port), "--metrics-port", "0")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"mcpresume: cannot listen on 127.0.0.1:{busy_port} (port): Address already in use"
+    )
+    assert "counted" not in done.stdout  # it did not run on other ports instead
+
+
+async def test_demo_on_a_default_port_in_use_moves_and_says_so(
+    busy_port: int, example_upstream: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mcpresume.demo import _start
+
+    settings = load_settings({}).model_copy(update={"port": busy_port, "metrics_port": 0})
+    settings.model_fields_set.discard("port")  # as if 8080 were the default taken by something else
+    settings.model_fields_set.discard("metrics_port")
+    proxy = await _start(settings, example_upstream)
+    try:
+        assert proxy.port != busy_port
+    finally:
+        await proxy.stop()
+    assert f"127.0.0.1:{busy_port} (port): Address already in use; using free ports instead" in (
+        capsys.readouterr().out
+    )
+
+
+def test_demo_without_the_demo_extra_is_one_line_naming_it() -> None:
+    # The demo extra's packages made unimportable, as in an install without [demo] (the image's).
+    code = (
+        "import sys; sys.modules['mcp'] = sys.modules['uvicorn'] = None\n"
+        "from mcpresume.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = _run("demo", "--once", "--port", "0", "--metrics-port", "0", code=code)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("mcpresume: the demo needs the demo extra")
+    assert line.endswith("pip install 'mcpresume[demo]'")
+
+
+def _help(*command: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "mcpresume", *command, "--help"], capture_output=True, text=True, check=True
+    )
+    return " ".join(done.stdout.split())  # argparse wraps lines anywhere
+
+
+def test_every_option_shows_its_default_and_its_variable() -> None:
+    text = _help("serve")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        found = re.compile(rf"{flag}[ ,]").search(text, text.index("options:"))
+        assert found is not None, flag
+        start = found.start()
+        entry = text[start : text.index("]", start) + 1]
+        assert f"env MCPRESUME_{name.upper()}]" in entry, entry
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, int | float | str) and not isinstance(default, bool):
+            assert f"[default: {default};" in entry, entry
+        else:
+            assert "[default: " in entry, entry
+    assert "[default: none; env MCPRESUME_CONFIG]" in text
+
+
+def test_demo_help_lists_only_what_the_demo_uses() -> None:
+    from mcpresume.cli import DEMO_SETTINGS
+
+    text = _help("demo")
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", text[text.index("options:") :]))
+    assert flags == {"--help", "--once", "--config"} | {"--" + n.replace("_", "-") for n in DEMO_SETTINGS}
+    assert "--upstream" not in text  # the demo runs its own
+    assert "pip install 'mcpresume[demo]'" in text

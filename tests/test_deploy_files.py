@@ -1,18 +1,24 @@
 """The deployment files say what the code does: settings, ports, admin paths and metric names.
 
-deploy/kubernetes/sidecar.yaml, deploy/prometheus/alerts.yaml, deploy/grafana/mcpresume.json and the
-Dockerfile are not run by the test suite (no cluster, Prometheus, Grafana or Docker here), so these tests
-pin the facts they share with the code.
+Each file is also checked by a real tool: hadolint on the Dockerfile, promtool on the alert rules (and their
+unit tests), the Kubernetes OpenAPI schemas (kubernetes-validate) on the manifests. The image itself is built
+and run by deploy/image-smoke.sh (.ci/run); the load balancers' files by tests/test_load_balancers.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import re
 import shlex
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any, cast
 
 import pytest
@@ -23,6 +29,7 @@ from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings
 from mcpresume.metrics import Metrics
 from mcpresume.resume import OUTCOMES
+from tests.support.proxy import running_proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDECAR = ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
@@ -312,23 +319,311 @@ def _instructions() -> list[tuple[str, str]]:
     return found
 
 
-def test_dockerfile_matches_the_defaults() -> None:
+def _final_stage() -> dict[str, list[str]]:
     instructions = _instructions()
     final = instructions[max(i for i, (k, _) in enumerate(instructions) if k == "FROM") :]
     by_keyword: dict[str, list[str]] = {}
     for keyword, rest in final:
         by_keyword.setdefault(keyword, []).append(rest)
+    return by_keyword
+
+
+def _image_env() -> dict[str, str]:
+    pairs = (pair for rest in _final_stage()["ENV"] for pair in shlex.split(rest))
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_dockerfile_matches_the_defaults() -> None:
+    by_keyword = _final_stage()
     defaults = _settings({})
     exposed = {int(port) for rest in by_keyword["EXPOSE"] for port in shlex.split(rest)}
     assert exposed == {defaults.port, defaults.metrics_port}
-    (health,) = by_keyword["HEALTHCHECK"]
-    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", health)
-    assert url is not None
-    assert int(url.group(1)) == defaults.metrics_port
-    assert url.group(2) == "/healthz" and url.group(2) in _admin_paths()
+    env = _image_env()
+    assert env["MCPRESUME_HOST"] == env["MCPRESUME_METRICS_HOST"] == "0.0.0.0"
+    assert int(env["MCPRESUME_PORT"]) == defaults.port
+    assert int(env["MCPRESUME_METRICS_PORT"]) == defaults.metrics_port
     assert by_keyword["USER"] == ["10001:10001"]
     assert by_keyword["ENTRYPOINT"] == ['["mcpresume"]']
     assert by_keyword["CMD"] == ['["serve"]']
     assert by_keyword["STOPSIGNAL"] == ["SIGTERM"]
-    env = " ".join(by_keyword["ENV"])
-    assert "MCPRESUME_HOST=0.0.0.0" in env and "MCPRESUME_METRICS_HOST=0.0.0.0" in env
+
+
+async def test_the_healthcheck_probes_the_configured_admin_port() -> None:
+    (health,) = _final_stage()["HEALTHCHECK"]
+    argv = json.loads(health[health.index("CMD") + 3 :])
+    assert argv[:2] == ["python", "-c"]
+    probe = argv[2]
+
+    async def run_probe(port: int) -> int:
+        done = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", probe, env={"MCPRESUME_METRICS_PORT": str(port)}, stderr=DEVNULL
+        )
+        return await done.wait()
+
+    # The probe itself, against a real admin listener on a port of the test's choosing.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    assert await run_probe(admin_port) != 0  # nothing listens there yet
+    async with running_proxy("http://127.0.0.1:1/mcp", metrics_port=admin_port):
+        assert await run_probe(admin_port) == 0
+
+
+def test_docker_stop_grace_covers_the_image_drain() -> None:
+    # docker stop sends SIGTERM and kills 10 s later: the drain and its margin must end before.
+    drain = float(_image_env()["MCPRESUME_DRAIN_TIMEOUT"])
+    assert drain > 0 and drain + DRAIN_GRACE < 10
+    labels = " ".join(_final_stage()["LABEL"])
+    assert f"MCPRESUME_DRAIN_TIMEOUT ({drain:g} s here) + {DRAIN_GRACE:g} s" in labels
+
+
+def test_dockerfile_builds_without_docker_hub_frontends() -> None:
+    text = DOCKERFILE.read_text()
+    # A `# syntax=` line makes BuildKit fetch that frontend image from Docker Hub before anything else.
+    assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
+    froms = [rest.split()[0] for keyword, rest in _instructions() if keyword == "FROM"]
+    assert set(froms) == {"python:3.11-slim"}  # the one base deploy/image-smoke.sh stands in for
+    # The optional CA bundle for TLS-intercepting proxies: a secret on every builder step that downloads.
+    downloads = [
+        rest
+        for keyword, rest in _instructions()
+        if keyword == "RUN" and ("pip wheel" in rest or ("pip install" in rest and "--no-index" not in rest))
+    ]
+    assert len(downloads) == 3 and all("--mount=type=secret,id=pip-ca " in rest for rest in downloads)
+    assert "--secret id=pip-ca,src=" in text  # documented in the header
+
+
+def test_hadolint_finds_nothing() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+# -- the memory bound, said the same everywhere ----------------------------------------------------------
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
+def test_every_document_says_max_total_window_bytes_bounds_memory(
+    sidecar: dict[str, Any], sidecar_settings: Settings
+) -> None:
+    documents = [
+        SIDECAR,
+        ALERTS,
+        ROOT / "config" / "mcpresume.toml",
+        ROOT / "docs" / "how-it-works.md",
+        ROOT / "docs" / "reference.md",
+        ROOT / "deploy" / "kubernetes" / "README.md",
+    ]
+    for path in documents:
+        text = " ".join(path.read_text().split())
+        assert "max_total_window_bytes" in text, path
+        for claim in ("no process-wide", "40 GiB", "worst case is max_sessions x window_bytes"):
+            assert claim not in text, (path, claim)
+    # The cap the sidecar runs with fits under its memory limit, with room for the interpreter and the
+    # sessions' bookkeeping.
+    limit = _bytes(sidecar["resources"]["limits"]["memory"])
+    assert sidecar_settings.max_total_window_bytes + (256 << 20) <= limit
+
+
+def test_the_docs_list_every_upstream_error_reason_the_code_counts() -> None:
+    source = "\n".join(path.read_text() for path in (ROOT / "mcpresume").rglob("*.py"))
+    counted = set(re.findall(r'upstream_errors\.labels\("([a-z_]+)"\)', source))
+    # and the reasons of the errors counted by class (ctx.reject counts every upstream error's reason)
+    counted |= {"upstream_unreachable", "upstream_timeout", "upstream_bad_response", "event_too_large"}
+    assert "stream_dropped" in counted
+    (row,) = [
+        line
+        for line in (ROOT / "docs" / "reference.md").read_text().splitlines()
+        if line.startswith("| `mcpresume_upstream_errors_total{reason}`")
+    ]
+    for reason in counted:
+        assert f"`{reason}`" in row, reason
+
+
+# -- the real tools: promtool on the alert rules, the Kubernetes schemas on the manifests ---------------
+
+
+def _tool(name: str, package: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        message = f"{name} not found (Debian: apt-get install {package})"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "check", "rules", str(ALERTS)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_unit_tests_every_alert() -> None:
+    tests_file = ALERTS.with_name("alerts.test.yaml")
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "test", "rules", tests_file.name],
+        cwd=tests_file.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+    # Every alert has a case where it fires, and one where it stays quiet (an empty exp_alerts, or a
+    # second series it leaves alone).
+    document = yaml.safe_load(tests_file.read_text())
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for case in document["tests"]:
+        instances = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in case["input_series"]}  # type: ignore[union-attr]
+        for check in case["alert_rule_test"]:
+            fired = {alert["exp_labels"]["instance"] for alert in check["exp_alerts"]}
+            (firing if fired else quiet).add(check["alertname"])
+            if fired and instances - fired:
+                quiet.add(check["alertname"])
+    alerts = {
+        rule["alert"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
+    }
+    assert firing == alerts
+    assert quiet == alerts
+
+
+@pytest.mark.parametrize("version", ["1.28.0", "latest"])
+def test_manifests_match_the_kubernetes_schemas(version: str) -> None:
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version() if version == "latest" else version
+    manifests = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+    assert manifests
+    for path in manifests:
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                # strict: an unknown field (a typo) is an error, as `kubectl apply --validate=strict` has it
+                kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_kubernetes_validator_catches_a_typo(manifests: dict[str, dict[str, Any]]) -> None:
+    import copy
+
+    import kubernetes_validate
+
+    broken = copy.deepcopy(manifests["Deployment"])
+    broken["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGett"] = {"path": "/readyz"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+# -- compose: one proxy, the example upstream, Prometheus and Grafana --------------------------------------
+
+COMPOSE = ROOT / "deploy" / "compose" / "single.yaml"
+
+
+def _compose() -> list[str]:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    message = "neither docker-compose nor docker compose (Debian: apt-get install docker-compose)"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """The compose file as `docker-compose config` renders it (paths resolved), after it checked it."""
+    done = subprocess.run([*_compose(), "-f", str(COMPOSE), "config"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return cast(dict[str, Any], yaml.safe_load(done.stdout))
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """container path -> host path of a service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume["source"], volume["target"]
+        mounts[target] = Path(source)
+    return mounts
+
+
+def test_compose_runs_the_kit(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"upstream", "mcpresume", "prometheus", "grafana"}
+    # The proxy, built from this Dockerfile, in front of the example upstream (a stage of the same file).
+    proxy, upstream = services["mcpresume"], services["upstream"]
+    assert Path(proxy["build"]["context"]) == ROOT and "target" not in proxy["build"]
+    assert upstream["build"]["target"] == "example-upstream"
+    assert ("FROM", "python:3.11-slim AS example-upstream") in _instructions()
+    assert "--any-host" in " ".join(rest for keyword, rest in _instructions() if keyword == "ENTRYPOINT")
+    assert proxy["environment"]["MCPRESUME_UPSTREAM"] == "http://upstream:8000/mcp"
+    defaults = _settings({})
+    published = {
+        int(port["target"]) if isinstance(port, dict) else int(port.split(":")[-1].split("/")[0])
+        for port in proxy["ports"]
+    }
+    assert published == {defaults.port, defaults.metrics_port}
+    assert not upstream.get("ports")  # reached through the proxy only
+    grace = proxy["stop_grace_period"]
+    assert float(grace.removesuffix("s")) > float(_image_env()["MCPRESUME_DRAIN_TIMEOUT"]) + DRAIN_GRACE
+
+
+def test_compose_prometheus_scrapes_the_proxy_with_the_alert_rules(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    mounts = _mounts(compose["services"]["prometheus"])
+    config_path = mounts["/etc/prometheus/prometheus.yml"]
+    config = yaml.safe_load(config_path.read_text())
+    assert mounts["/etc/prometheus/alerts.yaml"] == ALERTS
+    assert config["rule_files"] == ["alerts.yaml"]  # beside the config, as mounted
+    (job,) = config["scrape_configs"]
+    assert job["metrics_path"] in _admin_paths()
+    assert job["static_configs"] == [{"targets": [f"mcpresume:{_settings({}).metrics_port}"]}]
+    # promtool on the config and its rules, laid out as in the container
+    for path in (config_path, ALERTS):
+        (tmp_path / path.name).write_text(path.read_text())
+    done = subprocess.run(
+        [_tool("promtool", "prometheus"), "check", "config", str(tmp_path / config_path.name)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 rule files found" in done.stdout
+
+
+def test_compose_grafana_has_the_dashboard_and_prometheus(compose: dict[str, Any]) -> None:
+    mounts = _mounts(compose["services"]["grafana"])
+    dashboards = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning/dashboards"] / "mcpresume.yaml").read_text()
+    )
+    (provider,) = dashboards["providers"]
+    folder = provider["options"]["path"]
+    assert mounts[f"{folder}/{DASHBOARD.name}"] == DASHBOARD
+    sources = yaml.safe_load(
+        (mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yaml").read_text()
+    )
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    assert "9090:9090" in " ".join(str(p) for p in compose["services"]["prometheus"]["ports"]) or any(
+        isinstance(p, dict) and p.get("target") == 9090 for p in compose["services"]["prometheus"]["ports"]
+    )
+
+
+def test_shellcheck_finds_nothing_in_the_ci_scripts() -> None:
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    scripts = [ROOT / "deploy" / "image-smoke.sh", ROOT / ".ci" / "run"]
+    done = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

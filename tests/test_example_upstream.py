@@ -432,3 +432,34 @@ async def test_redis_fixture_answers(redis_server: str) -> None:
         finally:
             writer.close()
             await writer.wait_closed()
+
+
+def test_the_example_upstream_runs_on_its_own() -> None:
+    """``python -m mcpresume.examples.upstream`` (the compose file's upstream): serves, stops on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcpresume.examples.upstream", "--port", "0", "--any-host"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once it listens
+        assert line.startswith("example MCP upstream: http://127.0.0.1:")
+        url = line.split(": ", 1)[1].strip()
+        request = urllib.request.Request(
+            url, method="GET", headers={"Host": "mcp.example", "Accept": "text/plain"}
+        )
+        try:
+            urllib.request.urlopen(request, timeout=10)
+        except urllib.error.HTTPError as exc:  # answered by the SDK (no session), not refused for the Host
+            assert exc.code != 421, exc
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import gc
+import types
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from mcpresume.attach import ClientWriter, follow
 from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
@@ -81,9 +84,10 @@ async def test_events_appended_during_a_write_are_read_without_waiting_for_a_lat
 
 async def test_a_parked_view_keeps_no_events_alive() -> None:
     """While it waits, a view holds its position and the session's version, not the last read (up to a
-    MiB of frames the window may evict meanwhile)."""
+    MiB of frames the window may evict meanwhile): no bytes of an event it sent are reachable from the
+    parked view, except through the store itself (which owns the window) and the client (which got them)."""
     store, stream, after = await _store_with_stream()
-    await store.append("s", stream, [msg(n) for n in range(100)], now=0.0)
+    await store.append("s", stream, [marked(n) for n in range(100)], now=0.0)
     client = _Client()
     writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     coro = follow(writer, store, "s", [stream], after, replay_through=0)
@@ -91,7 +95,39 @@ async def test_a_parked_view_keeps_no_events_alive() -> None:
     async with asyncio.timeout(PATIENCE):
         while not client.writes or coro.cr_await is None:
             await asyncio.sleep(0)
-    assert coro.cr_frame is not None
-    held = coro.cr_frame.f_locals
-    assert "result" not in held and held["version"] > 0
+    assert any(MARKER in write for write in client.writes)  # the view did send them
+    held = _bytes_reachable(coro, skip=[store, client, client.writes])
+    assert not [b for b in held if MARKER in b]
     view.cancel()
+
+
+MARKER = b"sent-then-parked"
+
+
+def marked(n: int) -> NewEvent:
+    return NewEvent(
+        frame_body(b'{"jsonrpc":"2.0","method":"%s","params":{"n":%d}}' % (MARKER, n)), EventKind.MESSAGE
+    )
+
+
+def _bytes_reachable(coro: Coroutine[Any, Any, Any], skip: list[object]) -> list[bytes]:
+    """Every bytes-like object reachable from a suspended coroutine's locals (and those of what it awaits),
+    not going through ``skip``, modules, classes or functions."""
+    seen = {id(o) for o in skip}
+    stack: list[object] = []
+    awaited: Any = coro
+    while hasattr(awaited, "cr_frame") and awaited.cr_frame is not None:
+        stack.append(awaited.cr_frame.f_locals)
+        awaited = awaited.cr_await
+    stack.append(awaited)
+    found: list[bytes] = []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, bytes | bytearray | memoryview):
+            found.append(bytes(obj))
+        elif not isinstance(obj, types.ModuleType | type | types.FunctionType | types.CodeType):
+            stack.extend(gc.get_referents(obj))
+    return found

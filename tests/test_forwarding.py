@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from tests.support.metrics import sample
 from tests.support.proxy import error_of, running_proxy
 from tests.support.scripted import catch_all
 from tests.support.sdk import count_slowly, sdk_session
@@ -42,7 +43,7 @@ async def test_sdk_session_through_proxy_equals_direct(example_upstream: str) ->
     direct = await sdk_transcript(example_upstream)
     async with running_proxy(example_upstream) as proxy:
         proxied = await sdk_transcript(proxy.url)
-        assert proxy.ctx.metrics.requests.labels("DELETE", "200")._value.get() == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="DELETE", status="200") == 1
         assert (await proxy.ctx.store.stats()).sessions == 0  # DELETE dropped the session's state
     assert proxied == direct
     assert direct["progress"] == [
@@ -80,7 +81,10 @@ async def test_refused_connection_is_502_with_reason() -> None:
                 assert response.status == 502
                 error = await error_of(response)
                 body_id = orjson.loads(await response.read())["id"]
-            assert proxy.ctx.metrics.upstream_errors.labels("upstream_unreachable")._value.get() == 1
+            assert (
+                sample(proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason="upstream_unreachable")
+                == 1
+            )
     assert error["data"]["reason"] == "upstream_unreachable"
     assert error["code"] == -32000
     assert body_id == 7
@@ -159,7 +163,10 @@ async def test_upstream_closing_mid_event_completes_request_with_synthesized_err
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 200
             raw = await response.read()
-        assert proxy.ctx.metrics.synthesized_errors.labels("upstream_stream_lost")._value.get() == 1
+        assert (
+            sample(proxy.ctx.metrics, "mcpresume_synthesized_errors_total", reason="upstream_stream_lost")
+            == 1
+        )
     frames = [f for f in raw.split(b"\n\n") if b"data: {" in f]
     assert len(frames) == 2  # the notification, then the proxy's error for request 7
     error = orjson.loads(frames[1].split(b"data: ", 1)[1])
@@ -177,7 +184,10 @@ async def test_malformed_sse_bytes_pass_as_data_without_crashing(serve) -> None:
             raw = await response.read()
         assert b"\xc3\x28 not utf8" in raw  # bytes are relayed, never decoded
         assert b'"id":7,"result":{}' in raw
-        assert proxy.ctx.metrics.synthesized_errors.labels("upstream_stream_lost")._value.get() == 0
+        assert (
+            sample(proxy.ctx.metrics, "mcpresume_synthesized_errors_total", reason="upstream_stream_lost")
+            == 0
+        )
 
 
 async def test_huge_upstream_header_is_a_clean_502(serve) -> None:

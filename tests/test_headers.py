@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from mcpresume.headers import end_to_end, forwarded, header
+from mcpresume.headers import (
+    LOOPBACK_HOSTS,
+    effective_allowed_hosts,
+    end_to_end,
+    forwarded,
+    header,
+    host_allowed,
+    rewrite_locations,
+    split_host,
+)
 
 # RFC 9110 section 7.6.1 names these; Proxy-Connection is the legacy spelling some clients still send.
 HOP_BY_HOP = ["Connection", "Proxy-Connection", "Keep-Alive", "TE", "Transfer-Encoding", "Upgrade"]
@@ -167,3 +176,47 @@ def test_header_returns_the_first_value_case_insensitively() -> None:
     assert header(headers, "MCP-SESSION-ID") == "first"
     assert header(headers, "Last-Event-ID") is None
     assert header([], "Accept") is None
+
+
+def test_host_matching_and_the_default_rule() -> None:
+    assert split_host("LocalHost:8080") == ("localhost", "8080")
+    assert split_host("[::1]:9") == ("[::1]", "9")
+    assert split_host("[::1]") == ("[::1]", None)
+    assert split_host("example.com") == ("example.com", None)
+    assert host_allowed("example.com:1", ["example.com"])
+    assert not host_allowed("example.com:1", ["example.com:2"])
+    assert not host_allowed("example.com", ["example.com:2"])
+    assert not host_allowed(None, ["example.com"])
+    assert host_allowed(None, ["*"])
+    assert effective_allowed_hosts([], "127.0.0.1") == LOOPBACK_HOSTS
+    assert effective_allowed_hosts([], "::1") == LOOPBACK_HOSTS
+    assert effective_allowed_hosts([], "localhost") == LOOPBACK_HOSTS
+    assert effective_allowed_hosts([], "0.0.0.0") == ("*",)
+    assert effective_allowed_hosts([], "::") == ("*",)
+    assert effective_allowed_hosts(["a.example"], "127.0.0.1") == ("a.example",)
+    assert not host_allowed("evil.example:80", LOOPBACK_HOSTS)
+    assert host_allowed("127.0.0.1:65000", LOOPBACK_HOSTS)
+
+
+def test_locations_at_the_upstream_become_references_on_the_proxy() -> None:
+    origin = "http://127.0.0.1:8000"
+    headers = [
+        ("Location", "http://127.0.0.1:8000/mcp?a=1#f"),
+        ("content-location", "HTTP://127.0.0.1:8000"),
+        ("Location", "https://127.0.0.1:8000/mcp"),  # another scheme: another origin
+        ("Location", "http://127.0.0.1:8001/mcp"),
+        ("Location", "http://127.0.0.1:bad/mcp"),
+        ("Location", "/already/relative"),
+        ("Link", "http://127.0.0.1:8000/x"),  # only the two location fields
+    ]
+    assert rewrite_locations(headers, origin) == [
+        ("Location", "/mcp?a=1#f"),
+        ("content-location", "/"),
+        *headers[2:],
+    ]
+    assert rewrite_locations([("Location", "http://up.example:80/p")], "http://up.example") == [
+        ("Location", "/p")
+    ]
+    assert rewrite_locations([("Location", "https://up.example/p")], "https://UP.example:443") == [
+        ("Location", "/p")
+    ]

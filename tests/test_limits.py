@@ -26,6 +26,7 @@ from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import Event, EventKind, EvictReason, Window, WindowLimits
+from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
@@ -167,11 +168,6 @@ async def works(
     return client
 
 
-def count(metric: Any, *labels: str) -> float:
-    value: float = (metric.labels(*labels) if labels else metric)._value.get()
-    return value
-
-
 def raw_request(
     method: str, port: int, headers: list[tuple[bytes, bytes]], body: bytes = b"", path: bytes = b"/mcp"
 ) -> bytes:
@@ -230,7 +226,7 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
             error = await error_of(response)
         assert error["data"]["reason"] == "headers_too_large"
         assert upstream.posts == posts  # refused before anything was forwarded
-        assert count(proxy.ctx.metrics.requests, "POST", "431") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="431") == 1
         # Under the limit, the same session goes on; so does another one.
         small = {f"X-Filler-{i}": "v" * 1000 for i in range(2)}
         _, answer = await call_tool(same_session(client, small), "echo", {"text": "y"})
@@ -254,7 +250,7 @@ async def test_a_header_line_over_8_kib_within_max_header_bytes_is_forwarded(ser
             async with http.post(client.url, data=body, headers=client.headers(**headers)) as response:
                 assert response.status == 431
                 assert (await error_of(response))["data"]["reason"] == "headers_too_large"
-        assert count(proxy.ctx.metrics.requests, "POST", "431") == 2
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="431") == 2
 
 
 @pytest.mark.parametrize(
@@ -318,7 +314,7 @@ async def test_body_arriving_slower_than_body_timeout_is_408_and_the_proxy_keeps
         assert raw_error(body)["data"]["reason"] == "body_timeout"
         assert 0.25 <= elapsed < 5.0, elapsed
         assert upstream.posts == 0
-        assert count(proxy.ctx.metrics.requests, "POST", "408") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="408") == 1
         await works(http, proxy.url)
 
 
@@ -346,7 +342,7 @@ async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(se
         assert error["data"]["reason"] == "body_too_large"
         assert error["data"]["limit"] == 2048
         assert upstream.posts == posts
-        assert count(proxy.ctx.metrics.requests, "POST", "413") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="413") == 1
         _, answer = await call_tool(client, "echo", {"text": "small"})  # the session goes on
         assert "result" in answer
         await works(http, proxy.url)
@@ -373,8 +369,8 @@ async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, 
             assert response.status == 403
             assert (await error_of(response))["data"]["reason"] == "origin_not_allowed"
         assert upstream.posts == posts and upstream.gets == 0
-        assert count(proxy.ctx.metrics.requests, "POST", "403") == 2
-        assert count(proxy.ctx.metrics.requests, "GET", "403") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 2
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="403") == 1
         _, answer = await call_tool(good, "echo", {"text": "after"})
         assert "result" in answer
         await works(http, proxy.url, extra={"Origin": "http://a"})
@@ -393,7 +389,7 @@ async def test_allowed_hosts_refuse_a_host_not_listed(serve, http) -> None:
                 assert response.status == 403, host
                 assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
         assert upstream.posts == posts
-        assert count(proxy.ctx.metrics.requests, "POST", "403") == 3
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 3
         await works(http, proxy.url, extra={"Host": "also.example:8080"})
 
 
@@ -420,7 +416,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
         assert status == 400
         assert raw_error(answer)["data"]["reason"] == "bad_session_id"
         assert upstream.posts == posts
-        assert count(proxy.ctx.metrics.requests, "POST", "400") == 3
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="400") == 3
 
         # Cursors, with a valid session: a huge one, a non-ASCII one (raw bytes).
         headers = client.headers(**{"Last-Event-ID": "a" * 5000})
@@ -437,8 +433,8 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
             status, answer = await raw_exchange(port, raw_request("GET", port, headers))
             assert status == 400, cursor
             assert raw_error(answer)["data"]["reason"] == "malformed_cursor"
-        assert count(proxy.ctx.metrics.resumptions, "malformed_cursor") == 3
-        assert count(proxy.ctx.metrics.requests, "GET", "400") == 3
+        assert sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="malformed_cursor") == 3
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="400") == 3
         assert upstream.gets == 0
         _, answer = await call_tool(client, "echo", {"text": "after"})  # the session itself is unharmed
         assert "result" in answer
@@ -469,7 +465,7 @@ async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(ex
                     error = await error_of(third)
                 assert error["data"]["reason"] == "too_many_attachments"
                 assert error["data"]["limit"] == 2
-                assert count(proxy.ctx.metrics.requests, "GET", "429") == 1
+                assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="429") == 1
                 views.pop(0).close()
             await until(lambda: attached(1), timeout=TIMEOUT, what="the closed view is detached")
             async with asyncio.timeout(TIMEOUT):
@@ -510,7 +506,7 @@ async def test_a_second_concurrent_stream_beyond_max_streams_is_429_and_not_forw
                     upstream.release.set()
                     rest = await collect(held)
                 assert [m["id"] for m in messages(rest) if "result" in m] == [first_id]
-                assert count(proxy.ctx.metrics.requests, "POST", "429") == 1
+                assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
                 # The held stream ended (its view ends only then): the same request id is not a duplicate
                 # (it was never forwarded), and the session has room again.
                 async with http.post(client.url, data=body, headers=client.headers()) as response:
@@ -538,7 +534,9 @@ async def test_upstream_answering_a_request_with_html_is_502_with_the_request_id
         assert answer["id"] == request_id
         assert answer["error"]["data"]["reason"] == "upstream_bad_response"
         assert answer["error"]["data"]["content_type"] == "text/html"
-        assert count(proxy.ctx.metrics.upstream_errors, "upstream_bad_response") == 1
+        assert (
+            sample(proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason="upstream_bad_response") == 1
+        )
         # The upstream did run it: re-sending the same id is refused, never forwarded twice (DESIGN.md #8).
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             assert response.status == 409
@@ -565,8 +563,8 @@ async def test_upstream_event_over_max_event_bytes_completes_the_request_with_an
         assert answers[0]["id"] == request_id
         assert answers[0]["error"]["data"]["reason"] == "upstream_stream_lost"
         metrics = proxy.ctx.metrics
-        assert count(metrics.upstream_errors, "event_too_large") == 1
-        assert count(metrics.synthesized_errors, "upstream_stream_lost") == 1
+        assert sample(metrics, "mcpresume_upstream_errors_total", reason="event_too_large") == 1
+        assert sample(metrics, "mcpresume_synthesized_errors_total", reason="upstream_stream_lost") == 1
         _, answer = await call_tool(client, "echo", {"text": "after"})
         assert "result" in answer
         await works(http, proxy.url)
@@ -757,8 +755,8 @@ async def test_client_that_drops_at_once_loses_undelivered_events_with_overflow_
             # A client that reads: the pump waits for it, so the small window loses nothing it was owed.
             _, answer = await call_tool(client, "count_slowly", {"n": 12, "delay": 0.005})
             assert answer["result"]["content"][0]["text"] == "counted to 12"
-        assert count(metrics.evicted_events, "count") > 0
-        assert count(metrics.evicted_events, "undelivered") == 0
+        assert sample(metrics, "mcpresume_evicted_events_total", reason="count") > 0
+        assert sample(metrics, "mcpresume_evicted_events_total", reason="undelivered") == 0
         # A client that drops as soon as the stream starts: the call goes on (disconnection is not
         # cancellation) and the window, 4 events, drops what no client was ever sent.
         _, body = client.tool_call("count_slowly", {"n": 12, "delay": 0.02})
@@ -771,10 +769,10 @@ async def test_client_that_drops_at_once_loses_undelivered_events_with_overflow_
             return len(pumps) == 0
 
         await until(finished, timeout=TIMEOUT, what="the dropped call's pump finished")
-        undelivered = count(metrics.evicted_events, "undelivered")
+        undelivered = sample(metrics, "mcpresume_evicted_events_total", reason="undelivered")
         assert undelivered > 0
-        assert undelivered <= count(metrics.evicted_events, "count")
-        assert count(metrics.evicted_bytes, "undelivered") > 0
+        assert undelivered <= sample(metrics, "mcpresume_evicted_events_total", reason="count")
+        assert sample(metrics, "mcpresume_evicted_bytes_total", reason="undelivered") > 0
         await works(http, proxy.url)
 
 
@@ -804,7 +802,7 @@ async def test_max_streams_counts_requests_still_being_forwarded(serve, http) ->
             upstream.release.set()
             async with asyncio.timeout(TIMEOUT):
                 (await first).close()
-        assert count(proxy.ctx.metrics.requests, "POST", "429") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
 
 
 async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, http) -> None:
@@ -825,7 +823,7 @@ async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, htt
                     assert upstream.calls == []  # a 429 means "not processed": it must not have run
         finally:
             upstream.release.set()
-        assert count(proxy.ctx.metrics.requests, "POST", "429") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
 
 
 async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> None:
@@ -865,4 +863,4 @@ async def test_max_total_window_bytes_setting_caps_the_windows_of_a_running_prox
 
         await until(finished, timeout=TIMEOUT, what="the call's pump finished")
         assert (await proxy.ctx.store.stats()).window_bytes <= cap
-        assert count(proxy.ctx.metrics.evicted_events, "global_bytes") > 0
+        assert sample(proxy.ctx.metrics, "mcpresume_evicted_events_total", reason="global_bytes") > 0

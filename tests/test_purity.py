@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-CORE_MODULES = ("errors", "sse", "cursor", "window", "session", "resume", "jsonrpc", "headers")
+CORE_MODULES = ("errors", "sse", "cursor", "window", "session", "resume", "jsonrpc", "headers", "credentials")
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.
 FORBIDDEN = (

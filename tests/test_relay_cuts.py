@@ -18,6 +18,7 @@ from collections import Counter
 import orjson
 import pytest
 
+from tests.support.metrics import sample
 from tests.support.proxy import running_proxy
 from tests.support.relay import CuttingRelay
 from tests.support.sdk import count_slowly, sdk_session
@@ -36,7 +37,7 @@ async def test_sdk_calls_survive_random_cuts_exactly_once(example_upstream: str,
             for _ in range(CALLS):
                 relay.set_policy(cut_after=(250, 900), sse_only=True, max_cuts=relay.policy_cuts + 1)
                 calls.append(await count_slowly(session, n=N, delay=0.02))
-        reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
+        reattached = sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="reattach")
 
     for call in calls:
         assert call.text == f"counted to {N}"

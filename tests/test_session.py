@@ -596,6 +596,10 @@ class ResumeMachine(RuleBasedStateMachine):
         # The last standalone stream forgotten: a cursor at its very end still re-attaches (the proxy then
         # opens a new standalone stream: its client missed nothing).
         self.gone_standalone: int | None = None
+        # Streams one client view followed together (POST + Last-Event-ID), merged as the session merges
+        # them: a re-attach to any member is out of window once an event of any member after the cursor
+        # is evicted, gone members included.
+        self.groups: dict[int, set[int]] = {}
         self.next_request = 0
         # Another incarnation of the same session id: its cursors must never yield anything here.
         other = SessionState("S", OTHER_EPOCH, self.limits, retry_ms, now=0.0)
@@ -657,6 +661,10 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def evicted_after(self, stream: int, seq: int) -> bool:
         return any(r.evicted and r.stream == stream and r.seq > seq for r in self.history)
+
+    def lost_after(self, stream: int, seq: int) -> bool:
+        """Whether a re-attach at (stream, seq) lost an event: of the stream or of its group."""
+        return any(self.evicted_after(member, seq) for member in self.groups.get(stream, {stream}))
 
     def expected_after(self, stream: int, seq: int) -> list[Event]:
         return [r.event for r in self.history if not r.evicted and r.stream == stream and r.seq > seq]
@@ -723,6 +731,19 @@ class ResumeMachine(RuleBasedStateMachine):
             self.last_active = self.now
             self.forget_pass()
 
+    @rule(picks=st.lists(st.integers(0, 1000), min_size=2, max_size=3))
+    def group(self, picks: list[int]) -> None:
+        """One client view follows these streams together; numbers not retained are not grouped."""
+        streams = [self.pick_stream(pick) for pick in picks]
+        self.session.group_streams(streams)
+        members = [s for s in streams if s in self.streams and not self.forgotten(s)]
+        merged: set[int] = set()
+        for stream in members:
+            merged |= self.groups.get(stream, {stream})
+        for stream in merged:
+            self.groups[stream] = merged
+        tally(f"group of {len(merged)}")
+
     @rule(dt=st.sampled_from([0.5, 1.0, 3.0, 10.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
@@ -757,7 +778,7 @@ class ResumeMachine(RuleBasedStateMachine):
     def check_reattach(self, decision: ReAttach, cursor: Cursor) -> None:
         assert decision == ReAttach(cursor.stream, cursor.seq)
         # Never re-attach where the model says an event after the cursor is gone (DESIGN.md #2, #5).
-        assert not self.evicted_after(cursor.stream, cursor.seq)
+        assert not self.lost_after(cursor.stream, cursor.seq)
         assert not self.forgotten(cursor.stream)
         result = self.session.read([decision.stream], decision.after)
         expected = self.expected_after(cursor.stream, cursor.seq)
@@ -784,7 +805,7 @@ class ResumeMachine(RuleBasedStateMachine):
             assert isinstance(decision, UnknownSession)
         elif self.at_the_end_of_the_gone_standalone(ref.stream, ref.seq):
             assert decision == ReAttach(ref.stream, ref.seq)  # the proxy opens a new one: nothing is read
-        elif self.forgotten(ref.stream) or self.evicted_after(ref.stream, ref.seq):
+        elif self.forgotten(ref.stream) or self.lost_after(ref.stream, ref.seq):
             assert isinstance(decision, CursorOutOfWindow), decision
             assert decision.status == 409
         else:
@@ -813,8 +834,9 @@ class ResumeMachine(RuleBasedStateMachine):
             assert decision.status in (400, 409)
             ref = self.streams.get(stream)
             if ref is not None and not self.forgotten(stream) and ref.first_seq <= seq <= ref.last_seq:
-                # Only an eviction after the cursor may stop a re-attach inside the stream's range.
-                assert isinstance(decision, CursorOutOfWindow) and self.evicted_after(stream, seq)
+                # Only an eviction after the cursor (in its stream or group) may stop a re-attach inside
+                # the stream's range.
+                assert isinstance(decision, CursorOutOfWindow) and self.lost_after(stream, seq)
 
     @rule(pick=st.integers(0, 100))
     def resume_from_another_incarnation(self, pick: int) -> None:

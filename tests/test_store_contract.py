@@ -165,9 +165,9 @@ async def test_create_twice_gives_a_new_epoch_and_a_fresh_session(store: Session
 
 async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps(store: SessionStore) -> None:
     """DESIGN.md #3/#4. The proxy calls create_session for an id it already tracks when the upstream
-    answers initialize with it, or when two requests adopt the same unknown id concurrently (after a proxy
-    restart). An attachment and a pump of the old incarnation hold only (session id, stream number): they
-    must not see or feed the new incarnation's stream that happens to get the same number."""
+    answers initialize with it again (a re-issued id). An attachment and a pump of the old incarnation hold
+    only (session id, stream number): they must not see or feed the new incarnation's stream that happens
+    to get the same number."""
     sid = new_id()
     old_epoch = await store.create_session(sid, now=0.0)
     old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
@@ -189,6 +189,42 @@ async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps
     assert fresh is not None
     assert all(cursor_of(e.body).epoch == new_epoch for e in fresh.events)
     assert not any(b'"id":1' in e.body for e in fresh.events)
+
+
+async def test_calls_of_an_ended_incarnation_do_not_touch_the_new_one(store: SessionStore) -> None:
+    """A request forwarded in one incarnation may be answered after the upstream re-issued its session id:
+    with the old epoch, its claim, release, settle, stream and drop find no session."""
+    sid = new_id()
+    old = await store.create_session(sid, now=0.0)
+    assert await store.claim(sid, ["n:7"], epoch=old) == Claim(ClaimOutcome.NEW)
+    new = await store.create_session(sid, now=1.0)
+    assert await store.claim(sid, ["n:7"], epoch=new) == Claim(ClaimOutcome.NEW)  # no claims carried over
+    assert await store.claim(sid, ["n:8"], epoch=old) is None
+    await store.release(sid, ["n:7"], epoch=old)
+    await store.settle(sid, ["n:7"], epoch=old)
+    assert await store.open_stream(sid, StreamOrigin.POST, ["n:7"], now=1.0, epoch=old) is None
+    assert await store.delete_session(sid, epoch=old) is False
+    # The new incarnation's claim is as it was: still in flight (not released, not answered, no stream).
+    assert await store.claim(sid, ["n:7"], epoch=new) == Claim(ClaimOutcome.IN_FLIGHT)
+    assert await store.open_stream(sid, StreamOrigin.POST, ["n:7"], now=1.0, epoch=new) is not None
+    assert await store.delete_session(sid, epoch=new) is True
+
+
+async def test_credentials_are_bound_at_creation_and_remembered_per_incarnation(store: SessionStore) -> None:
+    sid, other = new_id(), new_id()
+    assert await store.access(sid) is None
+    epoch = await store.create_session(sid, now=0.0, credential=b"a" * 32)
+    open_epoch = await store.create_session(other, now=0.0)
+    granted = await store.access(sid)
+    assert granted is not None and granted.epoch == epoch and granted.credentials == (b"a" * 32,)
+    await store.accept_credential(sid, epoch, b"b" * 32, "2025-11-25")
+    await store.accept_credential(sid, "x" * EPOCH_LEN, b"c" * 32, None)  # not this incarnation: nothing
+    granted = await store.access(sid)
+    assert granted is not None
+    assert granted.credentials == (b"a" * 32, b"b" * 32) and granted.protocol_version == "2025-11-25"
+    await store.accept_credential(other, open_epoch, b"b" * 32, None)  # begun without: stays unbound
+    unbound = await store.access(other)
+    assert unbound is not None and unbound.credentials == ()
 
 
 async def test_a_view_of_the_old_incarnation_is_not_parked_on_the_new_one(store: SessionStore) -> None:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.relay import CuttingRelay
 from tests.support.scripted import SESSION, ScriptedUpstream, catch_all, initialize_answer, random_drops
@@ -41,7 +42,7 @@ async def test_upstream_drops_at_random_points_and_every_call_completes_once_in_
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         progress, responses = await call(proxy.url, 30)
-        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+        resumed = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome="resumed")
     assert progress == list(range(1, 31))
     assert len(responses) == 1 and responses[0]["result"]["done"] is True
     assert resumed == len(upstream.gets) > 0  # the proxy, not the client, reconnected upstream
@@ -52,7 +53,7 @@ async def test_upstream_replaying_events_twice_reaches_the_client_once(serve) ->
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         progress, responses = await call(proxy.url, 12)
-        duplicates = proxy.ctx.metrics.upstream_duplicates._value.get()
+        duplicates = sample(proxy.ctx.metrics, "mcpresume_upstream_duplicates_total")
     assert progress == list(range(1, 13))
     assert len(responses) == 1
     assert duplicates == 2 * 3  # the overlap of each of the three resumes
@@ -75,8 +76,10 @@ async def test_unresumable_upstream_gives_the_client_a_synthesized_error_promptl
     async with running_proxy(url, upstream_resume_attempts=3) as proxy:
         async with asyncio.timeout(10):  # retry 10 ms, doubling: well under a second
             progress, responses = await call(proxy.url, 10)
-        counted = proxy.ctx.metrics.upstream_resumptions.labels(outcome)._value.get()
-        synthesized = proxy.ctx.metrics.synthesized_errors.labels("upstream_stream_lost")._value.get()
+        counted = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome=outcome)
+        synthesized = sample(
+            proxy.ctx.metrics, "mcpresume_synthesized_errors_total", reason="upstream_stream_lost"
+        )
     assert progress == [1, 2, 3]
     assert len(responses) == 1
     error = responses[0]["error"]
@@ -95,7 +98,7 @@ async def test_sdk_server_that_closes_streams_to_make_clients_poll(
         relay = CuttingRelay("127.0.0.1", proxy.port, record=True)
         async with relay, sdk_session(relay.url_for("/mcp"), read_timeout_seconds=30) as session:
             call = await count_slowly(session, n=3, delay=0.01, tool="poll_me")
-        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+        resumed = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome="resumed")
     assert call.text == "polled 3 times"
     assert [p for p, _, _ in call.progress] == [1, 2, 3]
     assert resumed >= 1  # the upstream closed the stream mid-call
@@ -112,7 +115,7 @@ async def test_standalone_get_stream_is_resumed_upstream(serve) -> None:
         async with http.get(client.url, headers=client.headers()) as response:
             assert response.status == 200
             events = await collect(response, limit=12)
-        resumed = proxy.ctx.metrics.upstream_resumptions.labels("resumed")._value.get()
+        resumed = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome="resumed")
     progress = [orjson.loads(e.data)["params"]["progress"] for e in events if e.data]
     assert progress == list(range(1, 13))
     assert resumed >= 3
@@ -169,7 +172,7 @@ async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_i
     async with running_proxy(url, upstream_resume_attempts=3) as proxy:
         async with asyncio.timeout(10):
             progress, responses = await call(proxy.url, 1)
-        refused = proxy.ctx.metrics.upstream_resumptions.labels("refused")._value.get()
+        refused = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome="refused")
     assert progress == [1]
     if resumed:
         assert gets == ["7"]
@@ -243,7 +246,7 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
             assert notes(fresh) == [2] and upstream.gets == 2
             assert fresh[-1].id is not None
             assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
-        reattached = proxy.ctx.metrics.resumptions.labels("reattach")._value.get()
+        reattached = sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="reattach")
     assert reattached == 2
 
 

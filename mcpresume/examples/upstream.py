@@ -333,3 +333,41 @@ async def serve_example_upstream(
     """Run `build_example_app(**app_kwargs)` in the current loop; yield its endpoint URL (``.../mcp``)."""
     async with RunningUpstream(build_example_app(**app_kwargs), host=host, port=port) as upstream:
         yield upstream.url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mcpresume.examples.upstream``: the example upstream on its own (deploy/compose/)."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mcpresume.examples.upstream",
+        description="The bundled example MCP server (official SDK, no event store), for trying the proxy.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on [default: 8000]")
+    parser.add_argument(
+        "--any-host",
+        action="store_true",
+        help="accept any Host and Origin header (the SDK's DNS-rebinding check only accepts loopback ones):"
+        " for a container only the proxy reaches",
+    )
+    args = parser.parse_args(argv)
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if args.any_host else None
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        app = build_example_app(transport_security=security)
+        async with RunningUpstream(app, host=args.host, port=args.port) as upstream:
+            print(f"example MCP upstream: {upstream.url}", flush=True)
+            await stop.wait()
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

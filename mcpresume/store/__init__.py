@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, StreamOrigin
+from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, StreamOrigin
 from mcpresume.sse import SSERun
 from mcpresume.window import Evicted
 
@@ -43,27 +43,48 @@ class SessionStore(Protocol):
 
     async def ready(self) -> bool: ...
 
-    async def create_session(self, session_id: str, now: float) -> str:
+    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
         """Start tracking a session (a fresh epoch even if the id was seen before); returns the epoch.
-        Raises ``TooManySessions`` at ``max_sessions``."""
+        ``credential``: the digest of the Authorization the upstream accepted for the request that began
+        it (None: it began without one, and no credentials are checked in it). Raises
+        ``TooManySessions`` at ``max_sessions``."""
+        ...
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        """The session's epoch and the credentials bound to it (None: session unknown)."""
+        ...
+
+    async def accept_credential(
+        self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
+    ) -> None:
+        """The upstream accepted a request of incarnation ``epoch`` carrying these credentials: remember
+        them (the last few) and the request's MCP-Protocol-Version. Nothing if the epoch is not current."""
         ...
 
     async def has_session(self, session_id: str) -> bool: ...
 
-    async def delete_session(self, session_id: str) -> bool: ...
+    # ``epoch`` (where a method takes it): the incarnation the caller's request belongs to. When it is not
+    # the session's current one (the upstream re-issued the id meanwhile), the call finds no session: work
+    # of an ended incarnation never touches the new one.
+
+    async def delete_session(self, session_id: str, epoch: str | None = None) -> bool: ...
 
     async def claim(
-        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+        self,
+        session_id: str,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        epoch: str | None = None,
     ) -> Claim | None:
         """Record request ids before forwarding them (None: session unknown); ``LIMITED`` when the session
         already has ``max_live_streams`` live streams."""
         ...
 
-    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
+    async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Forget a claim whose request never reached the upstream."""
         ...
 
-    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
+    async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
         ...
 
@@ -73,6 +94,7 @@ class SessionStore(Protocol):
         origin: StreamOrigin,
         request_keys: Sequence[str],
         now: float,
+        epoch: str | None = None,
         *,
         priming: bool = True,
     ) -> OpenedStream | None:

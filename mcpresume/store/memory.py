@@ -19,7 +19,7 @@ from typing import TypeVar
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import TooManySessions
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, SessionState, StreamOrigin
+from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, SessionState, StreamOrigin
 from mcpresume.sse import SSERun
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
@@ -166,7 +166,7 @@ class MemoryStore:
         self._readers_moved.wake(session_id)
         return session is not None
 
-    async def create_session(self, session_id: str, now: float) -> str:
+    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
         if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
             await self.reap(now)
             if len(self._sessions) >= self.max_sessions:
@@ -182,29 +182,53 @@ class MemoryStore:
         self._drop(session_id)
         epoch = new_epoch()
         self._sessions[session_id] = SessionState(
-            session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version
+            session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version, credential
         )
         return epoch
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        session = self._sessions.get(session_id)
+        return None if session is None else session.access()
+
+    async def accept_credential(
+        self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
+    ) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None and session.epoch == epoch:
+            session.accept_credential(digest, protocol_version)
 
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    async def delete_session(self, session_id: str) -> bool:
+    def _incarnation(self, session_id: str, epoch: str | None) -> SessionState | None:
+        """The session, if it is the incarnation ``epoch`` (any, when None)."""
+        session = self._sessions.get(session_id)
+        if session is None or (epoch is not None and session.epoch != epoch):
+            return None
+        return session
+
+    async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
+        if self._incarnation(session_id, epoch) is None:
+            return False
         return self._drop(session_id)
 
     async def claim(
-        self, session_id: str, request_keys: Sequence[str], max_live_streams: int | None = None
+        self,
+        session_id: str,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        epoch: str | None = None,
     ) -> Claim | None:
-        session = self._sessions.get(session_id)
+        session = self._incarnation(session_id, epoch)
         return None if session is None else session.claim(request_keys, max_live_streams)
 
-    async def release(self, session_id: str, request_keys: Sequence[str]) -> None:
-        session = self._sessions.get(session_id)
+    async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
         if session is not None:
             session.release(request_keys)
 
-    async def settle(self, session_id: str, request_keys: Sequence[str]) -> None:
-        session = self._sessions.get(session_id)
+    async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
         if session is not None:
             session.settle(request_keys)
 
@@ -216,10 +240,11 @@ class MemoryStore:
         origin: StreamOrigin,
         request_keys: Sequence[str],
         now: float,
+        epoch: str | None = None,
         *,
         priming: bool = True,
     ) -> OpenedStream | None:
-        session = self._sessions.get(session_id)
+        session = self._incarnation(session_id, epoch)
         if session is None:
             return None
         first = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now, priming=priming))

@@ -1,0 +1,467 @@
+"""HTTP at the edges of the proxy, over real sockets: what crosses it (Expect, Content-Encoding, Location,
+Host), which requests its DNS-rebinding checks cover, and how it holds up against connections that never
+send a request (header timeout, connection cap).
+
+Scripted aiohttp upstreams record what reached them, so "not forwarded" is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import subprocess
+import sys
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from mcpresume.sse import frame_body
+from tests.support.poll import until
+from tests.support.proxy import collect, error_of, running_proxy
+from tests.support.scripted import initialize_answer
+
+TIMEOUT = 30.0  # hang guard only (a loaded 2-core box)
+
+INIT = orjson.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+)
+MCP = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+class Recorder:
+    """A scripted upstream that records each request's headers; ``answer`` makes the response."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, str]]] = []  # method, path, headers
+
+    def app(self, *, expect_handler: Any = None) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=expect_handler)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append((request.method, request.path, dict(request.headers)))
+        return await self.answer(request, body)
+
+    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        if request.path == "/mcp" and body and orjson.loads(body).get("method") == "initialize":
+            return initialize_answer(orjson.loads(body), "edge-session", "edges")
+        return web.json_response({"path": request.path})
+
+
+# -- 11. Expect: 100-continue -----------------------------------------------------------------------------
+
+
+async def _no_continue(request: web.Request) -> None:
+    """An upstream that never sends 100 Continue (allowed: it may wait for the body instead)."""
+
+
+async def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(serve, http) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app(expect_handler=_no_continue))
+    # Without the fix the upstream hop waits for a 100 that never comes: 504 after first_byte_timeout.
+    async with running_proxy(url, first_byte_timeout=5.0) as proxy, asyncio.timeout(TIMEOUT):
+        async with http.post(proxy.url, data=INIT, headers=MCP, expect100=True) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers["Mcp-Session-Id"] == "edge-session"
+        other = proxy.url.replace("/mcp", "/oauth/token")
+        async with http.post(other, data=b"grant_type=x", expect100=True) as response:
+            assert response.status == 200
+            assert await response.json() == {"path": "/oauth/token"}
+    assert [path for _, path, _ in upstream.seen] == ["/mcp", "/oauth/token"]
+    assert all("Expect" not in headers for _, _, headers in upstream.seen)
+
+
+# -- 7. DNS-rebinding checks on every path ----------------------------------------------------------------
+
+
+PATHS = ["/mcp", "/MCP", "/mcp/", "/Mcp/", "/.well-known/oauth-authorization-server"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_origin_and_host_checks_cover_every_relayed_path(serve, http, path: str) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    settings = {"allowed_origins": "http://good.example", "allowed_hosts": "good.example"}
+    async with running_proxy(url, **settings) as proxy, asyncio.timeout(TIMEOUT):
+        target = proxy.url.replace("/mcp", path)
+        good = {**MCP, "Host": "good.example", "Origin": "http://good.example"}
+        for headers, reason in [
+            ({**good, "Origin": "http://evil.example"}, "origin_not_allowed"),
+            ({**good, "Host": "evil.example"}, "host_not_allowed"),
+        ]:
+            for method in ("POST", "GET"):
+                async with http.request(method, target, data=INIT, headers=headers) as response:
+                    assert response.status == 403, (method, headers)
+                    assert (await error_of(response))["data"]["reason"] == reason
+        assert upstream.seen == []  # nothing refused reached the upstream
+        async with http.post(target, data=INIT, headers=good) as response:
+            assert response.status == 200
+    assert [p for _, p, _ in upstream.seen] == [path]
+
+
+# -- 15. the upstream's DNS-rebinding protection, kept -----------------------------------------------------
+
+
+async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstream: str, http) -> None:
+    """The official SDK server refuses a foreign Host on loopback (421); through the proxy, which sends the
+    upstream its own authority, a foreign Host must still be refused, and loopback names on any port pass."""
+    async with running_proxy(example_upstream) as proxy, asyncio.timeout(TIMEOUT):
+        for host in ("evil.example.com", "evil.example.com:80", f"evil.example.com:{proxy.port}"):
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 403, host
+                assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
+            async with http.get(proxy.url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as r:
+                assert r.status == 403, host
+        for host in (f"127.0.0.1:{proxy.port}", "localhost:1", "localhost", "[::1]:8443", "LOCALHOST:9"):
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 200, host
+                assert response.headers.get("Mcp-Session-Id")
+
+
+async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, allowed_hosts="127.0.0.1,localhost,pinned.example:8443") as proxy:
+        for host, status in [
+            (f"127.0.0.1:{proxy.port}", 200),  # what every client of the proxy sends
+            ("localhost:1", 200),
+            ("pinned.example:8443", 200),
+            ("pinned.example:8444", 403),
+            ("pinned.example", 403),
+            ("evil.example", 403),
+        ]:
+            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == status, host
+    async with (
+        running_proxy(url, allowed_hosts="*") as proxy,  # any Host, on loopback too
+        http.post(proxy.url, data=INIT, headers={**MCP, "Host": "evil.example"}) as response,
+    ):
+        assert response.status == 200
+
+
+# -- 12. redirects keep the client on the proxy ------------------------------------------------------------
+
+
+class Redirector(Recorder):
+    """``/mcp/`` redirects to the upstream's own ``/mcp`` (as Starlette's trailing-slash redirect does);
+    the MCP endpoint answers with ``Content-Location`` at the upstream's address, on JSON and on SSE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origin = ""
+
+    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        if request.path == "/mcp/":
+            return web.Response(status=307, headers={"Location": f"{self.origin}/mcp?x=1"})
+        if request.path == "/elsewhere":
+            headers = {"Location": "http://other.example:8080/mcp", "Content-Location": "/relative"}
+            return web.Response(status=302, headers=headers)
+        message = orjson.loads(body)
+        if message.get("method") == "initialize":
+            response = initialize_answer(message, "edge-session", "edges")
+            response.headers["Content-Location"] = f"{self.origin.upper()}/mcp"
+            return response
+        sse = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Location": f"{self.origin}/mcp#s"}
+        )
+        await sse.prepare(request)
+        await sse.write(frame_body(orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {}})))
+        return sse
+
+
+async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None:
+    upstream = Redirector()
+    url = await serve(upstream.app())
+    upstream.origin = url.removesuffix("/mcp")
+    async with running_proxy(url) as proxy, asyncio.timeout(TIMEOUT):
+        base = proxy.url.removesuffix("/mcp")
+        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP, allow_redirects=False) as response:
+            assert response.status == 307
+            assert response.headers["Location"] == "/mcp?x=1"
+        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP) as response:  # followed: the proxy
+            assert response.status == 200
+            assert str(response.url) == f"{proxy.url}?x=1"
+            assert response.headers["Content-Location"] == "/mcp"
+            session = response.headers["Mcp-Session-Id"]
+        call = orjson.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x"}})
+        headers = {**MCP, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        async with http.post(proxy.url, data=call, headers=headers) as response:
+            assert response.status == 200
+            assert response.headers["Content-Location"] == "/mcp#s"
+            answers = [orjson.loads(e.data) for e in await collect(response) if e.data]
+            assert answers == [{"jsonrpc": "2.0", "id": 2, "result": {}}]
+        async with http.get(f"{base}/elsewhere", allow_redirects=False) as response:  # not the upstream's
+            assert response.headers["Location"] == "http://other.example:8080/mcp"
+            assert response.headers["Content-Location"] == "/relative"
+
+
+# -- 3. compressed answers from the upstream ---------------------------------------------------------------
+
+
+class Compressing(Recorder):
+    """Compresses every answer with gzip whatever the request's ``Accept-Encoding`` says (SSE flushed per
+    event, as a compressing server streams it); the tool ``brotli`` is answered in ``br``, which the proxy
+    cannot read. A GET opens a standalone stream with one notification, held until ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        gzip = zlib.compressobj(wbits=31)
+        if request.method == "GET":
+            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "hi"}}
+            stream = await self._sse(request, "gzip")
+            await stream.write(gzip.compress(frame_body(orjson.dumps(note))) + gzip.flush(zlib.Z_SYNC_FLUSH))
+            await self.release.wait()
+            return stream
+        message = orjson.loads(body)
+        if message.get("method") == "initialize":
+            plain = initialize_answer(message, "edge-session", "edges")
+            assert isinstance(plain.body, bytes)
+            plain.body = gzip.compress(plain.body) + gzip.flush()
+            plain.headers["Content-Encoding"] = "gzip"
+            return plain
+        if message["params"]["name"] == "brotli":
+            stream = await self._sse(request, "br")
+            await stream.write(b"\x8b\x03\x80not really brotli\x03")
+            return stream
+        stream = await self._sse(request, "gzip")
+        progress = {"progressToken": 2, "progress": 1, "total": 1}
+        for event in (
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": progress},
+            {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "isError": False}},
+        ):
+            await stream.write(gzip.compress(frame_body(orjson.dumps(event))) + gzip.flush(zlib.Z_SYNC_FLUSH))
+        await stream.write(gzip.flush())
+        return stream
+
+    @staticmethod
+    async def _sse(request: web.Request, encoding: str) -> web.StreamResponse:
+        stream = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Encoding": encoding}
+        )
+        await stream.prepare(request)
+        return stream
+
+
+async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> None:
+    upstream = Compressing()
+    url = await serve(upstream.app())
+    gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
+    # auto_decompress=False: the client sees the bytes the proxy sends, and their Content-Encoding.
+    async with (
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession(auto_decompress=False) as http,
+        asyncio.timeout(TIMEOUT),
+    ):
+        async with http.post(proxy.url, data=INIT, headers=gzip_client) as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            assert orjson.loads(await response.read())["result"]["serverInfo"]["name"] == "edges"
+            session = response.headers["Mcp-Session-Id"]
+        in_session = {**gzip_client, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "gz"}}
+        async with http.post(proxy.url, data=orjson.dumps(call), headers=in_session) as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            answers = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        assert [a.get("method") for a in answers] == ["notifications/progress", None]
+        assert answers[-1]["result"] == {"content": [], "isError": False}  # not upstream_stream_lost
+        async with http.get(proxy.url, headers=in_session) as response:  # the standalone (held) GET
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            events = await collect(response, limit=1)
+            assert orjson.loads(events[-1].data)["params"] == {"data": "hi"}
+        upstream.release.set()
+        brotli = {**call, "id": 3, "params": {"name": "brotli"}}
+        async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
+            assert response.status == 502
+            assert (await error_of(response))["data"]["reason"] == "upstream_bad_response"
+        async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
+            assert response.status == 409  # it ran upstream: never forwarded again
+    # The proxy asked for every MCP answer as is; what it passes through untouched keeps the client's ask.
+    assert {headers.get("Accept-Encoding") for _, _, headers in upstream.seen} == {"identity"}
+    assert len(upstream.seen) == 4
+
+
+# -- 8. header timeout and connection cap ----------------------------------------------------------------
+
+
+async def _eof_or_answer(reader: asyncio.StreamReader) -> bytes:
+    """Everything the proxy sends until it closes the connection."""
+    async with asyncio.timeout(TIMEOUT):
+        return await reader.read()
+
+
+async def test_connections_without_a_complete_head_are_closed_after_header_timeout(serve, http) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, header_timeout=0.5) as proxy:
+        silent = await asyncio.open_connection("127.0.0.1", proxy.port)
+        trickling = await asyncio.open_connection("127.0.0.1", proxy.port)
+        trickling[1].write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        for reader, writer in (silent, trickling):
+            assert await _eof_or_answer(reader) == b""  # closed, without an answer
+            writer.close()
+        await until(lambda: proxy.connections.open == 0, what="both connections counted closed")
+        async with http.post(proxy.url, data=INIT, headers=MCP) as response:  # a real client is served
+            assert response.status == 200
+    assert [p for _, p, _ in upstream.seen] == ["/mcp"]
+
+
+async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection that made a request and got its answer (it waits for no head)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    async with asyncio.timeout(TIMEOUT):
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+    return reader, writer
+
+
+async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=8, header_timeout=60.0) as proxy:
+        assert proxy.connections.limit == 8
+        idle = [await _served(proxy.port) for _ in range(8)]  # every one sent a request: none is evicted
+        assert proxy.connections.open == 8
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        answer = await _eof_or_answer(reader)
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ")
+        assert b"Connection: close" in head
+        error = orjson.loads(body)["error"]
+        assert error["data"] == {"reason": "too_many_connections", "limit": 8}
+        assert proxy.ctx.metrics.refused_connections.labels("refused")._value.get() == 1
+        assert proxy.ctx.metrics.client_connections._value.get() == 8
+        idle.pop()[1].close()  # room for one
+        await until(lambda: proxy.connections.open == 7, what="a connection counted closed")
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200
+        for _, idle_writer in idle:
+            idle_writer.close()
+    assert [p for _, p, _ in upstream.seen] == ["/ping"] * 8 + ["/mcp"]
+
+
+async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(serve) -> None:
+    """More slowloris connections than max_connections cannot lock a fresh client out: each new
+    connection takes the place of the oldest one still waiting for its first request head."""
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=20, header_timeout=300.0) as proxy:
+        served = await _served(proxy.port)  # sent a request: never evicted
+        slow = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(40)]
+        for _, writer in slow[::2]:
+            writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")  # a head, never finished
+        await until(lambda: proxy.connections.evicted == 21, what="21 slow connections evicted")
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200
+        assert proxy.connections.evicted == 22 and proxy.connections.refused == 0
+        closed = [await _eof_or_answer(reader) == b"" for reader, _ in slow[:22]]
+        assert closed == [True] * 22  # the oldest 22, in order of arrival
+        assert not any(reader.at_eof() for reader, _ in slow[22:])
+        assert proxy.ctx.metrics.refused_connections.labels("evicted")._value.get() == 22
+        served[1].write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # still open, still served
+        assert (await served[0].readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        for _, writer in [served, *slow]:
+            writer.close()
+
+
+SLOWLORIS = """
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held = []
+for i in range(int(sys.argv[2])):
+    sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    if i % 2:  # half say nothing, half trickle a head they never finish
+        sock.sendall(b"POST /mcp HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nContent-Type: appl")
+    held.append(sock)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_fresh_client_is_served_while_1000_slowloris_connections_are_open(serve) -> None:
+    """The issue's case: under the usual soft limit of 1024 descriptors, 1,000 connections that never send
+    a request left none for a fresh client's connection and its upstream request. The proxy raises its
+    soft limit to what max_connections needs (here the hard limit allows it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * 1001 + 256:  # the cap would be below 1,001
+        pytest.skip(f"the hard descriptor limit ({hard}) cannot hold 1,001 client connections")
+    upstream = Recorder()
+    url = await serve(upstream.app())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        # header_timeout well above the test's length: the 1,000 stay open throughout, however slow the box.
+        async with running_proxy(url, header_timeout=300.0) as proxy:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                SLOWLORIS,
+                str(proxy.port),
+                "1000",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                async with asyncio.timeout(120.0):
+                    assert await child.stdout.readline() == b"ready\n"
+                    async with (
+                        aiohttp.ClientSession() as http,
+                        http.post(proxy.url, data=INIT, headers=MCP) as response,
+                    ):
+                        assert response.status == 200
+                        assert response.headers["Mcp-Session-Id"] == "edge-session"
+                        assert proxy.connections.open >= 1001  # the thousand, and this client's
+            finally:
+                child.stdin.close()
+                await child.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_cap_fits_the_descriptor_limit() -> None:
+    """Under a hard limit of 1024 descriptors (a process that cannot raise it), max_connections is lowered
+    so that every client connection and its upstream connection fit, with the reserve; a soft limit below
+    a higher hard one is raised as far as the cap needs."""
+    code = """
+import resource
+import subprocess
+from mcpresume.listener import connection_budget
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+print(connection_budget(4096), connection_budget(100))
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 1024))
+print(connection_budget(200), resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["(384, 1024) (100, 1024)", "(200, 656) (656, 1024)"]
