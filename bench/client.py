@@ -26,7 +26,9 @@ import aiohttp
 
 from bench.stats import percentiles, quantile_curve
 
-PROTOCOL = "2025-06-18"
+# 2025-11-25: the proxy primes its streams (an id before any message) for this revision and later only,
+# and the idle-stream phase waits for that first id.
+PROTOCOL = "2025-11-25"
 MARK = b"data: {"
 _TS = re.compile(rb'"ts":(\d{19})')
 _ID = re.compile(rb"^id: (\S+)$", re.M)

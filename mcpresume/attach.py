@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from mcpresume.context import ProxyContext, ended_for_drain, log_id
 from mcpresume.errors import TooManyAttachments
@@ -75,11 +76,17 @@ class ClientWriter:
     """Writes to one client's response, bounded: a write the client does not take within ``stall_timeout``
     raises ``Stalled``. A write that cannot wait (the transport's buffer is at or under its low-water mark,
     so the protocol is not paused, and stays under the high-water mark after it, so it will not be) runs
-    without a time-out armed: the common case, and an ``asyncio.timeout`` costs ~4 us per write."""
+    without a time-out armed: the common case, and an ``asyncio.timeout`` costs ~4 us per write.
+
+    Any other write first waits for the transport's buffer to drain under its low-water mark (``drainer``,
+    the request's payload writer), then writes: what a client that does not read makes the proxy hold is
+    the buffer's high-water mark plus one write (a read is at most ``session.READ_MAX_BYTES``), not every
+    write the view was handed (aiohttp writes to the transport first and waits after)."""
 
     response: web.StreamResponse
     transport: asyncio.Transport | None  # the client connection (request.transport)
     stall_timeout: float
+    drainer: AbstractStreamWriter | None = None  # request.writer: drain() waits while the buffer is full
 
     async def write(self, data: bytes) -> None:
         transport = self.transport
@@ -91,6 +98,8 @@ class ClientWriter:
                 return
         try:
             async with asyncio.timeout(self.stall_timeout):
+                if self.drainer is not None:
+                    await self.drainer.drain()  # returns at once unless the buffer is over its high water
                 await self.response.write(data)
         except TimeoutError:
             raise Stalled from None
@@ -203,7 +212,7 @@ async def serve_view(
     for name, value in plan.headers:
         response.headers.add(name, value)
     response.headers[SESSION_HEADER] = session_id
-    writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
+    writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout, request.writer)
     try:
         await response.prepare(request)
         if plan.preface:

@@ -57,8 +57,12 @@ class Settings(BaseSettings):
     overflow: Literal["evict", "pause"] = Field(
         "evict", description="while no client reads a full window: evict the oldest, or pause the upstream"
     )
-    max_attached_per_session: int = Field(8, ge=1, description="most client views open per session (429)")
-    max_streams_per_session: int = Field(64, ge=1, description="most live streams per session (429)")
+    # Views: every SSE response of the session open now (one per POST answered with SSE, the standalone
+    # GET's, re-attaches). Streams: POST streams being read from the upstream, and requests in flight. A
+    # client runs each concurrent call on a POST stream of its own next to its standalone GET, so the
+    # views default to the streams' limit plus that GET and a few re-attaches.
+    max_attached_per_session: int = Field(72, ge=1, description="most client views open per session (429)")
+    max_streams_per_session: int = Field(64, ge=1, description="most live POST streams per session (429)")
     max_total_window_bytes: int = Field(512 * MiB, ge=1024, description="most window bytes, all sessions")
     retry_ms: int = Field(1000, ge=0, description="SSE retry: hint sent to clients (milliseconds)")
     resume_notification: bool = Field(

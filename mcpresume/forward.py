@@ -196,7 +196,7 @@ async def relay(
             return response
         if is_sse:
             ctx.metrics.open_streams.inc()
-        writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout)
+        writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout, request.writer)
         standalone = request.method == "GET"  # a GET stream may never end: the drain ends it first
         try:
             with ctx.drainable(standalone, register=is_sse):  # a stream the drain ends, as a view

@@ -21,6 +21,17 @@ INITIALIZE: Final = "initialize"
 DISCOVER: Final = "server/discover"  # the 2026-07-28 era's probe
 # Protocol revisions without sessions, resumption or a GET stream (see ../shared/PROTOCOL.md, "Eras").
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})
+# The first revision whose SSE streams begin with a priming event (an id and empty data, SEP-1699). Clients
+# of earlier ones may parse every event's data as JSON (a TypeScript SDK 1.20 client fails on an empty one).
+PRIMING_SINCE: Final = "2025-11-25"
+# A request without MCP-Protocol-Version is of this revision (2025-06-18: "the server SHOULD assume").
+DEFAULT_VERSION: Final = "2025-03-26"
+
+
+def primes(version: str | None) -> bool:
+    """Whether SSE responses to a client of protocol revision ``version`` (None: the header is absent)
+    start with a priming event. Revisions are dates, so they compare as strings."""
+    return (version or DEFAULT_VERSION) >= PRIMING_SINCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,7 @@ class ClientMessage:
     methods: tuple[str, ...]
     request_ids: tuple[str | int, ...]  # ids of the requests in it (not of notifications or responses)
     is_batch: bool
+    protocol_version: str | None = None  # an initialize's params.protocolVersion: what the client speaks
 
     @property
     def request_keys(self) -> tuple[str, ...]:
@@ -65,6 +77,7 @@ def parse_client_body(body: bytes) -> ClientMessage:
         raise BadRequest("empty JSON-RPC batch")
     methods: list[str] = []
     ids: list[str | int] = []
+    version: str | None = None
     for item in items:
         if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
             raise BadRequest("not a JSON-RPC 2.0 message")
@@ -74,6 +87,9 @@ def parse_client_body(body: bytes) -> ClientMessage:
         if not isinstance(method, str):
             raise BadRequest("JSON-RPC method must be a string")
         methods.append(method)
+        if method == INITIALIZE and isinstance(item.get("params"), dict):
+            asked = item["params"].get("protocolVersion")
+            version = asked if isinstance(asked, str) else None
         if "id" in item:
             request_id = item["id"]
             if isinstance(request_id, bool) or not isinstance(request_id, str | int):
@@ -81,7 +97,7 @@ def parse_client_body(body: bytes) -> ClientMessage:
             ids.append(request_id)
     if len(set(map(request_key, ids))) != len(ids):
         raise BadRequest("duplicate request id within one batch")
-    return ClientMessage(tuple(methods), tuple(ids), is_batch)
+    return ClientMessage(tuple(methods), tuple(ids), is_batch, version)
 
 
 # How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the
@@ -119,6 +135,29 @@ def response_key(data: bytes) -> str | None:
     if isinstance(request_id, bool) or not isinstance(request_id, str | int):
         return None
     return request_key(request_id)
+
+
+def response_keys(data: bytes) -> tuple[str, ...]:
+    """The keys of the ids an SSE event's data answers: one response's, or those of the responses in a
+    batch (2025-03-26 allows one event to carry a JSON array of messages; its requests and notifications
+    answer nothing). Empty when it answers none."""
+    if data.lstrip()[:1] != b"[":
+        key = response_key(data)
+        return () if key is None else (key,)
+    try:
+        doc: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ()
+    if not isinstance(doc, list):
+        return ()
+    keys = []
+    for item in doc:
+        if not isinstance(item, dict) or "method" in item or ("result" not in item and "error" not in item):
+            continue
+        request_id = item.get("id")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            keys.append(request_key(request_id))
+    return tuple(keys)
 
 
 def error_response(request_id: str | int | None, code: int, message: str, data: dict[str, Any]) -> bytes:

@@ -25,9 +25,11 @@ stable, and is logged in one line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 import orjson
@@ -36,7 +38,7 @@ from aiohttp import web
 from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
 from mcpresume.authorize import authorize, begins_with, credential_headers_of, remember_version, trusted
 from mcpresume.context import ProxyContext, log_id
-from mcpresume.cursor import Cursor, parse_cursor
+from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
     SERVER_ERROR,
     BadSessionId,
@@ -71,17 +73,22 @@ from mcpresume.headers import (
     host_allowed,
     valid_session_id,
 )
-from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body
+from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin
-from mcpresume.sse import encode_comment, encode_retry, frame_body
+from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.proxy")
 
 _REQUEST_ANSWERS = frozenset({"application/json", SSE})
+# How long a POST of a session waits for the session's standalone GET, being opened upstream (a new
+# connection: a few milliseconds), to be sent first: the upstream sees them in the order they reached the
+# proxy (servers that send requests on the standalone stream need it open before the call that triggers
+# them), and a GET that cannot connect holds the session's calls no longer than this.
+ORDER_WAIT: Final = 1.0
 
 
 class Proxy:
@@ -94,6 +101,9 @@ class Proxy:
         # Sessions whose standalone upstream GET is being opened: a second cursor-less GET waits for that
         # one and joins its stream instead of opening another (one upstream GET per session).
         self._opening_standalone: dict[str, asyncio.Future[None]] = {}
+        # Of those, the ones whose GET is not yet written to its upstream connection: a POST of the session
+        # waits for it (ORDER_WAIT at most), so it does not overtake the GET.
+        self._sending_standalone: dict[str, asyncio.Future[None]] = {}
         settings = self.settings
         self._allowed_hosts = effective_allowed_hosts(settings.allowed_hosts, settings.host)
         self._pump_settings = PumpSettings(  # one for every pump
@@ -298,11 +308,9 @@ class Proxy:
         view = await self.store.view(session_id, stream)
         if view is None or view.stream is None:
             return None
-        return (
-            stream
-            if view.stream.first_seq > after and view.stream.delivered <= view.stream.first_seq
-            else None
-        )
+        # Sent nothing but its priming event (when it has one): delivered at most first_seq, or below it.
+        untouched = view.stream.delivered < view.stream.first_seq + view.stream.primed
+        return stream if view.stream.first_seq > after and untouched else None
 
     async def _forward_claimed(
         self,
@@ -373,6 +381,8 @@ class Proxy:
         new incarnation gets nothing of it (no claim released or settled, no stream, no answer)."""
         keys = message.request_keys
         epoch = None if granted is None else granted.epoch
+        if session_id is not None:
+            await self._after_standalone_sent(session_id)
         try:
             upstream = await self.upstream.request(
                 "POST", request.path_qs, upstream_headers(request), body, decoded=True
@@ -422,7 +432,9 @@ class Proxy:
                 await self.store.settle(sid, keys, epoch)
             return upstream
         now = self.ctx.clock()
-        stream = await self.store.open_stream(sid, StreamOrigin.POST, message.request_keys, now, epoch)
+        stream = await self.store.open_stream(
+            sid, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
+        )
         if stream is None:
             # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
             # as a request of an ended session is, never relayed raw (nor its event ids).
@@ -432,6 +444,15 @@ class Proxy:
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
+
+    async def _after_standalone_sent(self, session_id: str) -> None:
+        """Wait (ORDER_WAIT at most) until the session's standalone GET being opened, if any, is sent."""
+        sending = self._sending_standalone.get(session_id)
+        if sending is None or sending.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ORDER_WAIT):
+                await asyncio.shield(sending)
 
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
@@ -518,8 +539,11 @@ class Proxy:
         assert view is not None and view.stream is not None  # decide re-attaches only to a stream it saw
         return decision, view.stream, view.newest_seq
 
-    def _resume_preface(self, session_id: str, epoch_cursor: str, stream: int) -> bytes:
-        preface = encode_retry(self.settings.retry_ms) + encode_comment(f"resumed {epoch_cursor}".encode())
+    def _resume_preface(self, request: web.Request, epoch_cursor: str, stream: int) -> bytes:
+        # The retry hint only where a priming event would carry it: a client of an earlier revision may
+        # surface a block without data as an empty event.
+        preface = encode_retry(self.settings.retry_ms) if _primes(request) else b""
+        preface += encode_comment(f"resumed {epoch_cursor}".encode())
         if self.settings.resume_notification:
             note = orjson.dumps(
                 {
@@ -562,7 +586,7 @@ class Proxy:
                 decision.stream,
                 decision.after,
             )
-            preface = self._resume_preface(session_id, cursor_header, decision.stream)
+            preface = self._resume_preface(request, cursor_header, decision.stream)
             plan = ViewPlan(
                 (decision.stream, *stream.group),
                 decision.after,
@@ -604,20 +628,38 @@ class Proxy:
                 if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
                     raise UnknownSession("the session ended while its standalone stream was joined")
                 if view is not None and view.stream is not None:
-                    # One upstream GET per session: a second client view joins the live stream at its head.
-                    preface = encode_retry(self.settings.retry_ms)
-                    return ViewPlan((stream,), view.stream.last_seq, _SSE_HEADERS, preface, standalone=True)
+                    # One upstream GET per session: a second client view joins the live stream at its head,
+                    # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
+                    # that drops before the next message can re-attach without missing it.
+                    head = view.stream.last_seq
+                    preface = b""
+                    if _primes(request) and head >= view.stream.first_seq:
+                        cursor = encode_cursor(view.epoch, stream, head)
+                        preface = encode_frame(cursor, priming_block(self.settings.retry_ms))
+                    return ViewPlan((stream,), head, _SSE_HEADERS, preface, standalone=True)
             opening = self._opening_standalone.get(session_id)
             if opening is None:
                 break
             await asyncio.shield(opening)  # then look again: joined, or that open failed and this one tries
-        opened_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        opened_here: asyncio.Future[None] = loop.create_future()
         self._opening_standalone[session_id] = opened_here
+        sent: asyncio.Future[None] = loop.create_future()
+        self._sending_standalone[session_id] = sent
+
+        def on_sent() -> None:  # the GET is written: the session's POSTs may go
+            if not sent.done():
+                sent.set_result(None)
+            if self._sending_standalone.get(session_id) is sent:
+                del self._sending_standalone[session_id]
+
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
             with self.ctx.upstream_wait(standalone=True):
-                upstream = answer = await self.upstream.open_get(request.path_qs, upstream_headers(request))
+                upstream = answer = await self.upstream.open_get(
+                    request.path_qs, upstream_headers(request), on_sent
+                )
             if answer.status == 404 and trusted(self.ctx, request, granted):
                 # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes.
                 await self._drop_session(session_id, granted.epoch)
@@ -625,7 +667,9 @@ class Proxy:
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_version(self.ctx, request, session_id, granted)
                 now = self.ctx.clock()
-                opened = await self.store.open_stream(session_id, StreamOrigin.GET, (), now, granted.epoch)
+                opened = await self.store.open_stream(
+                    session_id, StreamOrigin.GET, (), now, granted.epoch, priming=_primes(request)
+                )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession("the session ended while its standalone stream was opened")
             if opened is not None:
@@ -646,6 +690,7 @@ class Proxy:
                 upstream.release()
             raise
         finally:
+            on_sent()  # sent, or it never will be: nothing waits for it any more
             del self._opening_standalone[session_id]
             opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
         return answer if plan is None else plan
@@ -686,7 +731,8 @@ class Proxy:
                 if isinstance(opened, _Opened):
                     streams.append(opened.stream)
                 elif opened.status == 200 and opened.content_type == "application/json":
-                    streams.append(await self._retain_answer(session_id, message, opened, granted.epoch))
+                    retained = await self._retain_answer(request, session_id, message, opened, granted.epoch)
+                    streams.append(retained)
                 elif opened.status == 202:
                     opened.release()  # notifications only: the view carries the old stream's tail alone
                     if not streams:
@@ -701,14 +747,19 @@ class Proxy:
                     await self.store.remove_reader(session_id, opened.reader)
             if len(streams) > 1:
                 await self.store.group_streams(session_id, streams)
-            preface = self._resume_preface(session_id, cursor_header, decision.stream) if followed else b""
+            preface = self._resume_preface(request, cursor_header, decision.stream) if followed else b""
             plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
             return await serve_view(self.ctx, request, session_id, plan)
         finally:
             await self.store.detach(session_id, self.ctx.clock())
 
     async def _retain_answer(
-        self, session_id: str, message: ClientMessage, upstream: aiohttp.ClientResponse, epoch: str
+        self,
+        request: web.Request,
+        session_id: str,
+        message: ClientMessage,
+        upstream: aiohttp.ClientResponse,
+        epoch: str,
     ) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
@@ -722,7 +773,9 @@ class Proxy:
         finally:
             upstream.release()
         now = self.ctx.clock()
-        opened = await self.store.open_stream(session_id, StreamOrigin.POST, message.request_keys, now, epoch)
+        opened = await self.store.open_stream(
+            session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
+        )
         if opened is None:
             raise UnknownSession("the session ended while its request was forwarded")
         if len(answer) <= limit:
@@ -772,6 +825,14 @@ class _Opened:
 
 
 _SSE_HEADERS: list[tuple[str, str]] = list(SSE_RESPONSE_HEADERS)
+
+
+def _primes(request: web.Request, message: ClientMessage | None = None) -> bool:
+    """Whether this request's SSE response starts with a priming event: its client speaks 2025-11-25 or
+    later (the version an initialize asks for; after it, MCP-Protocol-Version, the negotiated one)."""
+    if message is not None and message.is_initialize:
+        return primes(message.protocol_version)
+    return primes(request.headers.get(PROTOCOL_VERSION_HEADER))
 
 
 def _client_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ from mcpresume.jsonrpc import (
     RESPONSE_MARKERS,
     error_response,
     request_key,
-    response_key,
+    response_keys,
 )
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
@@ -191,7 +191,7 @@ class Pump:
                 current = await self._resume()
         except asyncio.CancelledError:
             self.failure = "the proxy stopped reading the stream (shutdown or session end)"
-            await self._finish()
+            await self._finish(wait=False)
             raise
         await self._finish()
 
@@ -314,9 +314,10 @@ class Pump:
         body = frame_body(data, event.event)
         pending = self.pending
         if pending and not data.startswith(NOTIFICATION_PREFIX):
-            key = response_key(data)
-            if key is not None and pending.pop(key, None) is not None:
-                items.append(NewEvent(body, EventKind.RESPONSE, key))
+            # A batch event (2025-03-26) settles every response in it, once.
+            settled = [key for key in response_keys(data) if pending.pop(key, None) is not None]
+            if settled:
+                items.append(NewEvent(body, EventKind.RESPONSE, settled[0]))
                 return
         items.append(NewEvent(body, EventKind.MESSAGE, None))
 
@@ -346,9 +347,8 @@ class Pump:
         store, sid, settings = self.store, self.job.session_id, self.settings
         if settings.pause and not self._paused_out:
             pause = settings.session_ttl
-            if await store.wait_for_room(
-                sid, count, size, pause, keep_undelivered=True, stream=self.job.stream
-            ):
+            # Any stream's undelivered events, not only this one's: what pause protects is the session's.
+            if await store.wait_for_room(sid, count, size, pause, keep_undelivered=True):
                 return
             self._paused_out = True  # paused for session_ttl with nobody reading: evict from now on
         elif await store.wait_for_room(sid, count, size, settings.stall_timeout):
@@ -411,8 +411,12 @@ class Pump:
 
     # -- the end -----------------------------------------------------------------------------------------
 
-    async def _finish(self) -> None:
+    async def _finish(self, *, wait: bool = True) -> None:
+        """Answer the pending requests with an error, and end the stream. ``wait``: the errors wait for
+        room as every append does (overflow = pause: they must not evict what no client was sent either);
+        not once the proxy stopped the pump, nor past a cancel of that wait."""
         job = self.job
+        items: list[NewEvent] = []
         if self.pending:
             log.warning(
                 "session %s stream %d: %s; answering %d request(s) with an error",
@@ -431,5 +435,10 @@ class Pump:
                 for key, request_id in self.pending.items()
             ]
             self.metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
-            await self.store.append(job.session_id, job.stream, items, self.clock())
-        await self.store.end_stream(job.session_id, job.stream, self.clock())
+        try:
+            if items and wait:
+                await self._make_room(len(items), sum(len(item.body) for item in items))
+        finally:
+            if items:
+                await self.store.append(job.session_id, job.stream, items, self.clock())
+            await self.store.end_stream(job.session_id, job.stream, self.clock())

@@ -55,6 +55,7 @@ class StreamView:
     group: tuple[int, ...] = ()
     group_evicted_through: int = 0
     delivered: int = 0  # the highest seq of the stream some client was sent
+    primed: bool = True  # it began with a priming event (first_seq is that event's seq)
 
 
 @dataclass(frozen=True, slots=True)

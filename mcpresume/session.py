@@ -40,10 +40,12 @@ from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowL
 # session's memory flat.
 MAX_REQUEST_IDS: Final = 4096
 
-# One read returns at most this much, so one write to a client stays bounded and a re-attach to a full
-# window is sent in a few large writes rather than one huge one.
+# One read returns at most this much (and at least one event), so one write to a client stays bounded and a
+# re-attach to a full window is sent in several writes rather than one huge one. 64 KiB: a view writes only
+# while its client's socket buffer is under the transport's high-water mark (64 KiB by default), so a view
+# whose client never reads holds at most about twice that (attach.ClientWriter), whatever the window holds.
 READ_MAX_EVENTS: Final = 512
-READ_MAX_BYTES: Final = 1 << 20
+READ_MAX_BYTES: Final = 64 << 10
 
 
 class StreamOrigin(enum.Enum):
@@ -67,6 +69,9 @@ class StreamState:
     # Retained ones only (bounded by the window); ``group_lost``: the last seq of members gone since.
     group: tuple[int, ...] = ()
     group_lost: int = 0
+    # It began with a priming event (2025-11-25 and later); without one, its first event is a message and
+    # ``last_seq`` stays ``first_seq - 1`` until it comes.
+    primed: bool = True
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -237,18 +242,25 @@ class SessionState:
 
     # -- streams -----------------------------------------------------------------------------------------
 
-    def open_stream(self, origin: StreamOrigin, request_keys: Sequence[str], now: float) -> Event:
-        """Start a stream and append its priming event; returns the priming event."""
+    def open_stream(
+        self, origin: StreamOrigin, request_keys: Sequence[str], now: float, *, priming: bool = True
+    ) -> Event:
+        """Start a stream and append its priming event; returns the priming event. ``priming=False`` (a
+        client of a revision before 2025-11-25, which may parse every event's data as JSON): no event is
+        appended, and the returned one (empty) only says the seq the stream's first event may take."""
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(origin, seq, seq)
+        self.streams[number] = StreamState(origin, seq, seq if priming else seq - 1, primed=priming)
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
             self.standalone = number
-        block = priming_block(self.retry_ms)
         self.last_active = now
+        if not priming:
+            self.version += 1  # a reader of the stream may wait on it (its end, say): the stream is news
+            return Event(seq, number, b"", now)
+        block = priming_block(self.retry_ms)
         self._add(Segment.of(number, seq, [block], now), now)
         return Event(seq, number, encode_frame(encode_cursor(self.epoch, number, seq), block), now)
 
@@ -323,7 +335,12 @@ class SessionState:
     def _forget_gone_streams(self) -> None:
         window = self.window
         # Eviction takes a stream's events oldest first, so its last one is the last to go.
-        gone = [n for n, s in self.streams.items() if not s.live and window.evicted_through(n) >= s.last_seq]
+        # (A stream that never had an event, ``last_seq < first_seq``, is gone as soon as it ends.)
+        gone = [
+            n
+            for n, s in self.streams.items()
+            if not s.live and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
+        ]
         if not gone:
             return  # the common case (every append to a full window gets here): no reader set to build
         # A stream a registered reader still follows is kept (ended, empty) until that reader is done: a
@@ -463,6 +480,7 @@ class SessionState:
                 state.group,
                 max([state.group_lost, *(window.evicted_through(n) for n in state.group)]),
                 state.delivered,
+                state.primed,
             ),
         )
 
@@ -507,8 +525,8 @@ class SessionState:
         self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None
     ) -> bool:
         """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
-        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; only of
-        ``stream`` when given, so a stream nobody reads pauses its own pump, not its neighbours').
+        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; of any
+        stream, so a busy stream cannot evict a neighbour's unsent result; only of ``stream`` when given).
 
         A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
         overrun a client that is reading: the window bounds memory, readers set the pace."""

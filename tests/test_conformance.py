@@ -7,9 +7,9 @@ upstream is an official Python SDK server that offers every tool, resource and p
 (tests/support/conformance_upstream.py). The test skips only when Node is missing or too old; a missing
 runner fails it, with the command that installs it.
 
-Two known differences are pinned as strict xfails, each with the issue item that removes it: an upstream
-that sends its elicitation/sampling requests on the standalone stream loses some through the proxy (item
-16), and one whose DNS-rebinding check reads ``Host`` alone accepts a foreign ``Host`` through it (item 15).
+A known difference would be pinned as a strict xfail (``KNOWN_FAILING_THROUGH_PROXY``), with the issue
+item that removes it; none is today (items 15 and 16 removed the last two: an upstream whose DNS-rebinding
+check reads ``Host`` alone, and one that sends its elicitation/sampling requests on the standalone stream).
 
 Select with ``-m conformance``. About 15 s while those fail, under a minute once they pass (one suite run of
 a few seconds directly and one through the proxy; the ordering check's 44 runs of about a second each).
@@ -46,11 +46,7 @@ T = TypeVar("T")
 ProxyOrNot = Literal["direct", "proxied"]
 Verdicts = dict[str, ScenarioResult]
 
-KNOWN_FAILING_THROUGH_PROXY: dict[str, str] = {
-    "standalone-stream-requests": (
-        "issue 13 item 16: the proxy forwards a call before the session's standalone GET it followed"
-    ),
-}
+KNOWN_FAILING_THROUGH_PROXY: dict[str, str] = {}
 """What is known to fail through the proxy and not directly, each with the issue item whose fix makes it
 pass; each is a strict xfail, so remove its entry when that fix merges. Keys: a scenario name (the SDK
 upstream's per-scenario comparison; none today: ``dns-rebinding-protection`` passes through the proxy there

@@ -1000,14 +1000,19 @@ def test_room_for_protects_what_an_attached_reader_has_not_sent() -> None:
     assert session.room_for(2, 10)
 
 
-def test_pause_protects_only_the_appending_streams_undelivered_events() -> None:
-    """overflow = pause: a stream nobody reads pauses its own pump, not a neighbour whose client reads."""
+def test_pause_protects_every_streams_undelivered_events() -> None:
+    """overflow = pause: an append of any stream waits while it would evict what no client was sent, a
+    neighbour's included (a busy stream must not evict another's unsent result)."""
     session = SessionState("S", "aaaaaaaaaaaa", WindowLimits(4, 1 << 20, 300.0), retry_ms=None, now=0.0)
     unread = session.open_stream(StreamOrigin.GET, [], now=0.0)
-    session.append(unread.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 3, now=0.0)
-    busy = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)  # evicts the GET stream's priming
+    session.append(unread.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 2, now=0.0)
+    busy = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
+    assert not session.room_for(1, 10, keep_undelivered=True)  # the busy stream's append: it waits
     assert not session.room_for(1, 10, keep_undelivered=True, stream=unread.stream)
-    assert session.room_for(1, 10, keep_undelivered=True, stream=busy.stream)
+    reader = session.add_reader([unread.stream], unread.seq - 1)
+    session.move_reader(reader, unread.seq + 2)  # the unread stream's events reach a client
+    session.move_reader(session.add_reader([busy.stream], busy.seq - 1), busy.seq)
+    assert session.room_for(1, 10, keep_undelivered=True)
 
 
 @settings(max_examples=150, deadline=None)

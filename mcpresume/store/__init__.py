@@ -96,7 +96,12 @@ class SessionStore(Protocol):
         request_keys: Sequence[str],
         now: float,
         epoch: str | None = None,
-    ) -> OpenedStream | None: ...
+        *,
+        priming: bool = True,
+    ) -> OpenedStream | None:
+        """Start a stream with its priming event (``priming=False``: none, for clients of revisions before
+        2025-11-25); ``priming_seq`` is that event's seq (or the seq its first event may take)."""
+        ...
 
     async def standalone_stream(self, session_id: str) -> int | None:
         """The live standalone (GET) stream of the session, if one is being pumped."""

@@ -324,15 +324,17 @@ class MemoryStore:
         request_keys: Sequence[str],
         now: float,
         epoch: str | None = None,
+        *,
+        priming: bool = True,
     ) -> OpenedStream | None:
         session = self._incarnation(session_id, epoch)
         if session is None:
             return None
-        priming = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now))
+        first = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now, priming=priming))
         self._moved(session)
         self._enforce_total()
         self._notify(session_id)
-        return OpenedStream(priming.stream, session.epoch, priming.seq)
+        return OpenedStream(first.stream, session.epoch, first.seq)
 
     async def standalone_stream(self, session_id: str) -> int | None:
         session = self._sessions.get(session_id)

@@ -1,0 +1,399 @@
+"""How a session's streams share it: the window under overflow = pause, batched responses, views that
+never read, parallel calls of one client, priming per protocol revision, and the order of a session's
+requests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from mcpresume.jsonrpc import response_keys
+from mcpresume.sse import SSEEvent, SSEParser
+from tests.conftest import ServeApp
+from tests.support.poll import until
+from tests.support.proxy import ScriptedClient, collect, running_proxy
+from tests.support.relay import SseEvent, parse_sse
+from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
+from tests.support.sdk import ProgressCall, count_slowly, sdk_session
+
+TIMEOUT = 30.0  # a hang guard, never a timing assertion
+READ_GUARD = 10.0  # a hang guard for one read of events that are due now
+
+
+# -- overflow = pause protects undelivered events of every stream ------------------------------------------
+
+
+async def test_pause_keeps_a_streams_unsent_result_while_another_stream_is_busy(serve: ServeApp) -> None:
+    """A client drops right after its call's priming event; its call's events (the result included) wait in
+    the window, sent to nobody. A second call of the session, whose client reads, must not evict them: its
+    pump waits (overflow = pause) until the first client re-attaches and is sent them, then goes on."""
+    upstream = ScriptedUpstream(total=10, start_delay=0.3)  # priming + 10 progress + result per call
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=16, overflow="pause") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        first_id, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            first_events = SSEParser(1 << 20).feed(await response.content.readany())
+        assert [e.data for e in first_events] == [b""]  # the priming event only: then the client is gone
+        cursor = (first_events[0].id or b"").decode()
+        await until(lambda: len(proxy.ctx.pumps) == 0, what="the first call read to its end")
+
+        second_id, body = client.tool_call("work", {})
+
+        async def second_call() -> list[dict[str, object]]:
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                return [orjson.loads(e.data) for e in await collect(response) if e.data]
+
+        second = asyncio.ensure_future(second_call())
+        parked = proxy.ctx.store._readers_moved  # type: ignore[attr-defined]  # pumps waiting for room
+        await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
+        headers = client.headers(**{"Last-Event-ID": cursor})
+        async with http.get(client.url, headers=headers) as response:
+            assert response.status == 200  # 409 cursor_out_of_window when the second call evicted them
+            first = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        later = await asyncio.wait_for(second, TIMEOUT)
+    for messages, request_id in ((first, first_id), (later, second_id)):
+        assert [m["params"]["progress"] for m in messages if "method" in m] == list(range(1, 11))  # type: ignore[index]
+        assert [m["id"] for m in messages if "result" in m] == [request_id]
+
+
+async def test_pause_keeps_a_streams_unsent_result_while_another_streams_error_is_synthesized(
+    serve: ServeApp,
+) -> None:
+    """The same with the second call's upstream stream ending before its response (no ids: it cannot be
+    resumed): the error the proxy synthesizes for it is an append too, and waits as the pump's do."""
+    # 12 events of the first call (its priming delivered), the second's priming and 3 events: the last one
+    # evicts the delivered priming, so the window is full of undelivered events when the error comes.
+    upstream = ScriptedUpstream(total=10, start_delay=0.3, send_ids=False, drops=[None, 3])
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=15, overflow="pause") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        first_id, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            first_events = SSEParser(1 << 20).feed(await response.content.readany())
+        cursor = (first_events[0].id or b"").decode()
+        await until(lambda: len(proxy.ctx.pumps) == 0, what="the first call read to its end")
+        second_id, body = client.tool_call("work", {})
+
+        async def second_call() -> list[dict[str, object]]:
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                return [orjson.loads(e.data) for e in await collect(response) if e.data]
+
+        second = asyncio.ensure_future(second_call())
+        parked = proxy.ctx.store._readers_moved  # type: ignore[attr-defined]  # pumps waiting for room
+        await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
+        headers = client.headers(**{"Last-Event-ID": cursor})
+        async with http.get(client.url, headers=headers) as response:
+            assert response.status == 200  # 409 cursor_out_of_window when the error evicted them
+            first = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        later = await asyncio.wait_for(second, TIMEOUT)
+    assert [m["id"] for m in first if "result" in m] == [first_id]
+    assert len([m for m in first if "method" in m]) == 10
+    assert [(m["id"], m["error"]["data"]["reason"]) for m in later if "error" in m] == [  # type: ignore[index]
+        (second_id, "upstream_stream_lost")
+    ]
+
+
+# -- batched SSE responses (2025-03-26) ---------------------------------------------------------------------
+
+
+def test_response_keys_of_a_batch_event() -> None:
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "result": {}},
+        {"jsonrpc": "2.0", "id": "b", "error": {"code": -1, "message": "no"}},
+        {"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage", "params": {}},  # a request
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {}},
+        {"jsonrpc": "2.0", "id": True, "result": {}},  # not an id
+    ]
+    assert response_keys(orjson.dumps(batch)) == ("n:1", "s:b")
+    assert response_keys(orjson.dumps(batch[2:])) == ()
+    assert response_keys(orjson.dumps(batch[0])) == ("n:1",)
+    assert response_keys(b"[not json") == ()
+
+
+async def test_a_batch_event_settles_every_response_in_it_once(serve: ServeApp) -> None:
+    """A 2025-03-26 upstream answers a batch POST with one SSE event holding both responses (after an event
+    holding a batch of a server request and a notification). Each request id gets its result once, and no
+    synthesized upstream_stream_lost error follows."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        doc = orjson.loads(await request.read())
+        if isinstance(doc, dict) and doc.get("method") == "initialize":
+            return initialize_answer(doc, "batch-session", "batch")
+        if isinstance(doc, dict):
+            return web.Response(status=202)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        server_batch = [
+            {"jsonrpc": "2.0", "id": "s1", "method": "roots/list"},
+            {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}},
+        ]
+        answers = [{"jsonrpc": "2.0", "id": item["id"], "result": {"n": item["id"]}} for item in doc]
+        for data in (server_batch, answers):
+            await response.write(b"data: " + orjson.dumps(data) + b"\n\n")  # no ids: not resumable
+        return response
+
+    url = await serve(catch_all(handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        batch = [{"jsonrpc": "2.0", "id": i, "method": "tools/list"} for i in (1, 2)]
+        headers = client.headers(**{"MCP-Protocol-Version": "2025-03-26"})
+        async with http.post(client.url, data=orjson.dumps(batch), headers=headers) as response:
+            assert response.status == 200
+            events = [orjson.loads(e.data) for e in await collect(response) if e.data]
+    assert events[0][0]["method"] == "roots/list"
+    assert events[1:] == [
+        [{"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}, {"jsonrpc": "2.0", "id": 2, "result": {"n": 2}}]
+    ]
+
+
+# -- the official SDK client's parallel calls fit the default limits ---------------------------------------
+
+
+async def test_twelve_parallel_calls_of_one_sdk_session_all_succeed(example_upstream: str) -> None:
+    """The official client runs each concurrent call_tool on a POST stream of its own, next to its standalone
+    GET: 12 parallel calls are 13 client views of one session. With default settings all 12 succeed, as
+    they do against the upstream directly (they got 429 too_many_attachments beyond the 8th view)."""
+    async with running_proxy(example_upstream) as proxy, sdk_session(proxy.url) as session:
+        calls = [count_slowly(session, n=6, delay=0.25) for _ in range(12)]
+        async with asyncio.timeout(TIMEOUT):
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    assert [r.text if isinstance(r, ProgressCall) else repr(r) for r in results] == ["counted to 6"] * 12
+
+
+# -- priming: every SSE response of a 2025-11-25 session starts with a cursor; none for older clients ------
+
+
+class StandaloneUpstream:
+    """A scripted upstream whose standalone GET stream sends what the test puts in ``queue`` (each item an
+    event's data), and whose tools/call answers with a progress notification and the result. With
+    ``ask_on_call``, a tools/call first sends a server request on the standalone stream; when no standalone
+    stream is open at that instant it is lost (``lost`` counts them), as with the SDK servers."""
+
+    def __init__(self, *, ask_on_call: bool = False) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.ask_on_call = ask_on_call
+        self.open_gets = 0
+        self.sent = 0
+        self.lost = 0
+        self.sessions = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        if request.method == "GET":
+            return await self._standalone(request)
+        message = orjson.loads(await request.read())
+        if message.get("method") == "initialize":
+            self.sessions += 1
+            answer = initialize_answer(message, f"standalone-{self.sessions}", "standalone")
+            return answer
+        if "method" not in message or "id" not in message:
+            return web.Response(status=202)  # notifications, and answers to the server's requests
+        if message["method"] == "tools/list":
+            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": []}})
+        if self.ask_on_call and message["method"] == "tools/call":
+            if self.open_gets:
+                ask = {"jsonrpc": "2.0", "id": f"ask-{self.sent}", "method": "roots/list"}
+                self.sent += 1
+                self.queue.put_nowait(orjson.dumps(ask))
+            else:
+                self.lost += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+        result = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        for data in (note, result):
+            await response.write(b"event: message\ndata: " + orjson.dumps(data) + b"\n\n")
+        return response
+
+    async def _standalone(self, request: web.Request) -> web.StreamResponse:
+        self.open_gets += 1  # on arrival, before anything is written: the server can send on it now
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            while True:
+                data = await self.queue.get()
+                await response.write(b"event: message\ndata: " + data + b"\n\n")
+        finally:
+            self.open_gets -= 1
+
+
+async def _first_event(response: aiohttp.ClientResponse) -> SSEEvent:
+    """The first event with an id or data (a retry:-only block sets no cursor and fires nothing)."""
+    parser = SSEParser(1 << 20)
+    async with asyncio.timeout(READ_GUARD):
+        while True:
+            events = [e for e in parser.feed(await response.content.readany()) if e.id or e.data]
+            if events:
+                return events[0]
+
+
+async def _raw_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
+    """The first ``count`` SSE events as a client's parser sees them (comments dropped, nothing else)."""
+    body = b""
+    async with asyncio.timeout(READ_GUARD):
+        while len(events := parse_sse(body)) < count:
+            body += await response.content.readany()
+    return events
+
+
+async def test_a_second_standalone_view_starts_with_a_priming_cursor(serve: ServeApp) -> None:
+    """A second GET of a 2025-11-25 session joins the one upstream standalone stream at its head. It starts
+    with a priming event carrying a cursor, so after a drop it re-attaches and gets the server message the
+    first view received meanwhile (it had only a retry: hint, no cursor, and missed it)."""
+    upstream = StandaloneUpstream()
+    url = await serve(catch_all(upstream.handle))
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        async with http.get(client.url, headers=client.headers()) as first:
+            first_priming = await _first_event(first)
+            assert first_priming.id and first_priming.data == b""
+            async with http.get(client.url, headers=client.headers()) as second:
+                assert second.status == 200
+                priming = await _first_event(second)
+            assert priming.data == b"" and priming.id  # a cursor before any message
+            upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+            seen = await _first_event(first)
+            assert seen.data.startswith(b'{"jsonrpc"')
+            headers = client.headers(**{"Last-Event-ID": priming.id.decode()})
+            async with http.get(client.url, headers=headers) as again:
+                assert again.status == 200
+                missed = await _first_event(again)
+    assert (missed.data, missed.id) == (seen.data, seen.id)
+
+
+async def test_clients_before_2025_11_25_get_no_priming_and_a_cursor_on_every_message(
+    serve: ServeApp,
+) -> None:
+    """A 2025-06-18 client (the TypeScript SDK 1.20 parses every event's data as JSON): no event without data
+    on a POST stream, the standalone stream, a second standalone view or a re-attach; every message event
+    carries a cursor, and the first one resumes the stream."""
+    upstream = StandaloneUpstream()
+    url = await serve(catch_all(upstream.handle))
+    old = "2025-06-18"
+    async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": old,
+                "capabilities": {},
+                "clientInfo": {"name": "ts", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(init), headers=headers) as response:
+            headers["Mcp-Session-Id"] = response.headers["Mcp-Session-Id"]
+        headers["MCP-Protocol-Version"] = old
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
+        async with http.post(proxy.url, data=orjson.dumps(call), headers=headers) as response:
+            posted = parse_sse(await response.read())
+        async with http.get(proxy.url, headers=headers) as first:
+            async with http.get(proxy.url, headers=headers) as second:
+                upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+                upstream.queue.put_nowait(
+                    b'{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}'
+                )
+                joined = await _raw_events(second, 2)
+            standalone = await _raw_events(first, 2)
+            resume = {**headers, "Last-Event-ID": standalone[0].id or ""}
+            async with http.get(proxy.url, headers=resume) as again:
+                resumed = await _raw_events(again, 1)
+    assert [orjson.loads(e.data).get("id") for e in posted] == [None, 2]
+    for event in [*posted, *standalone, *joined, *resumed]:
+        assert event.data and event.id and event.retry is None, event
+    assert resumed == standalone[1:]
+
+
+# -- the order of a session's requests ---------------------------------------------------------------------
+
+
+async def test_a_call_right_after_the_standalone_get_finds_that_stream_open(serve: ServeApp) -> None:
+    """The official client opens its standalone GET a moment before its first call. The upstream sends a
+    server request on its standalone stream as soon as a call arrives (as servers that elicit or sample
+    do), so it must see the GET first: the proxy forwards the call only once the GET's request is sent
+    (a new upstream connection) and not before, as the call would overtake it on a pooled one."""
+    upstream = StandaloneUpstream(ask_on_call=True)
+    url = await serve(catch_all(upstream.handle))
+    async with running_proxy(url) as proxy:
+        for _ in range(50):
+            async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
+                await session.call_tool("ask", {})
+    assert (upstream.sent, upstream.lost) == (50, 0)
+
+
+# -- views whose clients never read hold a small constant each ---------------------------------------------
+
+HIGH_WATER = 64 * 1024  # asyncio's and uvloop's default write high-water mark, which aiohttp keeps
+VIEW_BOUND = 256 * 1024  # what one view may make the proxy hold: about the high-water mark and one write
+VIEWS = 4
+
+
+async def test_views_that_never_read_hold_a_bounded_buffer_each(serve: ServeApp) -> None:
+    """Re-attach views of a window of ~9 MiB whose clients never read (a tiny receive buffer, nothing
+    read): each one writes only while its socket buffer is under the high-water mark, so each holds about
+    that and one write, not a whole read of the window (the first write alone put 1 MiB in the buffer)."""
+    # More than the kernel takes into a socket's send buffer (4 MiB on loopback here): the rest is the
+    # proxy's to hold.
+    upstream = ScriptedUpstream(total=8000, pad=1000, send_ids=False)
+    url = await serve(upstream.app())
+    async with (
+        running_proxy(url, window_events=10_000, window_bytes=16 << 20) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        _, body = client.tool_call("work", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            cursor = (await collect(response, limit=1))[0].id
+        assert cursor is not None
+        await until(lambda: len(proxy.ctx.pumps) == 0, what="the call read to its end")
+        loop = asyncio.get_running_loop()
+        request = (
+            f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\nAccept: text/event-stream\r\n"
+            f"Mcp-Session-Id: {client.session_id}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+            f"Last-Event-ID: {cursor.decode()}\r\n\r\n"
+        ).encode()
+        readers = []
+        try:
+            for _ in range(VIEWS):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await loop.sock_connect(sock, ("127.0.0.1", proxy.port))
+                await loop.sock_sendall(sock, request)
+                readers.append(sock)
+            server = proxy.runners[0].server
+            assert server is not None
+
+            def buffers() -> list[int]:  # what each client connection's transport holds, unsent
+                return [c.transport.get_write_buffer_size() for c in server.connections if c.transport]
+
+            await until(
+                lambda: len([b for b in buffers() if b > HIGH_WATER]) == VIEWS,
+                timeout=TIMEOUT,
+                what="every view writing into a full socket buffer",
+            )
+            assert max(buffers()) <= VIEW_BOUND, buffers()
+        finally:
+            for sock in readers:
+                sock.close()
