@@ -3,7 +3,7 @@
 An attachment is a view, and disposable. It loops: read what follows its position from the store, write
 it in one piece, move the position to the last seq written, and wait for news when there is none. Because
 it only ever sends events with a seq above its position and moves the position forward, it never sends an
-event twice or out of order (DESIGN.md #1, #2); because it reads by position rather than by subscription,
+event twice or out of order (invariant #1, #2); because it reads by position rather than by subscription,
 the hand-off from history to live events has no gap to fall into (#6).
 
 It stops when the stream is complete (every event sent and the stream ended: a POST stream ends with its

@@ -4,7 +4,7 @@ The proxy parses client POST bodies (small, and it must know the request ids and
 ``initialize``) but never parses upstream events it does not need to. It must only recognise the
 JSON-RPC response that completes a POST stream: an event that starts like a notification is not one (one
 prefix test), and a response must hold a ``"result"`` or an ``"error"`` key, so only events whose data
-contains one of those byte strings are parsed (STYLE.md: no per-event JSON parse unless a decision needs
+contains one of those byte strings are parsed (the hot path parses no event's JSON unless a decision needs
 it); progress notifications, the bulk of a stream, never are.
 """
 
@@ -19,7 +19,7 @@ from mcpresume.errors import BadRequest, InvalidJson
 
 INITIALIZE: Final = "initialize"
 DISCOVER: Final = "server/discover"  # the 2026-07-28 era's probe
-# Protocol revisions without sessions, resumption or a GET stream (see ../shared/PROTOCOL.md, "Eras").
+# Protocol revisions without sessions, resumption or a GET stream (docs/how-it-works.md, "Eras").
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})
 # The first revision whose SSE streams begin with a priming event (an id and empty data, SEP-1699). Clients
 # of earlier ones may parse every event's data as JSON (a TypeScript SDK 1.20 client fails on an empty one).

@@ -499,7 +499,7 @@ class Proxy:
         outcome: ClaimOutcome,
         stream: int | None,
     ) -> web.StreamResponse:
-        """A request id seen before in this session: never forwarded twice (DESIGN.md #8)."""
+        """A request id seen before in this session: never forwarded twice (invariant #8)."""
         self.metrics.duplicate_requests.inc()
         if outcome is ClaimOutcome.ATTACH and stream is not None:
             view = await self.store.view(session_id, stream)

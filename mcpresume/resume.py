@@ -22,8 +22,8 @@ row    condition                                     status  reason
 =====  ============================================  ======  ========================
 
 404 means "the session is gone" and nothing else: conformant clients drop the session on 404
-(spec: "the client MUST start a new session"), so every cursor problem is a 400 or a 409 (DESIGN.md #10).
-There is no row that falls back to "from the start" (DESIGN.md #5).
+(spec: "the client MUST start a new session"), so every cursor problem is a 400 or a 409 (invariant #10).
+There is no row that falls back to "from the start" (invariant #5).
 """
 
 from __future__ import annotations

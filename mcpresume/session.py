@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The session is the durable object; an SSE connection is an ephemeral view of one of its streams
-(``../shared/seed/resumption-design-note.md``). This module is the durable part, with no I/O:
+(ARCHITECTURE.md, the bird's-eye view). This module is the durable part, with no I/O:
 
 * ``open_stream`` starts a stream (an upstream POST's SSE response, or the standalone GET stream) and
   appends its priming event, so a client holds a cursor in that stream before any message arrives.

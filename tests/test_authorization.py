@@ -1,4 +1,5 @@
-"""A session's events go only to requests whose credentials the upstream accepted for that session.
+"""A session's events go only to requests whose credentials the upstream accepted for that session
+(ARCHITECTURE.md, invariant #11).
 
 The upstream here checks ``Authorization`` on every request, as the SDKs' servers do, and answers 401 with
 a ``WWW-Authenticate`` challenge to any bearer token that does not own the session. Through the proxy, a

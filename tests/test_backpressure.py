@@ -1,4 +1,4 @@
-"""Bounded under slow clients and abandoned sessions (issue: backpressure, limits and hostile input)."""
+"""Bounded under slow clients and abandoned sessions (ARCHITECTURE.md, invariant #7)."""
 
 from __future__ import annotations
 

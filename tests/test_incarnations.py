@@ -1,7 +1,8 @@
 """A session id's incarnations stay apart: what the proxy no longer tracks is gone for its clients, and
-nothing of an ended incarnation (a request still in flight, its answer) reaches another.
+nothing of an ended incarnation (a request still in flight, its answer) reaches another (ARCHITECTURE.md,
+invariant #4).
 
-Handshake-era requests (see README, "Eras") carrying a session id the proxy does not track get 404
+Handshake-era requests (docs/how-it-works.md, "Eras") carrying a session id the proxy does not track get 404
 ``unknown_session`` and are not forwarded: the client re-initializes, as the spec says of an unknown
 session. Upstream event ids never reach a client, whatever ended the session meanwhile.
 """

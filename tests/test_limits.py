@@ -642,7 +642,7 @@ async def test_upstream_answering_a_request_with_html_is_502_with_the_request_id
         assert (
             sample(proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason="upstream_bad_response") == 1
         )
-        # The upstream did run it: re-sending the same id is refused, never forwarded twice (DESIGN.md #8).
+        # The upstream did run it: re-sending the same id is refused, never forwarded twice (invariant #8).
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             assert response.status == 409
             assert (await error_of(response))["data"]["reason"] == "duplicate_request"

@@ -1,4 +1,4 @@
-"""The pure core imports no framework and no I/O (STYLE.md: "a pure core inside a thin async shell").
+"""The pure core imports no framework and no I/O (ARCHITECTURE.md: "the pure core").
 
 Each core module is imported in a fresh interpreter with a meta-path finder installed first, so any attempt
 to import a forbidden package is recorded, even one guarded by ``try: ... except ImportError``; the

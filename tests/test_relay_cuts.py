@@ -9,6 +9,7 @@ row (MAX_RECONNECTION_ATTEMPTS = 2), whatever the server does. Worse, when a re-
 it reconnects with its *previous* Last-Event-ID, not the last id it processed (``_handle_reconnection``'s
 exception path passes the stale ``last_event_id``), so it asks again for events it already applied: a
 client bug no server can see. So each call here gets one cut, at a random offset of its POST stream.
+Invariants #1, #2 and #8, at the transport: no event twice, none missing, every result once.
 """
 
 from __future__ import annotations

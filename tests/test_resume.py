@@ -138,7 +138,7 @@ def test_row4_on_a_session_that_never_appended() -> None:
 
 def test_row5_stream_zero_is_malformed_not_out_of_window() -> None:
     """Streams are numbered from 1, so ``<epoch>-0-<seq>`` was never issued: 400 malformed_cursor is the
-    honest answer (DESIGN.md #10), not "no longer retained"."""
+    honest answer (invariant #10), not "no longer retained"."""
     session = SessionState("S1", EPOCH, WindowLimits(16, 1 << 20, 300.0), retry_ms=None, now=0.0)
     priming = session.open_stream(StreamOrigin.GET, [], now=0.0)
     assert priming.stream == 1 and priming.seq == 1
@@ -262,7 +262,7 @@ def test_decide_is_total_and_honest(view: SessionView | None, cursor: Cursor | C
     assert outcome_label(decision) in OUTCOMES  # the metric exports every label from the start
     gone = view is None or (view.expires_at is not None and view.expires_at <= NOW)
     if isinstance(decision, ReAttach):
-        # Re-attach only when every fact allows it (DESIGN.md #4, #5).
+        # Re-attach only when every fact allows it (invariant #4, #5).
         assert view is not None and not gone and isinstance(cursor, Cursor)
         assert cursor.epoch == view.epoch
         assert view.stream is not None and decision.stream == view.stream.number
@@ -273,7 +273,7 @@ def test_decide_is_total_and_honest(view: SessionView | None, cursor: Cursor | C
         assert cursor.stream >= 1 and cursor.seq >= 1  # numbering starts at 1
     else:
         assert isinstance(decision, ProxyError)
-        # 404 means the session is gone, and nothing else (DESIGN.md #10).
+        # 404 means the session is gone, and nothing else (invariant #10).
         assert (decision.status == 404) == gone
         assert decision.status in (400, 404, 409)
         if not gone and isinstance(cursor, Cursor):

@@ -1,5 +1,6 @@
 """A session's durable state: streams, appends, reads, request-id claims, bounded bookkeeping, and the
-resume invariants (DESIGN.md 1-5) under arbitrary interleavings of appends, evictions and re-attaches."""
+resume invariants (ARCHITECTURE.md, invariants #1-#5) under arbitrary interleavings of appends, evictions,
+groups and re-attaches."""
 
 from __future__ import annotations
 
@@ -209,7 +210,7 @@ def test_end_stream_keeps_its_events_and_the_response() -> None:
     assert session.version == version + 1 and session.last_active == 4.0
     assert not session.streams[stream].live
     result = session.read([stream], 1)
-    assert list(result.events) == [resp]  # DESIGN.md #9: ending the stream did not drop the response
+    assert list(result.events) == [resp]  # invariant #9: ending the stream did not drop the response
     assert result.complete
     # Ending twice, or an unknown stream, changes nothing.
     session.end_stream(stream, now=9.0)
@@ -777,7 +778,7 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def check_reattach(self, decision: ReAttach, cursor: Cursor) -> None:
         assert decision == ReAttach(cursor.stream, cursor.seq)
-        # Never re-attach where the model says an event after the cursor is gone (DESIGN.md #2, #5).
+        # Never re-attach where the model says an event after the cursor is gone (invariant #2, #5).
         assert not self.lost_after(cursor.stream, cursor.seq)
         assert not self.forgotten(cursor.stream)
         result = self.session.read([decision.stream], decision.after)

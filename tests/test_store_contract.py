@@ -158,13 +158,13 @@ async def test_create_twice_gives_a_new_epoch_and_a_fresh_session(store: Session
     assert view.epoch == second and view.newest_seq == 0 and view.stream is None
     assert view.next_stream == opened.number + 1
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.NEW)  # request ids start over too
-    # The old incarnation's cursors are foreign to the new one (DESIGN.md #4).
+    # The old incarnation's cursors are foreign to the new one (invariant #4).
     decision = decide(view, old_cursor, now=1.0)
     assert isinstance(decision, ForeignCursor)
 
 
 async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps(store: SessionStore) -> None:
-    """DESIGN.md #3/#4. The proxy calls create_session for an id it already tracks when the upstream
+    """Invariants #3, #4. The proxy calls create_session for an id it already tracks when the upstream
     answers initialize with it again (a re-issued id). An attachment and a pump of the old incarnation hold
     only (session id, stream number): they must not see or feed the new incarnation's stream that happens
     to get the same number."""

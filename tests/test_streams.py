@@ -1,6 +1,6 @@
 """How a session's streams share it: the window under overflow = pause, batched responses, views that
 never read, parallel calls of one client, priming per protocol revision, and the order of a session's
-requests."""
+requests (ARCHITECTURE.md, invariants #7 and #12)."""
 
 from __future__ import annotations
 
