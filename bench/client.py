@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -434,6 +435,9 @@ def main() -> int:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = asyncio.run(_main(spec))
+    # The event loop may leave stdout non-blocking (a shared pipe): a result line longer than the pipe's
+    # buffer (a latency run's samples, ~240 KB) was then cut at 128 KiB and the benchmark could not read it.
+    os.set_blocking(sys.stdout.fileno(), True)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
