@@ -48,6 +48,7 @@ from mcpresume.errors import (
     HostNotAllowed,
     OriginNotAllowed,
     ProxyError,
+    SessionGone,
     ShuttingDown,
     TooManySessions,
     TooManyStreams,
@@ -206,7 +207,7 @@ class Proxy:
             # Not tracked (reaped, deleted, or the proxy restarted): gone, as a server says of a session it
             # does not know, and the client re-initializes (spec). Forwarding would run a re-sent request
             # twice, and relay the upstream's own event ids.
-            raise UnknownSession("session is unknown, deleted or expired; re-initialize")
+            raise UnknownSession()
         return await self._forward_in_session(request, body, message, session_id, granted)
 
     async def _initialize(
@@ -280,7 +281,7 @@ class Proxy:
             limit = self.settings.max_streams_per_session
             claim = await self.store.claim(session_id, message.request_keys, limit, granted.epoch)
             if claim is None:  # ended (or re-issued) since it was looked up
-                error = UnknownSession("session is unknown, deleted or expired; re-initialize")
+                error = UnknownSession()
                 return self.ctx.reject(request, error, message.first_id)
             if claim.outcome is not ClaimOutcome.NEW:
                 stream = None
@@ -439,7 +440,7 @@ class Proxy:
             # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
             # as a request of an ended session is, never relayed raw (nor its event ids).
             upstream.release()
-            return UnknownSession("the session ended while its request was forwarded")
+            return UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
@@ -597,7 +598,7 @@ class Proxy:
             )
             return await attach_view(self.ctx, request, session_id, plan)
         if granted is None:  # not tracked: gone (see _mcp_post)
-            return self.ctx.reject(request, UnknownSession("session is unknown, deleted or expired"), None)
+            return self.ctx.reject(request, UnknownSession(), None)
         return await self._standalone(request, session_id, granted)
 
     async def _standalone(
@@ -626,7 +627,7 @@ class Proxy:
             if stream is not None:
                 view = await self.store.view(session_id, stream)
                 if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
-                    raise UnknownSession("the session ended while its standalone stream was joined")
+                    raise UnknownSession(SessionGone.ENDED_WHILE_JOINING)
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head,
                     # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
@@ -671,7 +672,7 @@ class Proxy:
                     session_id, StreamOrigin.GET, (), now, granted.epoch, priming=_primes(request)
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
-                    raise UnknownSession("the session ended while its standalone stream was opened")
+                    raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
@@ -777,7 +778,7 @@ class Proxy:
             session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
         )
         if opened is None:
-            raise UnknownSession("the session ended while its request was forwarded")
+            raise UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         if len(answer) <= limit:
             # JSON allows raw CR/LF only as whitespace between tokens: drop them, one data line.
             body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
