@@ -42,8 +42,6 @@ from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
     SERVER_ERROR,
     BadSessionId,
-    CursorOutOfWindow,
-    DuplicateRequest,
     HeadersTooLarge,
     HostNotAllowed,
     OriginNotAllowed,
@@ -51,7 +49,6 @@ from mcpresume.errors import (
     SessionGone,
     ShuttingDown,
     TooManySessions,
-    TooManyStreams,
     UnknownSession,
     UpstreamBadResponse,
 )
@@ -77,7 +74,7 @@ from mcpresume.headers import (
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin, claim_refusal
 from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -487,8 +484,7 @@ class Proxy:
     ) -> web.StreamResponse:
         """The answer to request ids that must not be forwarded (a duplicate, or too many streams)."""
         if claim.outcome is ClaimOutcome.LIMITED:
-            limit = self.settings.max_streams_per_session
-            error = TooManyStreams(f"the session already has {limit} live streams", limit=limit)
+            error = claim_refusal(claim.outcome, self.settings.max_streams_per_session)
             return self.ctx.reject(request, error, message.first_id)
         return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
 
@@ -507,19 +503,7 @@ class Proxy:
             if view is not None and view.stream is not None:
                 plan = ViewPlan((stream,), view.stream.first_seq - 1, _SSE_HEADERS)
                 return await attach_view(self.ctx, request, session_id, plan)
-        if outcome in (ClaimOutcome.ATTACH, ClaimOutcome.GONE):
-            error: ProxyError = CursorOutOfWindow(
-                "this request id was already answered and its stream is no longer retained"
-            )
-        elif outcome is ClaimOutcome.IN_FLIGHT:
-            error = DuplicateRequest("this request id is already being forwarded")
-        elif outcome is ClaimOutcome.ANSWERED:
-            error = DuplicateRequest(
-                "this request id was answered with application/json, which is not retained"
-            )
-        else:
-            error = DuplicateRequest("request ids of this batch were seen before, on different requests")
-        return self.ctx.reject(request, error, message.first_id)
+        return self.ctx.reject(request, claim_refusal(outcome), message.first_id)
 
     # -- resumption --------------------------------------------------------------------------------------
 

@@ -27,10 +27,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, assert_never
 
 from mcpresume.credentials import remember
 from mcpresume.cursor import encode_cursor, id_line_prefix
+from mcpresume.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
@@ -154,6 +155,31 @@ class ClaimOutcome(enum.Enum):
 class Claim:
     outcome: ClaimOutcome
     stream: int | None = None
+
+
+def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> ProxyError:
+    """What a client whose request ids are not forwarded is told, by the claim's outcome (invariant #8: a
+    request id reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
+    after all (it left the window meanwhile). ``NEW`` is forwarded: asking is an error."""
+    match outcome:
+        case ClaimOutcome.ATTACH | ClaimOutcome.GONE:
+            return CursorOutOfWindow(
+                "this request id was already answered and its stream is no longer retained"
+            )
+        case ClaimOutcome.IN_FLIGHT:
+            return DuplicateRequest("this request id is already being forwarded")
+        case ClaimOutcome.ANSWERED:
+            return DuplicateRequest(
+                "this request id was answered with application/json, which is not retained"
+            )
+        case ClaimOutcome.CONFLICT:
+            return DuplicateRequest("request ids of this batch were seen before, on different requests")
+        case ClaimOutcome.LIMITED:
+            return TooManyStreams(f"the session already has {max_streams} live streams", limit=max_streams)
+        case ClaimOutcome.NEW:
+            raise ValueError("a new claim is forwarded, not refused")
+        case _:  # pragma: no cover
+            assert_never(outcome)
 
 
 # Every session without an attached reader shares this empty dict; only add_reader inserts a reader, and it

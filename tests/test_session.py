@@ -28,6 +28,7 @@ from mcpresume.session import (
     NewEvent,
     SessionState,
     StreamOrigin,
+    claim_refusal,
 )
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
@@ -446,6 +447,29 @@ def test_a_stream_number_is_never_read_as_a_claim_state(first_stream: int) -> No
     assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
     session.settle(["n:1"])  # nor to settle
     assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+
+
+# Every claim outcome but NEW (forwarded) is answered so: (status, reason). ATTACH: only when its stream
+# left the window before the view could be attached.
+REFUSALS = {
+    ClaimOutcome.ATTACH: (409, "cursor_out_of_window"),
+    ClaimOutcome.GONE: (409, "cursor_out_of_window"),
+    ClaimOutcome.IN_FLIGHT: (409, "duplicate_request"),
+    ClaimOutcome.ANSWERED: (409, "duplicate_request"),
+    ClaimOutcome.CONFLICT: (409, "duplicate_request"),
+    ClaimOutcome.LIMITED: (429, "too_many_streams"),
+}
+
+
+def test_every_claim_outcome_is_forwarded_or_refused_by_the_table() -> None:
+    assert set(REFUSALS) | {ClaimOutcome.NEW} == set(ClaimOutcome)
+    for outcome, (status, reason) in REFUSALS.items():
+        error = claim_refusal(outcome, max_streams=3)
+        assert (error.status, error.reason) == (status, reason), outcome
+    limited = claim_refusal(ClaimOutcome.LIMITED, max_streams=3)
+    assert limited.data() == {"reason": "too_many_streams", "limit": 3}
+    with pytest.raises(ValueError):
+        claim_refusal(ClaimOutcome.NEW)
 
 
 def test_release_forgets_only_pending_claims() -> None:
