@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final, assert_never
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -43,12 +45,55 @@ class Stalled(Exception):
     """The client did not take a write within ``stall_timeout``."""
 
 
+class ViewEnd(enum.Enum):
+    """Why a view ended. The value is the word its log line says."""
+
+    COMPLETE = "complete"  # every event of its streams sent, and they ended
+    SESSION_GONE = "session_gone"  # the session ended (DELETE, reaped, id re-issued) meanwhile
+    FELL_BEHIND_WINDOW = "fell_behind_window"  # an event after its position was evicted
+    STALLED = "stalled"  # the client took no write within stall_timeout
+    CLIENT_GONE = "client_gone"  # the client's connection closed
+    DRAINING = "draining"  # a drain ended it
+
+
+class Finish(enum.Enum):
+    """How ``serve_view`` ends the response of a view that ended."""
+
+    EOF = "eof"  # end the body: the stream is complete
+    DRAIN = "drain"  # end the body within DRAIN_GRACE, else cut (``end_for_drain``): its client re-attaches
+    CUT = "cut"  # abort the connection: a stalled client's buffer is full, nothing more reaches it
+    LEAVE = "leave"  # nothing to end: aiohttp finishes (or finds closed) the response it is handed back
+
+
+@dataclass(frozen=True, slots=True)
+class ViewEnding:
+    finish: Finish
+    log: bool = True  # one INFO line: a view that ends before its stream did is worth a line
+    detach: bool = False  # counted in mcpresume_backpressure_detaches_total
+
+
+# What ends the response of a view, by why the view ended (tests/test_follow.py checks every ViewEnd has a
+# row). A stalled client is detached: its events stay in the window for its re-attach, and the retry hint
+# it needs came with the stream's first event.
+VIEW_ENDINGS: Final[Mapping[ViewEnd, ViewEnding]] = {
+    ViewEnd.COMPLETE: ViewEnding(Finish.EOF, log=False),
+    ViewEnd.SESSION_GONE: ViewEnding(Finish.LEAVE),
+    ViewEnd.FELL_BEHIND_WINDOW: ViewEnding(Finish.LEAVE),
+    ViewEnd.STALLED: ViewEnding(Finish.CUT, detach=True),
+    ViewEnd.CLIENT_GONE: ViewEnding(Finish.LEAVE),
+    ViewEnd.DRAINING: ViewEnding(Finish.DRAIN),
+}
+
+
 @dataclass(slots=True)
 class AttachOutcome:
     sent: int = 0  # events written
     replayed: int = 0  # of which were already in the window when the attachment started
-    complete: bool = False
-    reason: str = "complete"
+    reason: ViewEnd = ViewEnd.COMPLETE
+
+    @property
+    def complete(self) -> bool:
+        return self.reason is ViewEnd.COMPLETE
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +165,7 @@ async def follow(
 
     ``reader``: a reader token already registered at ``after`` (a new stream registers its first reader
     before its pump starts, so not even the first burst can overrun it); registered here otherwise.
-    ``wait=False``: stop (reason "draining") when everything retained is sent instead of waiting for more.
+    ``wait=False``: stop (``ViewEnd.DRAINING``) when everything retained is sent instead of waiting for more.
     """
     outcome = AttachOutcome()
     position = after
@@ -130,10 +175,10 @@ async def follow(
         while True:
             result = await store.read(session_id, streams, position)
             if result is None:
-                outcome.reason = "session_gone"
+                outcome.reason = ViewEnd.SESSION_GONE
                 return outcome
             if result.gap:
-                outcome.reason = "fell_behind_window"
+                outcome.reason = ViewEnd.FELL_BEHIND_WINDOW
                 return outcome
             if result.segments:
                 await writer.write(result.body())
@@ -143,33 +188,31 @@ async def follow(
                 if replay_through > after:
                     outcome.replayed += result.count_through(replay_through)
                 if result.complete:  # the last events of an ended stream: done (don't read a forgotten one)
-                    outcome.complete = True
-                    return outcome
+                    return outcome  # reason: COMPLETE
                 if result.more:
                     continue
                 # No read to find nothing: the wait returns at once if the session changed since this read
                 # (during the write, say), else parks until it does.
             elif result.complete:
-                outcome.complete = True
-                return outcome
+                return outcome  # reason: COMPLETE
             if not wait:
-                outcome.reason = "draining"
+                outcome.reason = ViewEnd.DRAINING
                 return outcome
             version = result.version
             del result  # a parked view keeps no events alive: the window may evict them meanwhile
             if not await store.wait(session_id, version, HEARTBEAT_SECONDS):
                 await writer.write(HEARTBEAT)
     except Stalled:
-        outcome.reason = "stalled"
+        outcome.reason = ViewEnd.STALLED
         return outcome
     except asyncio.CancelledError as exc:
         if not ended_for_drain(exc):
-            outcome.reason = "client_gone"
+            outcome.reason = ViewEnd.CLIENT_GONE
             raise
-        outcome.reason = "draining"
+        outcome.reason = ViewEnd.DRAINING
         return outcome
     except ConnectionError:
-        outcome.reason = "client_gone"
+        outcome.reason = ViewEnd.CLIENT_GONE
         return outcome
     finally:
         await store.remove_reader(session_id, reader)
@@ -243,29 +286,34 @@ async def serve_view(
     except asyncio.CancelledError as exc:
         if not ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
             raise
-        outcome = AttachOutcome(reason="draining")
+        outcome = AttachOutcome(reason=ViewEnd.DRAINING)
     finally:
         metrics.open_streams.dec()
     metrics.replayed_events.inc(outcome.replayed)
-    if outcome.reason == "stalled":
-        # The client took no write for stall_timeout: detach it (its events stay in the window for its
-        # re-attach). Its socket buffer is full, so nothing more can reach it; the retry hint it needs came
-        # with the stream's first event. Abort, so aiohttp does not wait on it to finish the body.
+    ending = VIEW_ENDINGS[outcome.reason]
+    if ending.detach:
         metrics.backpressure_detaches.inc()
-        if request.transport is not None:
-            request.transport.abort()
-    if outcome.reason != "complete":
+    if ending.log:
         log.info(
             "session %s: client view closed: %s after %d events",
             log_id(session_id),
-            outcome.reason,
+            outcome.reason.value,
             outcome.sent,
         )
-    if outcome.complete:
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-    elif outcome.reason == "draining":
-        await end_for_drain(request, response)
+    match ending.finish:
+        case Finish.EOF:
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+        case Finish.DRAIN:
+            await end_for_drain(request, response)
+        case Finish.CUT:
+            # Abort, so aiohttp does not wait on the client to take the rest of the body.
+            if request.transport is not None:
+                request.transport.abort()
+        case Finish.LEAVE:
+            pass
+        case _:  # pragma: no cover
+            assert_never(ending.finish)
     return response
 
 

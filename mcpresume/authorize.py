@@ -30,6 +30,7 @@ from mcpresume.credentials import (
 from mcpresume.errors import (
     CredentialsRefused,
     ProxyError,
+    SessionGone,
     UnknownSession,
     UpstreamBadResponse,
     UpstreamTimeout,
@@ -148,7 +149,7 @@ async def _verify(
         await ctx.store.accept_credential(session_id, granted.epoch, digest, granted.protocol_version)
         return
     if status == 404:
-        raise UnknownSession("the upstream does not know this session (for these credentials)")
+        raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
     if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
         raise UpstreamBadResponse(f"the upstream answered a ping in the session with {status}", status=status)
     raise CredentialsRefused(

@@ -10,6 +10,7 @@ handlers only ever deal with ``ProxyError``.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 # JSON-RPC 2.0 reserves -32000..-32099 for implementation-defined server errors; the MCP SDKs use -32000
@@ -39,11 +40,28 @@ class ProxyError(Exception):
 # -- session and cursor (the resume decision's rejections) -------------------------------------------------
 
 
+@enum.unique  # a cause whose message repeats another's would be an alias of it, not a cause
+class SessionGone(enum.Enum):
+    """Why the proxy answers 404 ``unknown_session``, each with its message: the one way to say it."""
+
+    UNTRACKED = "session is unknown, deleted or expired; re-initialize"  # never tracked, reaped, deleted
+    # Tracked when the request came, ended (DELETE, reaped, its id re-issued) before its answer was kept:
+    ENDED_WHILE_FORWARDED = "the session ended while its request was forwarded; re-initialize"
+    ENDED_WHILE_JOINING = "the session ended while its standalone stream was joined; re-initialize"
+    ENDED_WHILE_OPENING = "the session ended while its standalone stream was opened; re-initialize"
+    # The upstream answered 404 in the session to credentials it accepted there (authorize.py).
+    UPSTREAM_FORGOT = "the upstream does not know this session (for these credentials); re-initialize"
+
+
 class UnknownSession(ProxyError):
     """404: the session is unknown, deleted or expired. The client MUST start a new session (spec)."""
 
     status = 404
     reason = "unknown_session"
+
+    def __init__(self, cause: SessionGone = SessionGone.UNTRACKED) -> None:
+        super().__init__(cause.value)
+        self.cause = cause
 
 
 class MissingSession(ProxyError):

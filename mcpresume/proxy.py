@@ -42,15 +42,13 @@ from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
     SERVER_ERROR,
     BadSessionId,
-    CursorOutOfWindow,
-    DuplicateRequest,
     HeadersTooLarge,
     HostNotAllowed,
     OriginNotAllowed,
     ProxyError,
+    SessionGone,
     ShuttingDown,
     TooManySessions,
-    TooManyStreams,
     UnknownSession,
     UpstreamBadResponse,
 )
@@ -76,7 +74,7 @@ from mcpresume.headers import (
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin, claim_refusal
 from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -206,7 +204,7 @@ class Proxy:
             # Not tracked (reaped, deleted, or the proxy restarted): gone, as a server says of a session it
             # does not know, and the client re-initializes (spec). Forwarding would run a re-sent request
             # twice, and relay the upstream's own event ids.
-            raise UnknownSession("session is unknown, deleted or expired; re-initialize")
+            raise UnknownSession()
         return await self._forward_in_session(request, body, message, session_id, granted)
 
     async def _initialize(
@@ -280,7 +278,7 @@ class Proxy:
             limit = self.settings.max_streams_per_session
             claim = await self.store.claim(session_id, message.request_keys, limit, granted.epoch)
             if claim is None:  # ended (or re-issued) since it was looked up
-                error = UnknownSession("session is unknown, deleted or expired; re-initialize")
+                error = UnknownSession()
                 return self.ctx.reject(request, error, message.first_id)
             if claim.outcome is not ClaimOutcome.NEW:
                 stream = None
@@ -439,7 +437,7 @@ class Proxy:
             # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
             # as a request of an ended session is, never relayed raw (nor its event ids).
             upstream.release()
-            return UnknownSession("the session ended while its request was forwarded")
+            return UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
@@ -486,8 +484,7 @@ class Proxy:
     ) -> web.StreamResponse:
         """The answer to request ids that must not be forwarded (a duplicate, or too many streams)."""
         if claim.outcome is ClaimOutcome.LIMITED:
-            limit = self.settings.max_streams_per_session
-            error = TooManyStreams(f"the session already has {limit} live streams", limit=limit)
+            error = claim_refusal(claim.outcome, self.settings.max_streams_per_session)
             return self.ctx.reject(request, error, message.first_id)
         return await self._duplicate(request, session_id, message, claim.outcome, claim.stream)
 
@@ -506,19 +503,7 @@ class Proxy:
             if view is not None and view.stream is not None:
                 plan = ViewPlan((stream,), view.stream.first_seq - 1, _SSE_HEADERS)
                 return await attach_view(self.ctx, request, session_id, plan)
-        if outcome in (ClaimOutcome.ATTACH, ClaimOutcome.GONE):
-            error: ProxyError = CursorOutOfWindow(
-                "this request id was already answered and its stream is no longer retained"
-            )
-        elif outcome is ClaimOutcome.IN_FLIGHT:
-            error = DuplicateRequest("this request id is already being forwarded")
-        elif outcome is ClaimOutcome.ANSWERED:
-            error = DuplicateRequest(
-                "this request id was answered with application/json, which is not retained"
-            )
-        else:
-            error = DuplicateRequest("request ids of this batch were seen before, on different requests")
-        return self.ctx.reject(request, error, message.first_id)
+        return self.ctx.reject(request, claim_refusal(outcome), message.first_id)
 
     # -- resumption --------------------------------------------------------------------------------------
 
@@ -597,7 +582,7 @@ class Proxy:
             )
             return await attach_view(self.ctx, request, session_id, plan)
         if granted is None:  # not tracked: gone (see _mcp_post)
-            return self.ctx.reject(request, UnknownSession("session is unknown, deleted or expired"), None)
+            return self.ctx.reject(request, UnknownSession(), None)
         return await self._standalone(request, session_id, granted)
 
     async def _standalone(
@@ -626,7 +611,7 @@ class Proxy:
             if stream is not None:
                 view = await self.store.view(session_id, stream)
                 if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
-                    raise UnknownSession("the session ended while its standalone stream was joined")
+                    raise UnknownSession(SessionGone.ENDED_WHILE_JOINING)
                 if view is not None and view.stream is not None:
                     # One upstream GET per session: a second client view joins the live stream at its head,
                     # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
@@ -671,7 +656,7 @@ class Proxy:
                     session_id, StreamOrigin.GET, (), now, granted.epoch, priming=_primes(request)
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
-                    raise UnknownSession("the session ended while its standalone stream was opened")
+                    raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
             if opened is not None:
                 reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
@@ -777,7 +762,7 @@ class Proxy:
             session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
         )
         if opened is None:
-            raise UnknownSession("the session ended while its request was forwarded")
+            raise UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         if len(answer) <= limit:
             # JSON allows raw CR/LF only as whitespace between tokens: drop them, one data line.
             body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))

@@ -99,7 +99,7 @@ def outcome_label(decision: Decision) -> str:
 def decide(view: SessionView | None, cursor: Cursor | CursorParseError, now: float) -> Decision:
     """The resume decision table (see the module docstring). Never raises: rejections are returned."""
     if view is None or (view.expires_at is not None and view.expires_at <= now):
-        return UnknownSession("session is unknown, deleted or expired; re-initialize")
+        return UnknownSession()
     if isinstance(cursor, CursorParseError):
         return MalformedCursor(f"Last-Event-ID is not a cursor this proxy issued: {cursor.detail}")
     facts = _facts(view, cursor)

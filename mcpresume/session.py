@@ -25,12 +25,13 @@ store implement "wait for news after what I last read" without a lost wake-up.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, assert_never
 
 from mcpresume.credentials import remember
 from mcpresume.cursor import encode_cursor, id_line_prefix
+from mcpresume.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
@@ -156,6 +157,31 @@ class Claim:
     stream: int | None = None
 
 
+def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> ProxyError:
+    """What a client whose request ids are not forwarded is told, by the claim's outcome (invariant #8: a
+    request id reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
+    after all (it left the window meanwhile). ``NEW`` is forwarded: asking is an error."""
+    match outcome:
+        case ClaimOutcome.ATTACH | ClaimOutcome.GONE:
+            return CursorOutOfWindow(
+                "this request id was already answered and its stream is no longer retained"
+            )
+        case ClaimOutcome.IN_FLIGHT:
+            return DuplicateRequest("this request id is already being forwarded")
+        case ClaimOutcome.ANSWERED:
+            return DuplicateRequest(
+                "this request id was answered with application/json, which is not retained"
+            )
+        case ClaimOutcome.CONFLICT:
+            return DuplicateRequest("request ids of this batch were seen before, on different requests")
+        case ClaimOutcome.LIMITED:
+            return TooManyStreams(f"the session already has {max_streams} live streams", limit=max_streams)
+        case ClaimOutcome.NEW:
+            raise ValueError("a new claim is forwarded, not refused")
+        case _:  # pragma: no cover
+            assert_never(outcome)
+
+
 # Every session without an attached reader shares this empty dict; only add_reader inserts a reader, and it
 # gives the session a dict of its own first. Never mutated.
 _NO_READERS: Final[dict[int, tuple[tuple[int, ...], int]]] = {}
@@ -163,10 +189,20 @@ _NO_READERS: Final[dict[int, tuple[tuple[int, ...], int]]] = {}
 # One string object per revision for every session, not one per session (a header value is a new str).
 _KNOWN_VERSIONS: Final = {v: v for v in ("2025-03-26", "2025-06-18", "2025-11-25")}
 
-# The request-id map's markers: "claimed, the upstream has not answered yet", and "answered without a
-# stream" (an application/json answer, relayed and not retained).
-_PENDING: Final = 0
-_ANSWERED: Final = -1
+
+class ClaimState(enum.Enum):
+    """What the request-id map holds for a claimed id without a stream (else: its stream's number). Not
+    ints: no stream number can be mistaken for one."""
+
+    PENDING = "pending"  # claimed, the upstream has not answered yet
+    ANSWERED = "answered"  # answered without a stream (application/json): relayed, not retained
+
+
+# What a re-sent id whose entry is a ClaimState gets (tests/test_session.py checks every state has a row).
+CLAIM_OF_STATE: Final[Mapping[ClaimState, ClaimOutcome]] = {
+    ClaimState.PENDING: ClaimOutcome.IN_FLIGHT,
+    ClaimState.ANSWERED: ClaimOutcome.ANSWERED,
+}
 
 
 class SessionState:
@@ -227,9 +263,9 @@ class SessionState:
         # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
         self.readers: dict[int, tuple[tuple[int, ...], int]] = _NO_READERS
         self._next_reader = 0
-        # request id key -> stream (or a marker), oldest first (a dict keeps insertion order; an OrderedDict
-        # would cost ~150 bytes more per session for nothing).
-        self._requests: dict[str, int] = {}
+        # request id key -> stream number (or a ClaimState), oldest first (a dict keeps insertion order; an
+        # OrderedDict would cost ~150 bytes more per session for nothing).
+        self._requests: dict[str, int | ClaimState] = {}
         # Request ids claimed and not yet answered (each id of a batch counts): they will open streams, so
         # they count against max_streams_per_session as much as live streams do. Kept exact by
         # _remember_request and _forget_request, the only writers of the request map.
@@ -417,15 +453,13 @@ class SessionState:
             if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
                 return Claim(ClaimOutcome.LIMITED)
             for key in request_keys:
-                self._remember_request(key, _PENDING)
+                self._remember_request(key, ClaimState.PENDING)
             return Claim(ClaimOutcome.NEW)
         if any(s is None for s in seen) or len(set(seen)) != 1:
             return Claim(ClaimOutcome.CONFLICT)
         number = seen[0]
-        if number == _PENDING:
-            return Claim(ClaimOutcome.IN_FLIGHT)
-        if number == _ANSWERED:
-            return Claim(ClaimOutcome.ANSWERED)
+        if isinstance(number, ClaimState):
+            return Claim(CLAIM_OF_STATE[number])
         if number in self.streams and self.window.evicted_through(number) == 0:
             return Claim(ClaimOutcome.ATTACH, number)
         return Claim(ClaimOutcome.GONE, number)
@@ -433,27 +467,27 @@ class SessionState:
     def release(self, request_keys: Sequence[str]) -> None:
         """Forget a claim whose request never reached the upstream (so a retry may be forwarded)."""
         for key in request_keys:
-            if self._requests.get(key) == _PENDING:
+            if self._requests.get(key) is ClaimState.PENDING:
                 self._forget_request(key)
 
     def settle(self, request_keys: Sequence[str]) -> None:
         """A claim the upstream answered without a stream (application/json): seen, but nothing retained."""
         for key in request_keys:
-            if self._requests.get(key) == _PENDING:
-                self._remember_request(key, _ANSWERED)
+            if self._requests.get(key) is ClaimState.PENDING:
+                self._remember_request(key, ClaimState.ANSWERED)
 
-    def _remember_request(self, key: str, stream: int) -> None:
+    def _remember_request(self, key: str, stream: int | ClaimState) -> None:
         requests = self._requests
         if key in requests:
             self._forget_request(key)  # re-inserted: now the newest
         requests[key] = stream
-        if stream == _PENDING:
+        if stream is ClaimState.PENDING:
             self.in_flight += 1
         while len(requests) > MAX_REQUEST_IDS:
             self._forget_request(next(iter(requests)))
 
     def _forget_request(self, key: str) -> None:
-        if self._requests.pop(key) == _PENDING:
+        if self._requests.pop(key) is ClaimState.PENDING:
             self.in_flight -= 1
 
     def view(self, stream: int, session_ttl: float) -> SessionView:

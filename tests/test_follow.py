@@ -8,7 +8,7 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from mcpresume.attach import ClientWriter, follow
+from mcpresume.attach import VIEW_ENDINGS, ClientWriter, Finish, ViewEnd, follow
 from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
@@ -131,3 +131,41 @@ def _bytes_reachable(coro: Coroutine[Any, Any, Any], skip: list[object]) -> list
         elif not isinstance(obj, types.ModuleType | type | types.FunctionType | types.CodeType):
             stack.extend(gc.get_referents(obj))
     return found
+
+
+# -- why a view ends: every reason has a row in the table serve_view ends responses by -------------------
+
+
+def test_every_view_end_has_a_row_and_every_finish_is_used() -> None:
+    assert set(VIEW_ENDINGS) == set(ViewEnd)
+    assert {ending.finish for ending in VIEW_ENDINGS.values()} == set(Finish)
+    # Only a view that ends with its stream goes unlogged; only a stall is a backpressure detach.
+    assert [end for end, ending in VIEW_ENDINGS.items() if not ending.log] == [ViewEnd.COMPLETE]
+    assert [end for end, ending in VIEW_ENDINGS.items() if ending.detach] == [ViewEnd.STALLED]
+
+
+def test_view_end_values_are_the_words_the_log_lines_say() -> None:
+    assert {end.value for end in ViewEnd} == {
+        "complete",
+        "session_gone",
+        "fell_behind_window",
+        "stalled",
+        "client_gone",
+        "draining",
+    }
+
+
+async def test_follow_says_why_it_ended() -> None:
+    store, stream, after = await _store_with_stream()
+    writer = ClientWriter(_Client(), BufferedTransport(), 30.0)  # type: ignore[arg-type]
+    async with asyncio.timeout(PATIENCE):
+        outcome = await follow(writer, store, "s", [stream], after, replay_through=0, wait=False)
+        assert (outcome.reason, outcome.complete, outcome.sent) == (ViewEnd.DRAINING, False, 1)
+        await store.end_stream("s", stream, now=0.0)
+        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        assert (outcome.reason, outcome.complete) == (ViewEnd.COMPLETE, True)
+        outcome = await follow(writer, store, "s", [stream + 1], 0, replay_through=0)
+        assert outcome.reason is ViewEnd.FELL_BEHIND_WINDOW  # a stream the session does not retain
+        await store.delete_session("s")
+        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        assert (outcome.reason, outcome.sent) == (ViewEnd.SESSION_GONE, 0)

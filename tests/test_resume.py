@@ -15,6 +15,7 @@ from mcpresume.errors import (
     ForeignCursor,
     MalformedCursor,
     ProxyError,
+    SessionGone,
     UnknownSession,
 )
 from mcpresume.resume import OUTCOMES, ReAttach, SessionView, StreamView, decide, outcome_label
@@ -65,6 +66,15 @@ def test_row1_unknown_session() -> None:
     decision = decide(None, Cursor(EPOCH, 2, 15), NOW)
     error = assert_rejection(decision, UnknownSession, 404, "unknown_session")
     assert error.data() == {"reason": "unknown_session"}  # no facts about a session that does not exist
+
+
+@pytest.mark.parametrize("cause", list(SessionGone))
+def test_every_way_a_session_is_gone_is_one_404_that_says_re_initialize(cause: SessionGone) -> None:
+    error = UnknownSession(cause)
+    assert (error.status, error.reason) == (404, "unknown_session")
+    assert error.data() == {"reason": "unknown_session"}
+    assert error.message == cause.value and error.message.endswith("; re-initialize")
+    assert UnknownSession().cause is SessionGone.UNTRACKED  # the default: what the decision says (row 1)
 
 
 def test_row1_expired_session() -> None:

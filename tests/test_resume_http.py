@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from mcpresume.app import RunningProxy, reap_once
+from mcpresume.errors import SessionGone
 from mcpresume.sse import SSEEvent
 from tests.support.metrics import sample
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
@@ -100,6 +101,22 @@ async def test_unknown_session_is_404(http, proxy) -> None:
         error = await error_of(response)
     assert error["data"]["reason"] == "unknown_session"
     assert error["code"] == -32000
+
+
+async def test_an_untracked_session_is_said_one_way_whatever_the_request(http, proxy) -> None:
+    """POST, POST with a cursor, GET with and without one: the same 404 body, reason and message."""
+    client = ScriptedClient(http, proxy.url)
+    client.session_id = "nope"
+    cursor = {"Last-Event-ID": "aaaaaaaaaaaa-1-1"}
+    _, body = client.tool_call("echo", {"text": "x"})
+    said = []
+    for method, headers in [("POST", {}), ("POST", cursor), ("GET", {}), ("GET", cursor)]:
+        data = body if method == "POST" else None
+        async with http.request(method, client.url, data=data, headers=client.headers(**headers)) as response:
+            assert response.status == 404
+            error = await error_of(response)
+        said.append((error["code"], error["data"]["reason"], error["message"]))
+    assert said == [(-32000, "unknown_session", SessionGone.UNTRACKED.value)] * 4
 
 
 async def test_deleted_session_is_404(http, proxy) -> None:

@@ -180,8 +180,9 @@ async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
 # -- 2. A client that leaves while its request is forwarded leaks the claim when forwarding fails ---
 
 
-# Regression: proxy._abandoned ignores a ProxyError outcome: the request id stays claimed (_PENDING) and
-# in_flight stays counted forever, so the session is stuck at max_streams_per_session (429)
+# Regression: proxy._abandoned ignores a ProxyError outcome: the request id stays claimed
+# (ClaimState.PENDING) and in_flight stays counted forever, so the session is stuck at
+# max_streams_per_session (429)
 async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> None:
     upstream, upstream_url = gated
     async with running_proxy(upstream_url, first_byte_timeout=0.5, max_streams_per_session=1) as proxy:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import event as tally
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,14 +18,17 @@ from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
 from mcpresume.resume import ReAttach, StreamView, decide
 from mcpresume.session import (
+    CLAIM_OF_STATE,
     MAX_REQUEST_IDS,
     READ_MAX_BYTES,
     READ_MAX_EVENTS,
     Claim,
     ClaimOutcome,
+    ClaimState,
     NewEvent,
     SessionState,
     StreamOrigin,
+    claim_refusal,
 )
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
@@ -422,6 +426,50 @@ def test_claim_gone_once_the_stream_lost_an_event_or_was_forgotten() -> None:
     session.append(other, [msg()], now=0.0)  # evicts the response: `stream` is forgotten
     assert stream not in session.streams
     assert session.claim(["n:1"]) == Claim(ClaimOutcome.GONE, stream)
+
+
+def test_every_claim_state_has_an_outcome_and_none_forwards() -> None:
+    assert set(CLAIM_OF_STATE) == set(ClaimState)
+    assert set(CLAIM_OF_STATE.values()) == {ClaimOutcome.IN_FLIGHT, ClaimOutcome.ANSWERED}
+
+
+@pytest.mark.parametrize("first_stream", [0, -1, 1])
+def test_a_stream_number_is_never_read_as_a_claim_state(first_stream: int) -> None:
+    # The claim states once were the ints 0 and -1: a stream so numbered read as "in flight" / "answered".
+    session = SessionState("sess-1", EPOCH, ROOMY, 1500, now=0.0, first_stream=first_stream)
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.NEW)
+    assert session.in_flight == 1
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    assert stream == first_stream
+    assert session.in_flight == 0
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+    session.release(["n:1"])  # forwarded already: nothing to release
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+    session.settle(["n:1"])  # nor to settle
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+
+
+# Every claim outcome but NEW (forwarded) is answered so: (status, reason). ATTACH: only when its stream
+# left the window before the view could be attached.
+REFUSALS = {
+    ClaimOutcome.ATTACH: (409, "cursor_out_of_window"),
+    ClaimOutcome.GONE: (409, "cursor_out_of_window"),
+    ClaimOutcome.IN_FLIGHT: (409, "duplicate_request"),
+    ClaimOutcome.ANSWERED: (409, "duplicate_request"),
+    ClaimOutcome.CONFLICT: (409, "duplicate_request"),
+    ClaimOutcome.LIMITED: (429, "too_many_streams"),
+}
+
+
+def test_every_claim_outcome_is_forwarded_or_refused_by_the_table() -> None:
+    assert set(REFUSALS) | {ClaimOutcome.NEW} == set(ClaimOutcome)
+    for outcome, (status, reason) in REFUSALS.items():
+        error = claim_refusal(outcome, max_streams=3)
+        assert (error.status, error.reason) == (status, reason), outcome
+    limited = claim_refusal(ClaimOutcome.LIMITED, max_streams=3)
+    assert limited.data() == {"reason": "too_many_streams", "limit": 3}
+    with pytest.raises(ValueError):
+        claim_refusal(ClaimOutcome.NEW)
 
 
 def test_release_forgets_only_pending_claims() -> None:
@@ -1040,7 +1088,7 @@ def test_in_flight_counts_exactly_the_pending_request_ids(steps: list[tuple[str,
             session.release(keys)
         else:
             session.settle(keys)
-        pending = sum(1 for value in session._requests.values() if value == 0)
+        pending = sum(1 for value in session._requests.values() if value is ClaimState.PENDING)
         assert session.in_flight == pending >= 0
 
 
