@@ -133,8 +133,13 @@ def run_client(
     result: dict[str, Any] | None = None
     try:
         assert proc.stdout is not None and proc.stdin is not None
+        pending = b""
         for raw in proc.stdout:
-            line = raw.decode().rstrip("\n")
+            # A line may come in pieces (a pipe left non-blocking hands readline what it has): join them.
+            pending += raw
+            if not pending.endswith(b"\n"):
+                continue
+            line, pending = pending.decode().rstrip("\n"), b""
             if line.startswith("PHASE "):
                 _, name, info = line.split(" ", 2)
                 if on_phase is not None:
