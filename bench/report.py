@@ -439,7 +439,8 @@ def write(results: dict[str, Any], out: Path) -> Path:
         parts += [
             "## 4. Memory (RSS of the mcpresume process, VmRSS)",
             "",
-            "A fresh mcpresume process per measurement, default settings except `--max-sessions`.",
+            "A fresh mcpresume process per measurement, default settings except `--max-sessions` and "
+            "`--max-connections`.",
             "",
             _table(["state", "RSS", "per unit"], rows),
             "",
