@@ -13,16 +13,17 @@ read after each feed:
 * ``last_id`` / ``resume_cursor``: the upstream's last event id, what a resume GET sends as
   ``Last-Event-ID``; ``retry_ms``: the upstream's last ``retry:``, the resume back-off's base.
 * ``duplicates``: upstream events dropped so far as replays. After ``resumed()`` (the upstream stream was
-  reopened from ``last_id``), an event whose upstream id was already appended is dropped: a server may
-  replay what follows the cursor it was given and more.
+  reopened from ``last_id``), an event whose upstream id was already appended is dropped: a server's
+  replay may overlap what the proxy already has.
 
 Events with no data (priming, id- or retry-only events) are not appended: the proxy sends its own.
 
 Then the decisions between upstream connections: ``resumable(end)`` says whether a stream whose
-connection ended so is reopened, ``resume_delay`` how long to wait before an attempt, ``refuses_resume``
-which answers to a resume GET mean it cannot be resumed (as opposed to "try again"), and
-``unanswered(message)`` the synthesized JSON-RPC errors that complete a stream that cannot be completed,
-one per pending request, so no client waits forever for an answer that cannot come.
+connection ended so is to be reopened (from ``resume_cursor``: without one it cannot be), ``resume_delay``
+how long to wait before an attempt, ``refuses_resume`` which answers to a resume GET mean it cannot be
+resumed (as opposed to "try again"), and ``unanswered(message)`` the synthesized JSON-RPC errors that
+complete a stream that cannot be completed, one per pending request, so no client waits forever for an
+answer that cannot come.
 """
 
 from __future__ import annotations
