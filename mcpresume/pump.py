@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +35,7 @@ from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEParser, SSERun
+from mcpresume.sse import SSEEvent, SSEParser, SSERun
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.upstream_events import Batch, End, UpstreamEvents, refuses_resume, resume_delay
@@ -127,6 +127,22 @@ class Pumps:
 class Pump:
     """Reads one logical upstream stream, over as many upstream connections as it takes."""
 
+    # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
+    __slots__ = (
+        "_duplicates",
+        "_paused_out",
+        "attempts",
+        "clock",
+        "events",
+        "failure",
+        "job",
+        "metrics",
+        "settings",
+        "step",
+        "store",
+        "upstream",
+    )
+
     def __init__(
         self,
         job: PumpJob,
@@ -144,13 +160,20 @@ class Pump:
         self.settings = settings
         # What the events mean (the pure part): what to append, what is pending, where to resume from.
         self.events = UpstreamEvents(job.request_ids)
-        self._events = self.events.feed  # bound once: called per upstream read
-        self.pending = self.events.pending  # the same dict: the core settles requests in it
         self.step = max(1, min(APPEND_SLICE, settings.window_events // 2))
         self.attempts = 0  # resume attempts since the last progress
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self._duplicates = 0  # of events.duplicates, those already counted in the metrics
         self.failure = "the upstream closed the stream before the response"
+
+    @property
+    def pending(self) -> dict[str, str | int]:
+        """The requests whose responses have not arrived yet (the core's: it settles them)."""
+        return self.events.pending
+
+    def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[Batch]:
+        """The core's conversion of parsed events (what ``_read`` does per read, without the network)."""
+        return self.events.feed(parsed)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response
@@ -170,7 +193,8 @@ class Pump:
 
     async def _read(self, response: UpstreamAnswer) -> End:
         parser = SSEParser(self.settings.max_event_bytes)
-        events, feed = self.events, self._events
+        events = self.events
+        feed = events.feed
         try:
             content = response.content
             while chunk := await content.readany():  # not iter_any(): no iterator object per stream
