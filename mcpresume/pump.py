@@ -14,37 +14,31 @@ stream, whatever happened upstream.
 When a POST stream cannot be completed (no ids to resume from, the upstream refuses, attempts exhausted, an
 event too large), the pump completes it with a synthesized JSON-RPC error for each pending request id, so no
 client waits forever for an answer that cannot come.
+
+What the events mean (what to append, which requests they settle, which are replays, whether to resume and
+when) is decided without I/O by ``mcpresume.upstream_events.UpstreamEvents``; a ``Pump`` reads, appends,
+waits for room, reconnects and counts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
-from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
 
-from mcpresume.errors import SERVER_ERROR, BadRequest, EventTooLarge, ProxyError
+from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
-from mcpresume.jsonrpc import (
-    NOTIFICATION_PREFIX,
-    NOTIFICATION_PREFIXES,
-    RESPONSE_MARKERS,
-    error_response,
-    request_key,
-    response_keys,
-)
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEEvent, SSEParser, SSERun, frame_body
+from mcpresume.sse import SSEEvent, SSEParser, SSERun
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
-from mcpresume.window import EventKind
+from mcpresume.upstream_events import Batch, End, UpstreamEvents, refuses_resume, resume_delay
 
 log = logging.getLogger("mcpresume.pump")
 
@@ -52,16 +46,7 @@ log = logging.getLogger("mcpresume.pump")
 # hundreds of small events; appending them in slices lets a pump wait for a reading client between slices
 # instead of evicting under it.
 APPEND_SLICE: Final = 256
-# Upstream ids remembered per stream to drop replayed events. A resume replays what follows the last id,
-# so only a replay that overlaps what was already read matters; 4096 ids cover any sane overlap.
-SEEN_IDS: Final = 4096
-# Resume back-off doubles from the upstream's retry and stops growing here.
-MAX_RESUME_DELAY: Final = 30.0
-# Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
-_REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 _SSE: Final = "text/event-stream"
-# No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
-_NONE_SEEN: Final[frozenset[bytes]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +69,6 @@ class PumpSettings:
     resume_attempts: int
     pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
-
-
-class _End(enum.Enum):
-    COMPLETE = "complete"  # every response is in (POST), nothing left to read
-    CLOSED = "closed"  # the upstream ended the connection: resumable if it sent ids
-    DROPPED = "dropped"  # the connection failed: resumable if it sent ids
-    TOO_LARGE = "too_large"  # an event over max_event_bytes: resuming would meet it again
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -149,6 +127,22 @@ class Pumps:
 class Pump:
     """Reads one logical upstream stream, over as many upstream connections as it takes."""
 
+    # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
+    __slots__ = (
+        "_duplicates",
+        "_paused_out",
+        "attempts",
+        "clock",
+        "events",
+        "failure",
+        "job",
+        "metrics",
+        "settings",
+        "step",
+        "store",
+        "upstream",
+    )
+
     def __init__(
         self,
         job: PumpJob,
@@ -164,29 +158,29 @@ class Pump:
         self.upstream = upstream
         self.clock = clock
         self.settings = settings
-        self.pending = {request_key(i): i for i in job.request_ids}
+        # What the events mean (the pure part): what to append, what is pending, where to resume from.
+        self.events = UpstreamEvents(job.request_ids)
         self.step = max(1, min(APPEND_SLICE, settings.window_events // 2))
-        self.last_id: bytes | None = None
-        self.retry_ms: int | None = None
         self.attempts = 0  # resume attempts since the last progress
         self._paused_out = False  # overflow = pause already waited session_ttl once
+        self._duplicates = 0  # of events.duplicates, those already counted in the metrics
         self.failure = "the upstream closed the stream before the response"
-        # Upstream id lines (``id: X\n``) of the last SEEN_IDS events appended (cheap to keep: no hashing per
-        # event), and, from the last resume on, those as a set: what an upstream replay is checked against.
-        # Both made at first need: an empty deque costs ~630 bytes, and most streams (no upstream ids, or no
-        # resume) never need them.
-        self._recent: deque[bytes] | None = None
-        self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
-        self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
+
+    @property
+    def pending(self) -> dict[str, str | int]:
+        """The requests whose responses have not arrived yet (the core's: it settles them)."""
+        return self.events.pending
+
+    def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[Batch]:
+        """The core's conversion of parsed events (what ``_read`` does per read, without the network)."""
+        return self.events.feed(parsed)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response
         try:
             while current is not None:
                 end = await self._read(current)
-                if end is _End.COMPLETE or end is _End.TOO_LARGE:
-                    break
-                if self.job.request_ids and not self.pending:
+                if not self.events.resumable(end):
                     break
                 current = await self._resume()
         except asyncio.CancelledError:
@@ -197,131 +191,37 @@ class Pump:
 
     # -- one upstream connection -------------------------------------------------------------------------
 
-    async def _read(self, response: UpstreamAnswer) -> _End:
+    async def _read(self, response: UpstreamAnswer) -> End:
         parser = SSEParser(self.settings.max_event_bytes)
+        events = self.events
+        feed = events.feed
         try:
             content = response.content
             while chunk := await content.readany():  # not iter_any(): no iterator object per stream
-                await self._append(self._events(parser.feed_batched(chunk)))
-                if self.job.request_ids and not self.pending:
-                    return _End.COMPLETE
+                batches = feed(parser.feed_batched(chunk))
+                if events.duplicates != self._duplicates:  # an upstream replay, dropped
+                    self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
+                    self._duplicates = events.duplicates
+                await self._append(batches)
+                if events.complete:
+                    return End.COMPLETE
             if parser.close():
                 self.failure = "the upstream closed the stream in the middle of an event"
             else:
                 self.failure = "the upstream closed the stream before the response"
-            return _End.CLOSED
+            return End.CLOSED
         except EventTooLarge as exc:
             self.failure = exc.message
             self.metrics.upstream_errors.labels(exc.reason).inc()
-            return _End.TOO_LARGE
+            return End.TOO_LARGE
         except (aiohttp.ClientError, OSError) as exc:
             self.failure = f"the upstream connection failed: {type(exc).__name__}"
             self.metrics.upstream_errors.labels("stream_dropped").inc()
-            return _End.DROPPED
+            return End.DROPPED
         finally:
             response.release()
 
-    def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[list[NewEvent] | SSERun]:
-        """Upstream events -> batches to append, in order. Hot path: a run of message events passes whole
-        (see ``_run``) but for the events that may be a response this stream waits for (``_suspects``);
-        single events are converted one by one (``_event``)."""
-        batches: list[list[NewEvent] | SSERun] = []
-        items: list[NewEvent] = []
-        for event in parsed:
-            if type(event) is not SSERun:
-                self._event(event, items)  # type: ignore[arg-type]
-                continue
-            for piece in self._suspects(event):
-                if type(piece) is not SSERun:
-                    self._event(piece, items)  # type: ignore[arg-type]
-                    continue
-                run = self._run(piece)
-                if run.blocks:
-                    if items:
-                        batches.append(items)
-                        items = []
-                    batches.append(run)
-        if items:
-            batches.append(items)
-        return batches
-
-    def _suspects(self, run: SSERun) -> list[SSERun | SSEEvent]:
-        """A run cut around the events that may be a response this stream waits for (the end of a POST
-        stream), those as single events: the events whose data does not start like a notification and
-        holds a member name a response must have (``jsonrpc.RESPONSE_MARKERS``; ``response_key`` parses
-        no other). A few C-level scans, no call per event."""
-        if not self.pending:
-            return [run]
-        spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
-        if spelling is not None:  # every event starts like a notification: none is a response
-            self._spelling = spelling
-            return [run]
-        suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
-        if not suspects:
-            return [run]
-        pieces: list[SSERun | SSEEvent] = []
-        start = 0
-        for index in suspects:
-            if index > start:
-                pieces.append(run.split(start, index))
-            pieces.extend(run.split(index, index + 1).events())
-            start = index + 1
-        if start < len(run):
-            pieces.append(run.split(start, len(run)))
-        return pieces
-
-    def _run(self, run: SSERun) -> SSERun:
-        """A run as it will be appended: no call per event; upstream ids are checked only after a resume
-        (against a replay)."""
-        ids = run.ids
-        if ids is None:
-            return run
-        last_id = run.last_id()
-        if last_id is not None:
-            self.last_id = last_id
-        seen = self._seen
-        if seen:
-            kept = [i for i, line in enumerate(ids) if line not in seen]
-            if len(kept) != len(ids):
-                self.metrics.upstream_duplicates.inc(len(ids) - len(kept))
-                run = run.keep(kept)
-                ids = run.ids or []
-        self._remember(filter(None, ids))
-        return run
-
-    def _remember(self, id_lines: Iterable[bytes]) -> None:
-        recent = self._recent
-        if recent is None:
-            recent = self._recent = deque(maxlen=SEEN_IDS)
-        recent.extend(id_lines)
-
-    def _event(self, event: SSEEvent, items: list[NewEvent]) -> None:
-        """One upstream event -> an event to append (or nothing: priming, id/retry-only, a replay)."""
-        upstream_id = event.id
-        if event.retry is not None:
-            self.retry_ms = event.retry
-        if upstream_id:
-            self.last_id = upstream_id
-        data = event.data
-        if not data:
-            return  # priming, or an id/retry-only event: the proxy sends its own
-        if upstream_id:
-            line = b"id: " + upstream_id + b"\n"
-            if line in self._seen:
-                self.metrics.upstream_duplicates.inc()
-                return  # an upstream replay of an event already appended
-            self._remember((line,))
-        body = frame_body(data, event.event)
-        pending = self.pending
-        if pending and not data.startswith(NOTIFICATION_PREFIX):
-            # A batch event (2025-03-26) settles every response in it, once.
-            settled = [key for key in response_keys(data) if pending.pop(key, None) is not None]
-            if settled:
-                items.append(NewEvent(body, EventKind.RESPONSE, settled[0]))
-                return
-        items.append(NewEvent(body, EventKind.MESSAGE, None))
-
-    async def _append(self, batches: list[list[NewEvent] | SSERun]) -> None:
+    async def _append(self, batches: list[Batch]) -> None:
         if not batches:
             return
         self.attempts = 0  # progress
@@ -368,17 +268,17 @@ class Pump:
     async def _resume(self) -> UpstreamAnswer | None:
         """Reconnect with the last upstream id; None when the stream cannot be resumed."""
         outcomes = self.metrics.upstream_resumptions
-        if self.last_id is None:
+        cursor = self.events.resume_cursor
+        if cursor is None:
             self.failure += ", and sent no event ids to resume from"
             outcomes.labels("not_resumable").inc()
             return None
-        # An SSE id keeps the spaces after the one the field's colon takes; a header value cannot (RFC 9110
-        # 5.5: a recipient strips them anyway).
-        cursor = self.last_id.decode("ascii", "replace").strip()
         headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
         while self.attempts < self.settings.resume_attempts:
-            base = (self.retry_ms if self.retry_ms is not None else self.settings.retry_ms) / 1000
-            await asyncio.sleep(min(MAX_RESUME_DELAY, base * 2**self.attempts))
+            retry_ms = self.events.retry_ms
+            await asyncio.sleep(
+                resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
+            )
             self.attempts += 1
             try:
                 response = await self.upstream.open_get(self.job.path_qs, headers)
@@ -390,7 +290,7 @@ class Pump:
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 continue
             if response.status == 200 and response.content_type == _SSE:
-                self._seen = set(self._recent or ())  # what a replay may repeat (id lines)
+                self.events.resumed()  # from now on, what the upstream replays is dropped
                 outcomes.labels("resumed").inc()
                 log.info(
                     "session %s stream %d: upstream stream resumed after %s",
@@ -402,7 +302,7 @@ class Pump:
             status = response.status
             response.release()
             self.failure = f"the upstream answered {status} to resuming its stream"
-            if status in _REFUSALS:
+            if refuses_resume(status):
                 outcomes.labels("refused").inc()
                 return None
         self.failure += f" (gave up after {self.attempts} attempts)"
@@ -425,15 +325,7 @@ class Pump:
                 self.failure,
                 len(self.pending),
             )
-            data = {"reason": "upstream_stream_lost"}
-            items = [
-                NewEvent(
-                    frame_body(error_response(request_id, SERVER_ERROR, self.failure, data)),
-                    EventKind.RESPONSE,
-                    key,
-                )
-                for key, request_id in self.pending.items()
-            ]
+            items = self.events.unanswered(self.failure)
             self.metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
         try:
             if items and wait:

@@ -1,17 +1,22 @@
-"""The pump's conversion of parsed upstream events into appends (Pump._events), without a network: the run
-fast path, the split at a response, and replays dropped after an upstream resume."""
+"""What the pump makes of parsed upstream events (``UpstreamEvents``, the pure part), through its public
+API and without a network: the run fast path, the split at a response, replays dropped after an upstream
+resume, and the decisions between upstream connections; then the pump's own part (``Pump``, ``Pumps``)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 from typing import Any
+
+import pytest
 
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEParser, SSERun
+from mcpresume.upstream_events import MAX_RESUME_DELAY, End, UpstreamEvents, refuses_resume, resume_delay
 from mcpresume.window import EventKind, Evicted
-from tests.support.metrics import sample
 
 NOTE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}'
 
@@ -26,11 +31,8 @@ def answer(request_id: int, id: bytes | None = None) -> bytes:
     return head + b'event: message\ndata: {"jsonrpc":"2.0","id":%d,"result":{}}\n\n' % request_id
 
 
-def make_pump(request_ids: tuple[int, ...] = (7,)) -> Pump:
-    job = PumpJob("s", 1, request_ids, "log")
-    settings = PumpSettings(1 << 20, 5.0, 256, 1000, 5)
-    unused: Any = None  # store and upstream: _events touches neither
-    return Pump(job, unused, Metrics(), unused, lambda: 0.0, settings)
+def feed(events: UpstreamEvents, chunk: bytes) -> list[list[NewEvent] | SSERun]:
+    return events.feed(SSEParser(1 << 20).feed_batched(chunk))
 
 
 def flatten(batches: list[list[NewEvent] | SSERun]) -> list[tuple[str, int]]:
@@ -45,39 +47,123 @@ def flatten(batches: list[list[NewEvent] | SSERun]) -> list[tuple[str, int]]:
 
 
 def test_a_chunk_ending_with_the_response_is_a_run_then_the_response() -> None:
-    pump = make_pump()
+    events = UpstreamEvents((7,))
     chunk = b"".join(note(k) for k in range(50)) + answer(7) + note(99)
-    batches = pump._events(SSEParser(1 << 20).feed_batched(chunk))
     # Only the event that may be the response leaves the run: what follows it is a run again.
-    assert flatten(batches) == [("run", 50), ("RESPONSE", 1), ("run", 1)]
-    assert pump.pending == {}  # answered: the stream is complete
+    assert flatten(feed(events, chunk)) == [("run", 50), ("RESPONSE", 1), ("run", 1)]
+    assert events.pending == {} and events.complete  # answered: the stream is complete
     # Once nothing is pending, a chunk is a run whatever it holds.
-    assert flatten(pump._events(SSEParser(1 << 20).feed_batched(answer(8) + note(1)))) == [("run", 2)]
+    assert flatten(feed(events, answer(8) + note(1))) == [("run", 2)]
 
 
 def test_an_answer_to_another_request_stays_a_message() -> None:
-    pump = make_pump((7,))
-    batches = pump._events(SSEParser(1 << 20).feed_batched(note(1) + answer(3) + note(2)))
+    events = UpstreamEvents((7,))
+    batches = feed(events, note(1) + answer(3) + note(2))
     assert flatten(batches) == [("run", 1), ("MESSAGE", 1), ("run", 1)]
-    assert set(pump.pending) == {"n:7"}
+    assert set(events.pending) == {"n:7"} and not events.complete
+
+
+def test_a_batch_event_settles_every_response_in_it_once() -> None:
+    events = UpstreamEvents((1, "two"))
+    batch = b'data: [{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":"two","result":{}}]\n\n'
+    (items,) = feed(events, batch + batch)
+    assert isinstance(items, list)
+    assert [(item.kind, item.response_key) for item in items] == [
+        (EventKind.RESPONSE, "n:1"),
+        (EventKind.MESSAGE, None),  # the same answers again: nothing left to settle
+    ]
+    assert events.complete
+
+
+def test_a_stream_waiting_for_no_response_never_completes() -> None:
+    """A GET stream (no request ids) ends only with its connection: no event completes it."""
+    events = UpstreamEvents()
+    assert flatten(feed(events, note(1) + answer(7))) == [("run", 2)]
+    assert not events.complete and events.resumable(End.CLOSED)
 
 
 def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> None:
-    pump = make_pump()
+    events = UpstreamEvents((7,))
     odd = b"id: u5\nretry: 10\ndata: two\ndata: lines\n\n"  # a retry: a single event, the slow path
     first = b"".join(note(k, b"u%d" % k) for k in range(5)) + odd
-    assert flatten(pump._events(SSEParser(1 << 20).feed_batched(first))) == [("run", 5), ("MESSAGE", 1)]
-    assert pump.last_id == b"u5"
-    pump._seen = set(pump._recent or ())  # what _resume does before reading the resumed stream
+    assert flatten(feed(events, first)) == [("run", 5), ("MESSAGE", 1)]
+    assert events.last_id == b"u5" and events.resume_cursor == "u5" and events.retry_ms == 10
+    events.resumed()  # the upstream stream was reopened from u5
     # The upstream replays u3, u4 and u5, then goes on to u6 and its answer.
     replay = note(3, b"u3") + note(4, b"u4") + odd + note(6, b"u6") + answer(7, b"u7")
-    batches = pump._events(SSEParser(1 << 20).feed_batched(replay))
+    batches = feed(events, replay)
     assert flatten(batches) == [("run", 1), ("RESPONSE", 1)]
-    assert sample(pump.metrics, "mcpresume_upstream_duplicates_total") == 3
-    assert pump.last_id == b"u7"
+    assert events.duplicates == 3
+    assert events.last_id == b"u7"
     (run, [response]) = batches
     assert isinstance(run, SSERun) and [e.id for e in run.events()] == [b"u6"]
     assert response.kind is EventKind.RESPONSE and response.response_key == "n:7"
+
+
+def test_replays_are_kept_until_the_stream_is_resumed() -> None:
+    """Before a resume, a repeated upstream id is the upstream's business: nothing is dropped."""
+    events = UpstreamEvents()
+    feed(events, note(1, b"u1"))
+    assert flatten(feed(events, note(1, b"u1"))) == [("run", 1)] and events.duplicates == 0
+
+
+def test_the_resume_cursor_is_the_last_id_without_the_spaces_a_header_cannot_carry() -> None:
+    events = UpstreamEvents()
+    assert events.resume_cursor is None  # no ids: not resumable
+    feed(events, b"id:  7 \ndata: x\n\n")
+    assert events.last_id == b" 7 " and events.resume_cursor == "7"
+
+
+@pytest.mark.parametrize(("end", "complete"), list(itertools.product(End, (False, True))))
+def test_only_an_incomplete_stream_whose_connection_ended_is_resumed(end: End, complete: bool) -> None:
+    """Every end x complete: a closed or dropped connection is reopened unless the stream is complete; a
+    complete stream, or an event too large (resuming would meet it again), is not."""
+    events = UpstreamEvents((7,))
+    if complete:
+        feed(events, answer(7))
+    assert events.complete is complete
+    expected = {
+        End.COMPLETE: False,
+        End.CLOSED: not complete,
+        End.DROPPED: not complete,
+        End.TOO_LARGE: False,
+    }
+    assert set(expected) == set(End)
+    assert events.resumable(end) is expected[end]
+
+
+def test_the_resume_delay_doubles_from_the_retry_and_stops_growing() -> None:
+    assert [resume_delay(1000, attempts) for attempts in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    assert resume_delay(1000, 10) == MAX_RESUME_DELAY
+
+
+@pytest.mark.parametrize(
+    ("status", "refused"),
+    [
+        (400, True),
+        (404, True),
+        (405, True),
+        (409, True),
+        (410, True),
+        (200, False),
+        (429, False),
+        (500, False),
+        (503, False),
+    ],
+)
+def test_which_answers_to_a_resume_mean_it_cannot_be_resumed(status: int, refused: bool) -> None:
+    assert refuses_resume(status) is refused
+
+
+def test_each_pending_request_gets_its_own_error_with_its_own_id() -> None:
+    events = UpstreamEvents((7, "seven"))
+    feed(events, answer(7))
+    (error,) = events.unanswered("the upstream went away")
+    assert error.kind is EventKind.RESPONSE and error.response_key == "s:seven"
+    (event,) = SSEParser(1 << 20).feed(error.body)
+    doc = json.loads(event.data)
+    assert doc["id"] == "seven" and doc["error"]["message"] == "the upstream went away"
+    assert doc["error"]["data"] == {"reason": "upstream_stream_lost"}
 
 
 async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:
@@ -111,22 +197,35 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
             appended.append(run)
             return Evicted()
 
-    pump = make_pump(request_ids=())
-    pump.store = Store()  # type: ignore[assignment]
+        async def end_stream(self, _sid: str, _stream: int, _now: float) -> None:
+            return None
+
+    class Response:  # an upstream answer delivering one chunk, then its end
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.content = self
+            self.chunks = chunks
+
+        async def readany(self) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+        def release(self) -> None:
+            return None
+
+    settings = PumpSettings(1 << 20, 5.0, 256, 1000, 0)  # no resume attempts: the stream ends with the read
+    unused: Any = None  # the upstream: never asked to resume
+    pump = Pump(PumpJob("s", 1, (), "log"), Store(), Metrics(), unused, lambda: 0.0, settings)  # type: ignore[arg-type]
     chunk = note(1, b"u-1") + note(2, b"u-2")
-    await pump._append(pump._events(SSEParser(1 << 20).feed_batched(chunk)))
+    await pump.run(Response([chunk]))  # type: ignore[arg-type]
     (run,) = appended
     assert asked == [(2, sum(map(len, run.blocks)))]
     assert sum(map(len, run.blocks)) == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
 
 
 def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response() -> None:
-    """The pump remembers which notification spelling matched last; a multi-line (general) run's needles
+    """The core remembers which notification spelling matched last; a multi-line (general) run's needles
     outnumber a one-line run's, and the hint from one must not break the other (it raised IndexError)."""
-    pump = make_pump()
+    events = UpstreamEvents((7,))
     pretty = b'event: message\ndata: {\ndata:   "jsonrpc": "2.0",\ndata:   "method": "x"\ndata: }\n\n'
-    first = pump._events(SSEParser(1 << 20).feed_batched(pretty * 3))
-    assert flatten(first) == [("run", 3)]
-    second = pump._events(SSEParser(1 << 20).feed_batched(note(1) + note(2) + answer(7)))
-    assert flatten(second) == [("run", 2), ("RESPONSE", 1)]
-    assert pump.pending == {}
+    assert flatten(feed(events, pretty * 3)) == [("run", 3)]
+    assert flatten(feed(events, note(1) + note(2) + answer(7))) == [("run", 2), ("RESPONSE", 1)]
+    assert events.pending == {} and events.complete

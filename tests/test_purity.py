@@ -17,7 +17,18 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-CORE_MODULES = ("errors", "sse", "cursor", "window", "session", "resume", "jsonrpc", "headers", "credentials")
+CORE_MODULES = (
+    "errors",
+    "sse",
+    "cursor",
+    "window",
+    "session",
+    "resume",
+    "jsonrpc",
+    "headers",
+    "credentials",
+    "upstream_events",
+)
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.
 FORBIDDEN = (
