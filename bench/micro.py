@@ -81,7 +81,7 @@ def run(framing: Framing) -> float:
     sent = 0
     start = time.perf_counter()
     for chunk in chunks:
-        for batch in pump._events(parser.feed_batched(chunk)):
+        for batch in pump.events.feed(parser.feed_batched(chunk)):
             for begin in range(0, len(batch), pump.step):
                 if isinstance(batch, SSERun):
                     session.append_run(priming.stream, batch.split(begin, begin + pump.step), 0.0)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +35,7 @@ from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
-from mcpresume.sse import SSEEvent, SSEParser, SSERun
+from mcpresume.sse import SSEParser, SSERun
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.upstream_events import Batch, End, UpstreamEvents, refuses_resume, resume_delay
@@ -170,10 +170,6 @@ class Pump:
     def pending(self) -> dict[str, str | int]:
         """The requests whose responses have not arrived yet (the core's: it settles them)."""
         return self.events.pending
-
-    def _events(self, parsed: Sequence[SSEEvent | SSERun]) -> list[Batch]:
-        """The core's conversion of parsed events (what ``_read`` does per read, without the network)."""
-        return self.events.feed(parsed)
 
     async def run(self, response: UpstreamAnswer) -> None:
         current: UpstreamAnswer | None = response

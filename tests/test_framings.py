@@ -99,14 +99,14 @@ def deliver(chunks: list[bytes], fast: bool) -> tuple[list[tuple[Any, bytes | No
     session = SessionState("s", "aaaaaaaaaaaa", WindowLimits(100_000, 1 << 30, 1e9), 1000, 0.0)
     opened = session.open_stream(StreamOrigin.POST, [f"n:{REQUEST_ID}"], 0.0)
     settings_ = PumpSettings(BIG, 30.0, 100_000, 1000, 5)
-    unused: Any = None  # store and upstream: _events touches neither
+    unused: Any = None  # store and upstream: feeding the core touches neither
     pump = Pump(
         PumpJob("s", opened.stream, (REQUEST_ID,), "x"), unused, Metrics(), unused, lambda: 0.0, settings_
     )
     parser = SSEParser(BIG)
     for chunk in chunks:
         parsed: list[SSEEvent | SSERun] = list(parser.feed_batched(chunk) if fast else parser.feed(chunk))
-        for batch in pump._events(parsed):
+        for batch in pump.events.feed(parsed):
             if isinstance(batch, SSERun):
                 session.append_run(opened.stream, batch, 0.0)
             else:
