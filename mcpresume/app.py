@@ -242,9 +242,9 @@ async def start_proxy(
     # fails with one ListenError and nothing to clean up.
     sock = _listen(settings.host, settings.port, "port")
     admin_sock = None
+    admin_host = settings.metrics_host or settings.host
     if settings.metrics_port:
         try:
-            admin_host = settings.metrics_host or settings.host
             admin_sock = _listen(admin_host, settings.metrics_port, "metrics_port")
         except ListenError:
             sock.close()
@@ -264,9 +264,7 @@ async def start_proxy(
         await admin.setup()
         await web.SockSite(admin, admin_sock).start()
         runners.append(admin)
-        admin_url = (
-            f"http://{_url_host(settings.metrics_host or settings.host)}:{admin_sock.getsockname()[1]}"
-        )
+        admin_url = f"http://{_url_host(admin_host)}:{admin_sock.getsockname()[1]}"
     assert settings.upstream is not None
     path = app[CONTEXT].upstream.mcp_path
     if unlike_mcp_path(path):

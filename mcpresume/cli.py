@@ -192,10 +192,7 @@ async def serve(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
     try:
         proxy = await start_proxy(settings)
-    except ListenError as exc:  # a port in use, an address not of this host
-        print(f"mcpresume: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
+    except (ListenError, NotImplementedError) as exc:  # a port in use, a store not in this release
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
     freeze_long_lived()

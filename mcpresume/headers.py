@@ -86,6 +86,8 @@ def rewrite_locations(headers: list[tuple[str, str]], upstream_origin: str) -> l
     to the same path on the proxy (as nginx's ``proxy_redirect default``): the client resolves them against
     the URL it asked, the proxy's, so a redirect never hands it the upstream's address. The proxy serves
     every path of the upstream's origin as it is, so only the origin goes. Other values are untouched."""
+    if not any(name.lower() in _LOCATIONS for name, _ in headers):
+        return headers  # almost every answer: nothing to parse, not even the upstream's origin
     upstream = _origin(upstream_origin)
     result = []
     for name, value in headers:
