@@ -129,6 +129,11 @@ def response_key(data: bytes) -> str | None:
         doc: Any = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+    return _answer_key(doc)
+
+
+def _answer_key(doc: Any) -> str | None:
+    """If a parsed JSON-RPC message is a response, the key of the id it answers; else None."""
     if not isinstance(doc, dict) or "method" in doc or ("result" not in doc and "error" not in doc):
         return None
     request_id = doc.get("id")
@@ -150,14 +155,7 @@ def response_keys(data: bytes) -> tuple[str, ...]:
         return ()
     if not isinstance(doc, list):
         return ()
-    keys = []
-    for item in doc:
-        if not isinstance(item, dict) or "method" in item or ("result" not in item and "error" not in item):
-            continue
-        request_id = item.get("id")
-        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
-            keys.append(request_key(request_id))
-    return tuple(keys)
+    return tuple(key for item in doc if (key := _answer_key(item)) is not None)
 
 
 def error_response(request_id: str | int | None, code: int, message: str, data: dict[str, Any]) -> bytes:

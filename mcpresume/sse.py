@@ -281,32 +281,6 @@ class SSERun:
                 return k
         return None
 
-    def first_data_without(self, prefix: bytes) -> int:
-        """The index of the first event whose data line does not start with ``prefix`` (``len(self)`` if
-        none): one C-level search. Every line of a run ends with LF and the run starts at an event boundary,
-        so LF + ``data: `` not followed by ``prefix`` is such a line, and the blank lines before it count
-        the events before it. (The pattern starts with a literal, so the search skips ahead fast.)"""
-        if self._source is None:
-            chunk, start, end = b"\n" + b"".join(self.blocks), 0, -1
-        else:
-            chunk, start, end = self._source
-        # Usually every data line starts with it: a count (a plain substring scan) says so, cheaper than
-        # the search with its lookahead at every line.
-        line = b"\ndata: " + prefix
-        count = chunk.count(line, max(0, start - 1), end) if end >= 0 else chunk.count(line)
-        if count + (start == 0 and chunk.startswith(line[1:])) == len(self.blocks):
-            return len(self.blocks)
-        pattern = re.compile(rb"\ndata: (?!" + re.escape(prefix) + rb")")  # re caches compiled forms
-        if start == 0:  # the first line has no LF before it
-            if chunk.startswith(b"data: ") and not chunk.startswith(b"data: " + prefix):
-                return 0
-            found = pattern.search(chunk, 0, end) if end >= 0 else pattern.search(chunk)
-        else:
-            found = pattern.search(chunk, start - 1, end)  # chunk[start - 1] ends the event before
-        if found is None:
-            return len(self.blocks)
-        return chunk.count(b"\n\n", max(0, start - 1), found.start() + 1)
-
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
         ids = self.ids or [b""] * len(self.blocks)

@@ -822,25 +822,19 @@ def test_runs_with_and_without_ids_and_the_pattern_follows_the_stream() -> None:
 
 
 @pytest.mark.parametrize("lead", [b"", b"id: p\ndata: \n\n"])
-def test_first_data_without_finds_the_first_event_whose_data_does_not_start_with_it(lead: bytes) -> None:
+def test_keep_picks_the_events_of_a_run(lead: bytes) -> None:
     note = b'{"jsonrpc":"2.0","method":"n"}'
-    prefix = b'{"jsonrpc":"2.0","method":'
     stream = lead + b"".join(
         [
             canonical(note),
             canonical(note, event=None, id=b"7"),
-            canonical(b"x" + note),  # the prefix, but not at the start of the data
+            canonical(b"x" + note),
             canonical(b'{"jsonrpc":"2.0","id":1,"result":{}}', event=None),
         ]
     )
     run = SSEParser(BIG).feed_batched(stream)[-1]
     assert isinstance(run, SSERun) and len(run) == 4
-    assert run.first_data_without(prefix) == 2
-    assert run.split(2, 4).first_data_without(prefix) == 0  # no source chunk: the same answer
-    assert run.split(0, 2).first_data_without(prefix) == 2  # none: the length
-    assert run.keep([0, 1]).first_data_without(prefix) == 2
     assert run.keep([0, 3]).events() == [run.events()[0], run.events()[3]]
-    assert run.first_data_without(b"x") == 0
 
 
 @pytest.mark.parametrize("order", ["plain", "id first", "id after event", "mixed"])
