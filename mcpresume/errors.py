@@ -130,6 +130,13 @@ class TooManySessions(ProxyError):
     reason = "too_many_sessions"
 
 
+class StoreUnavailable(ProxyError):
+    """503: the shared session store (Redis) did not answer in time, or refused; the client retries."""
+
+    status = 503
+    reason = "store_unavailable"
+
+
 class TooManyConnections(ProxyError):
     """503: the listener holds ``max_connections`` client connections (answered before any request)."""
 

@@ -6,7 +6,7 @@ registry), so several proxies can live in one process (tests) and nothing leaks 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mcpresume.resume import OUTCOMES
@@ -109,6 +109,19 @@ class Metrics:
         )
         self.max_sessions = Gauge("mcpresume_max_sessions", "The max_sessions setting.", registry=r)
         self.expired_sessions = Counter("mcpresume_expired_sessions", "Idle sessions reaped.", registry=r)
+        self.store_errors = Counter(
+            "mcpresume_store_errors",
+            "Calls to the shared store (Redis) that failed or timed out, by store operation.",
+            ["op"],
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "mcpresume_store_seconds",
+            "Seconds a call to the shared store (Redis) took, by store operation.",
+            ["op"],
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
 
     def evicted(self, evicted: Evicted) -> None:
         children = self._evicted

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
-import subprocess
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +14,8 @@ from aiohttp import web
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import serve_example_upstream
-from tests.support import EVENT_STORE_RETRY_MS, redis_ping
+from tests.support import EVENT_STORE_RETRY_MS
+from tests.support.redis import RedisClusterProcesses, RedisProcess
 
 ServeApp = Callable[[web.Application], Awaitable[str]]
 
@@ -80,62 +77,53 @@ async def example_upstream_with_event_store(event_store: InMemoryEventStore) -> 
 # Redis
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _start_redis(binary: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
-    log = workdir / f"redis-{port}.log"
-    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    args += ["--dir", str(workdir), "--logfile", str(log), "--daemonize", "no"]
-    return subprocess.Popen(
-        [binary, *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-
-
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``redis://127.0.0.1:<port>/0`` of a throwaway ``redis-server`` (no persistence) for the whole session.
+def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """A throwaway ``redis-server`` (no persistence) for the whole session (tests/support/redis.py).
 
     Skipped when ``redis-server`` is not installed, except under CI (env ``CI`` set), where it fails.
     """
-    binary = shutil.which("redis-server")
-    if binary is None:
-        message = "redis-server not found on PATH (Debian: apt-get install redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}; CI must run the Redis tests", pytrace=False)
-        pytest.skip(message)
-    workdir = tmp_path_factory.mktemp("redis")
-    last_error = "not started"
-    for _attempt in range(3):  # the free port can be taken between probing and binding
-        port = _free_port()
-        proc = _start_redis(binary, workdir, port)
-        deadline = time.monotonic() + 15.0
-        while time.monotonic() < deadline and proc.poll() is None and not redis_ping(port):
-            time.sleep(0.02)  # a subprocess's readiness can only be polled
-        if proc.poll() is None and redis_ping(port):
-            try:
-                yield f"redis://127.0.0.1:{port}/0"
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            return
-        log = workdir / f"redis-{port}.log"
-        last_error = log.read_text(errors="replace")[-2000:] if log.exists() else f"exit status {proc.poll()}"
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    pytest.fail(f"redis-server did not start:\n{last_error}", pytrace=False)
+    process = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(redis_process: RedisProcess) -> str:
+    """``redis://127.0.0.1:<port>/0`` of the session's throwaway ``redis-server``."""
+    return redis_process.url
+
+
+@pytest.fixture
+def redis_db(redis_server: str) -> str:
+    """The session's Redis, emptied (``FLUSHALL``) for this test: a test counting sessions sees its own."""
+    port = int(redis_server.rsplit(":", 1)[1].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
+        assert sock.recv(64) == b"+OK\r\n"
+    return redis_server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A ``redis-server`` of this test alone, to stop, pause or restart."""
+    process = RedisProcess(tmp_path).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """A real 3-node Redis Cluster (no replicas) for the whole session."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:

@@ -24,7 +24,7 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, EvictReason, WindowLimits
 from tests.support.events import kept
 
-BACKENDS = ["memory"]  # add "redis" here, and its branch in _build
+BACKENDS = ["memory", "redis"]
 
 LIMITS = WindowLimits(max_events=64, max_bytes=1 << 20, ttl=300.0)
 SESSION_TTL = 60.0
@@ -44,7 +44,13 @@ async def _build(
 ) -> SessionStore:
     if backend == "memory":
         return MemoryStore(limits, session_ttl=session_ttl, max_sessions=max_sessions, retry_ms=retry_ms)
-    # e.g. "redis": url = request.getfixturevalue("redis_server"); return RedisStore(url, limits, ...)
+    if backend == "redis":
+        from mcpresume.store.redis import RedisStore  # the redis extra: only where it runs
+
+        url = request.getfixturevalue("redis_db")  # an emptied Redis: counts see only this test's sessions
+        return RedisStore(
+            url, limits, session_ttl=session_ttl, max_sessions=max_sessions, retry_ms=retry_ms
+        )
     raise AssertionError(f"unknown store backend {backend!r}")
 
 

@@ -1,0 +1,203 @@
+-- Shared by every script of the Redis store (mcpresume/store/redis.py prepends it to each one).
+-- KEYS: the session's meta hash, events stream, stream-state hash, request-id hash, request-id order zset
+-- (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id, ARGV[3]/ARGV[4]: the
+-- TTLs (ms) of the meta keys and of the events, ARGV[5..7]: the window's limits (events, bytes, seconds),
+-- ARGV[8]: the most request ids remembered; the op's own arguments start at ARGV[9].
+local META, EV, ST, RQ, RO = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local TOKEN, SID, META_TTL, EV_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local MAX_EVENTS, MAX_BYTES, WINDOW_TTL = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local MAX_IDS = tonumber(ARGV[8])
+local A = 9
+local CHANNEL = 'mcpresume:news'
+local MAX_TOMBS = 16
+
+local meta, dirty = nil, {}
+local function load_meta()
+  local raw = redis.call('HGETALL', META)
+  if #raw == 0 then return nil end
+  meta = {}
+  for i = 1, #raw, 2 do meta[raw[i]] = raw[i + 1] end
+  return meta
+end
+local function num(field) return tonumber(meta[field]) or 0 end
+local function set(field, value) meta[field] = value; dirty[field] = value end
+local function save_meta()
+  local args = {}
+  for k, v in pairs(dirty) do args[#args + 1] = k; args[#args + 1] = v end
+  if #args > 0 then redis.call('HSET', META, unpack(args)) end
+  dirty = {}
+end
+
+local streams, sdirty = {}, {}
+local function stream(n)
+  local s = streams[n]
+  if s == nil then
+    local raw = redis.call('HGET', ST, n)
+    if not raw then streams[n] = false; return nil end
+    s = cjson.decode(raw)
+    if type(s.g) ~= 'table' then s.g = {} end
+    if type(s.k) ~= 'table' then s.k = {} end
+    streams[n] = s
+  end
+  if s == false then return nil end
+  return s
+end
+local function mark(n) sdirty[n] = true end
+local function save_streams()
+  for n, _ in pairs(sdirty) do
+    local s = streams[n]
+    if s then
+      redis.call('HSET', ST, n, cjson.encode(s))
+    else
+      redis.call('HDEL', ST, n)
+    end
+  end
+  sdirty = {}
+end
+
+local function refresh()
+  for _, key in ipairs({META, ST, RQ, RO}) do redis.call('PEXPIRE', key, META_TTL) end
+  redis.call('PEXPIRE', EV, EV_TTL)
+end
+
+local function publish(version)
+  redis.call('PUBLISH', CHANNEL, TOKEN .. ' ' .. version .. ' ' .. SID)
+end
+
+local function drop_all() redis.call('DEL', META, EV, ST, RQ, RO) end
+
+local function new_counts()
+  return {count = {0, 0}, bytes = {0, 0}, ttl = {0, 0}, und = {0, 0}}
+end
+local function flat_counts(c)
+  return {c.count[1], c.count[2], c.bytes[1], c.bytes[2], c.ttl[1], c.ttl[2], c.und[1], c.und[2]}
+end
+
+local function seq_of(id) return tonumber(string.match(id, '^(%d+)')) end
+
+-- The events key expired (its TTL outlived every event's age) while the meta stayed: all evicted by age.
+local function sync_expired(counts, touched)
+  if num('ne') > 0 and redis.call('EXISTS', EV) == 0 then
+    counts.ttl[1] = counts.ttl[1] + num('ne'); counts.ttl[2] = counts.ttl[2] + num('nb')
+    for _, n in ipairs(redis.call('HKEYS', ST)) do
+      local s = stream(tonumber(n))
+      if s and s.l >= s.f then s.e = s.l; mark(tonumber(n)); touched[tonumber(n)] = true end
+    end
+    set('ne', 0); set('nb', 0)
+    return true
+  end
+  return false
+end
+
+-- Evict oldest first until the window's limits hold (mcpresume/window.py, Window._enforce, event by event):
+-- expired events first, then by count, then by bytes; the newest event never by count or bytes.
+local function evict(now, counts, touched)
+  local max_events, max_bytes, ttl = MAX_EVENTS, MAX_BYTES, WINDOW_TTL
+  local ne, nb = num('ne'), num('nb')
+  if ne == 0 then return false end
+  local deadline = now - ttl
+  if ne <= max_events and nb <= max_bytes then
+    local first = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
+    if first == nil or tonumber(first[2][4]) > deadline then return false end
+  end
+  local last = nil
+  local from = '-'
+  while true do
+    local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', 128)
+    local stop = false
+    for i = 1, #batch do
+      local id, f = batch[i][1], batch[i][2]
+      local s, t, size = tonumber(f[2]), tonumber(f[4]), #f[6]
+      local reason
+      if t <= deadline then reason = 'ttl'
+      elseif ne <= 1 then stop = true
+      elseif ne > max_events then reason = 'count'
+      elseif nb > max_bytes then reason = 'bytes'
+      else stop = true end
+      if stop then break end
+      local seq = seq_of(id)
+      local tally = counts[reason]
+      tally[1] = tally[1] + 1; tally[2] = tally[2] + size
+      local st = stream(s)
+      if st then
+        if seq > (st.d or 0) then counts.und[1] = counts.und[1] + 1; counts.und[2] = counts.und[2] + size end
+        st.e = seq; mark(s); touched[s] = true
+      end
+      ne = ne - 1; nb = nb - size; last = seq
+    end
+    if stop or #batch < 128 then break end
+    from = '(' .. batch[#batch][1]
+  end
+  if last == nil then return false end
+  redis.call('XTRIM', EV, 'MINID', '=', (last + 1) .. '-0')
+  set('ne', ne); set('nb', nb)
+  return true
+end
+
+local function tombs()
+  local raw = meta.tomb
+  if not raw or raw == '' then return {} end
+  local t = cjson.decode(raw)
+  if type(t) ~= 'table' then return {} end
+  return t
+end
+
+-- A stream that ended and holds no event any more is forgotten, leaving a tombstone (the last MAX_TOMBS).
+local function forget_gone(candidates)
+  local numbers = {}
+  for n, _ in pairs(candidates) do numbers[#numbers + 1] = n end
+  table.sort(numbers)
+  local t = nil
+  for _, n in ipairs(numbers) do
+    local s = stream(n)
+    if s and s.v == 0 and ((s.e or 0) >= s.l or s.l < s.f) then
+      streams[n] = false; mark(n)
+      if t == nil then t = tombs() end
+      t[#t + 1] = {n, s.o, s.f, s.l}
+      while #t > MAX_TOMBS do table.remove(t, 1) end
+      for _, member in ipairs(s.g) do
+        local other = stream(member)
+        if other then
+          local kept = {}
+          for _, m in ipairs(other.g) do if m ~= n then kept[#kept + 1] = m end end
+          other.g = kept
+          if s.l > (other.gl or 0) then other.gl = s.l end
+          mark(member)
+        end
+      end
+    end
+  end
+  if t ~= nil then set('tomb', cjson.encode(t)) end
+end
+
+local function tomb_of(n)
+  local found = nil
+  for _, entry in ipairs(tombs()) do if entry[1] == n then found = entry end end
+  return found
+end
+
+-- request ids: RQ maps a key to 'p' (pending), 'a' (answered) or a stream number; RO orders them.
+local function forget_request(key)
+  local value = redis.call('HGET', RQ, key)
+  if not value then return end
+  redis.call('HDEL', RQ, key)
+  redis.call('ZREM', RO, key)
+  if value == 'p' then set('inf', num('inf') - 1) end
+end
+
+local function remember_request(key, value)
+  local max_ids = MAX_IDS
+  if redis.call('HEXISTS', RQ, key) == 1 then forget_request(key) end
+  redis.call('HSET', RQ, key, value)
+  local order = num('rc') + 1
+  set('rc', order)
+  redis.call('ZADD', RO, order, key)
+  if value == 'p' then set('inf', num('inf') + 1) end
+  while redis.call('ZCARD', RO) > max_ids do
+    forget_request(redis.call('ZRANGE', RO, 0, 0)[1])
+  end
+end
+
+local function epoch_ok(epoch)
+  return epoch == '' or meta.epoch == epoch
+end

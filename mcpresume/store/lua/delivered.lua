@@ -1,0 +1,10 @@
+-- mark_delivered (ARGV: seq, streams...).
+if not load_meta() then return 0 end
+local seq = tonumber(ARGV[A])
+for i = A + 1, #ARGV do
+  local n = tonumber(ARGV[i])
+  local s = stream(n)
+  if s and (s.d or 0) < seq then s.d = seq; mark(n) end
+end
+save_streams()
+return 1

@@ -1,0 +1,16 @@
+-- end_stream (ARGV: stream, now): the version, or false (nothing changed).
+if not load_meta() then return false end
+local n, now = tonumber(ARGV[A]), ARGV[A + 1]
+local s = stream(n)
+if not s or s.v == 0 then return false end
+s.v = 0; mark(n)
+if meta.sa == tostring(n) then set('sa', '') end
+if s.o == 'post' then set('lp', num('lp') - 1) end
+set('ver', num('ver') + 1)
+set('la', now)
+forget_gone({[n] = true})
+save_streams()
+save_meta()
+refresh()
+publish(meta.ver)
+return tonumber(meta.ver)

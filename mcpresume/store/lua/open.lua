@@ -1,0 +1,30 @@
+-- open_stream (ARGV: epoch or '', origin, now, primed '1'/'0', priming block, request keys...):
+-- {number, epoch, priming seq, version} or false.
+if not load_meta() or not epoch_ok(ARGV[A]) then return false end
+local origin, now, primed, block = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3] == '1', ARGV[A + 4]
+local keys = {}
+for i = A + 5, #ARGV do keys[#keys + 1] = ARGV[i] end
+local n = num('nst')
+set('nst', n + 1)
+local seq = num('nseq')
+local s = {o = origin, f = seq, l = seq - 1, v = 1, d = 0, g = {}, gl = 0, p = primed and 1 or 0, e = 0,
+  u = '', k = keys}
+streams[n] = s; mark(n)
+for _, key in ipairs(keys) do remember_request(key, n) end
+if origin == 'get' then set('sa', n) else set('lp', num('lp') + 1) end
+set('la', now)
+set('ver', num('ver') + 1)
+if primed then
+  local counts, touched = new_counts(), {}
+  sync_expired(counts, touched)
+  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'b', block)
+  s.l = seq
+  set('nseq', seq + 1)
+  set('ne', num('ne') + 1); set('nb', num('nb') + #block)
+  if evict(tonumber(now), counts, touched) or next(touched) then forget_gone(touched) end
+end
+save_streams()
+save_meta()
+refresh()
+publish(meta.ver)
+return {n, meta.epoch, seq, tonumber(meta.ver)}

@@ -1,0 +1,38 @@
+-- read (ARGV: after, most events, most bytes, streams...): {version, epoch, gap, complete, more,
+-- stream, seq, time, body, ...} (read only), or false.
+if not load_meta() then return false end
+local after, most, most_bytes = tonumber(ARGV[A]), tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2])
+local wanted = {}
+local all_ended = true
+for i = A + 3, #ARGV do
+  local n = tonumber(ARGV[i])
+  local s = stream(n)
+  if s then
+    if (s.e or 0) > after then return {tonumber(meta.ver), meta.epoch, 1, 0, 0} end
+    if s.v == 1 then all_ended = false end
+    wanted[n] = true
+  else
+    local t = tomb_of(n)
+    if not t or after < t[4] then return {tonumber(meta.ver), meta.epoch, 1, 0, 0} end
+  end
+end
+local out = {tonumber(meta.ver), meta.epoch, 0, 0, 0}
+local events, size, more = 0, 0, false
+local from = (after + 1) .. '-0'
+while true do
+  local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', 256)
+  for i = 1, #batch do
+    local f = batch[i][2]
+    local sn = tonumber(f[2])
+    if wanted[sn] then
+      local body = f[6]
+      if events >= most or (events > 0 and size + #body > most_bytes) then more = true; break end
+      out[#out + 1] = sn; out[#out + 1] = seq_of(batch[i][1]); out[#out + 1] = f[4]; out[#out + 1] = body
+      events = events + 1; size = size + #body
+    end
+  end
+  if more or #batch < 256 then break end
+  from = '(' .. batch[#batch][1]
+end
+if more then out[5] = 1 elseif all_ended then out[4] = 1 end
+return out

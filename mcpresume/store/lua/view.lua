@@ -1,0 +1,21 @@
+-- view (ARGV: stream): the facts of the resume decision, as JSON (read only), or false.
+if not load_meta() then return false end
+local n = tonumber(ARGV[A])
+local out = {epoch = meta.epoch, la = meta.la, lp = num('lp'), nst = num('nst'), nseq = num('nseq')}
+local oldest = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
+local newest = redis.call('XREVRANGE', EV, '+', '-', 'COUNT', 1)[1]
+if oldest then out.oldest = {tonumber(oldest[2][2]), seq_of(oldest[1])} end
+if newest then out.newest = {tonumber(newest[2][2]), seq_of(newest[1])} end
+local s = stream(n)
+if s then
+  out.st = s
+  local ge = s.gl or 0
+  for _, m in ipairs(s.g) do
+    local other = stream(m)
+    if other and (other.e or 0) > ge then ge = other.e end
+  end
+  out.ge = ge
+else
+  out.tomb = tomb_of(n)
+end
+return cjson.encode(out)

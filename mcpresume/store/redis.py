@@ -1,0 +1,696 @@
+"""The Redis session store: sessions shared by every replica (``store = "redis://host:port/db"``).
+
+Layout: every key of a session carries one hash tag, ``mcpresume:{<sha256 of the session id, 32 hex>}:``, so
+they share a slot and the store works on Redis Cluster unchanged:
+
+* ``…:meta`` (hash): epoch, next seq, next stream number, version, last activity, the window's event count
+  and bytes, live POST streams, request ids in flight, credentials, owner, tombstones of gone streams. Its
+  TTL (``meta_ttl``) is at least ``session_ttl`` and longer than the events', so a session whose window is
+  gone is still known (409), and a session whose meta is missing is unknown (404): after a Redis flush or
+  restart, old cursors get 404, never a replay.
+* ``…:ev`` (stream): the window's events, entry id ``<seq>-0``: the proxy's own sequence numbers, so a read
+  after a position is one XRANGE. Fields: the stream number, the append time (wall clock), the body as
+  appended (the SSE event without its id line; ``ReadResult.body`` writes the cursors).
+* ``…:st`` (hash): stream number -> its state (JSON).
+* ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
+
+Every mutation is one registered Lua script (``lua/*.lua``, ``lua/common.lua`` prepended; EVALSHA through
+redis-py's script objects), doing the whole operation atomically: append, the exact trim by count/bytes/age
+with the byte accounting, the claim as set-if-absent, the EXPIREs, and a PUBLISH of the change (session id,
+version) on ``mcpresume:news``. One subscription per process feeds the ``set_news`` callback for the
+changes of other processes; changes of this process call it directly when the script returns.
+
+The client library never retries a call blindly (redis-py retries timeouts by default, which can apply a
+write twice): retries are off, and an append carries the stream's last seq as the caller saw it, so a
+repeated append is a no-op. Every call is bounded (socket and connect timeouts, a blocking pool with a
+bound, and an overall deadline): a failure or time-out raises ``StoreUnavailable`` (503,
+``store_unavailable``) within ``op_timeout``.
+
+A global sorted set ``mcpresume:sessions`` (its own slot) lists the session ids for ``reap``,
+``session_count`` and ``max_sessions``; it is kept by separate calls, so across replicas ``max_sessions`` is
+approximate (a few over when replicas create sessions at the same instant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from mcpresume.credentials import MAX_CREDENTIALS
+from mcpresume.cursor import new_epoch
+from mcpresume.errors import StoreUnavailable, TooManySessions
+from mcpresume.resume import SessionView, StreamView
+from mcpresume.session import (
+    MAX_REQUEST_IDS,
+    READ_MAX_BYTES,
+    READ_MAX_EVENTS,
+    Claim,
+    ClaimOutcome,
+    NewEvent,
+    ReadResult,
+    SessionAccess,
+    StreamOrigin,
+)
+from mcpresume.sse import SSERun, priming_block
+from mcpresume.store import OpenedStream, StoreStats
+from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
+
+if TYPE_CHECKING:
+    from mcpresume.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHANNEL: Final = "mcpresume:news"
+INDEX: Final = "mcpresume:sessions"
+REPLICAS: Final = "mcpresume:{replicas}:leases"
+REPLICA_URLS: Final = "mcpresume:{replicas}:urls"
+
+_SCRIPTS: Final = (
+    "accept",
+    "append",
+    "claim",
+    "create",
+    "delete",
+    "delivered",
+    "end",
+    "expire",
+    "group",
+    "open",
+    "orphans",
+    "read",
+    "release",
+    "touch",
+    "view",
+)
+
+_OUTCOMES: Final = {outcome.value: outcome for outcome in ClaimOutcome}
+_REASONS: Final = (EvictReason.COUNT, EvictReason.BYTES, EvictReason.TTL)
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """The attached readers of the session in this process, as (streams followed, position), and whether
+    events no client was sent must be kept (overflow = pause)."""
+
+    readers: tuple[tuple[tuple[int, ...], int], ...]
+    keep_undelivered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What an append did: what the window evicted, or (``blocked`` not None) nothing at all, because it
+    would have evicted what the readers at these indexes of ``Guard.readers`` have yet to send (empty:
+    only ``keep_undelivered`` blocked it)."""
+
+    evicted: Evicted
+    blocked: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanStream:
+    """A live stream of a session owned by a replica: what a restart needs to resume or complete it."""
+
+    session_id: str
+    number: int
+    origin: StreamOrigin
+    upstream_cursor: str | None
+    pending: tuple[str, ...]  # the request keys it answers that are still claimed by it
+
+
+def session_tag(session_id: str) -> str:
+    """The hash tag of a session's keys: the same slot for all of them, whatever the id holds."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def session_keys(session_id: str) -> list[str]:
+    prefix = "mcpresume:{" + session_tag(session_id) + "}:"
+    return [prefix + part for part in ("meta", "ev", "st", "rq", "ro")]
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _evicted(flat: Sequence[int]) -> Evicted:
+    evicted = Evicted()
+    for index, reason in enumerate(_REASONS):
+        count, size = int(flat[2 * index]), int(flat[2 * index + 1])
+        if count:
+            evicted.counts[reason] = [count, size]
+    evicted.undelivered = [int(flat[6]), int(flat[7])]
+    return evicted
+
+
+def _now_arg(now: float) -> str:
+    return repr(float(now))
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        limits: WindowLimits,
+        *,
+        session_ttl: float,
+        max_sessions: int,
+        retry_ms: int | None,
+        metrics: Metrics | None = None,
+        op_timeout: float = 0.9,
+        max_connections: int = 64,
+    ) -> None:
+        self.url = url
+        self.limits = limits
+        self.session_ttl = session_ttl
+        self.max_sessions = max_sessions
+        self.retry_ms = retry_ms
+        self.metrics = metrics
+        self.op_timeout = op_timeout
+        self.max_connections = max_connections
+        # The meta keys outlive the events (a session whose window is gone is still known), and both outlive
+        # what the logical expiry (reap, with the callers' clock) keeps: the TTLs are a backstop.
+        self.events_ttl_ms = int((limits.ttl + 60) * 1000)
+        self.meta_ttl_ms = int((max(session_ttl, limits.ttl + 60) + 60) * 1000)
+        self.token = new_epoch()  # this process, in its news messages: its own are not delivered twice
+        self._client: Any = None
+        self._pubsub_client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._news: Callable[[str, int], None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._up = False
+        # (session id, stream) -> the stream's last seq as this process last saw it (the append guard
+        # against a repeated call); bounded by the streams this process pumps.
+        self._tails: dict[tuple[str, int], int] = {}
+        self._fixed: list[str] = [
+            self.token,
+            "",
+            str(self.meta_ttl_ms),
+            str(self.events_ttl_ms),
+            str(limits.max_events),
+            str(limits.max_bytes),
+            repr(float(limits.ttl)),
+            str(MAX_REQUEST_IDS),
+        ]
+
+    # -- connection ----------------------------------------------------------------------------------------
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "socket_timeout": self.op_timeout,
+            "socket_connect_timeout": self.op_timeout,
+            # No blind retries: a timed-out write may have been applied (scripts are idempotent anyway).
+            "retry": Retry(NoBackoff(), 0),
+            "health_check_interval": 0,
+        }
+
+    async def start(self) -> None:
+        options = self._options()
+        probe = aioredis.Redis.from_url(self.url, **options)
+        try:
+            info = await asyncio.wait_for(probe.info("cluster"), self.op_timeout * 3)
+            cluster = bool(info.get("cluster_enabled"))
+        except (RedisError, OSError, TimeoutError):
+            cluster = False  # unreachable now: a plain client, which reconnects when Redis is back
+        if cluster:
+            await probe.aclose()
+            self._client = RedisCluster.from_url(self.url, max_connections=self.max_connections, **options)
+        else:
+            await probe.aclose()
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=self.max_connections, timeout=self.op_timeout, **options
+            )
+            self._client = aioredis.Redis(connection_pool=pool)
+        self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
+        lua = resources.files("mcpresume.store") / "lua"
+        common = (lua / "common.lua").read_text()
+        for name in _SCRIPTS:
+            self._scripts[name] = self._client.register_script(common + (lua / f"{name}.lua").read_text())
+        self._listener = asyncio.create_task(self._listen())
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        for client in (self._client, self._pubsub_client):
+            if client is not None:
+                await client.aclose()
+        self._client = self._pubsub_client = None
+
+    async def ready(self) -> bool:
+        try:
+            await self._call("ping", self._client.ping())
+        except StoreUnavailable:
+            return False
+        return True
+
+    def set_news(self, callback: Callable[[str, int], None]) -> None:
+        self._news = callback
+
+    async def _listen(self) -> None:
+        """The one subscription of this process: other processes' changes, to the news callback. Reconnects
+        with backoff; a message lost meanwhile costs latency only (views read by position)."""
+        backoff = 0.05
+        assert self._pubsub_client is not None
+        while True:
+            pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(CHANNEL)
+                backoff = 0.05
+                async for message in pubsub.listen():
+                    self._on_message(message.get("data"))
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, TimeoutError) as error:
+                log.debug("store news subscription lost (%s); reconnecting", error)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _on_message(self, data: object) -> None:
+        if not isinstance(data, bytes) or self._news is None:
+            return
+        token, _, rest = data.partition(b" ")
+        if token == self.token.encode():
+            return  # ours: the callback was called when the script returned
+        version, _, session_id = rest.partition(b" ")
+        try:
+            self._news(session_id.decode("utf-8", "surrogateescape"), int(version))
+        except ValueError:
+            return
+
+    def _notify(self, session_id: str, version: int) -> None:
+        if self._news is not None:
+            self._news(session_id, version)
+
+    async def _call(self, op: str, call: Awaitable[T]) -> T:
+        """Run one store call: bounded, measured, every failure a ``StoreUnavailable``."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                result = await call
+        except (RedisError, OSError, TimeoutError) as error:
+            if self.metrics is not None:
+                self.metrics.store_errors.labels(op).inc()
+            if self._up:
+                log.warning("store unavailable (%s: %s)", op, type(error).__name__)
+            self._up = False
+            raise StoreUnavailable(f"the session store did not answer ({op})") from error
+        finally:
+            if self.metrics is not None:
+                self.metrics.store_seconds.labels(op).observe(time.perf_counter() - started)
+        self._up = True
+        return result
+
+    async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
+        fixed = self._fixed.copy()
+        fixed[1] = session_id
+        return await self._call(op, self._scripts[name](keys=session_keys(session_id), args=[*fixed, *args]))
+
+    # -- sessions ------------------------------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, now: float, credential: bytes | None = None, owner: str = ""
+    ) -> str:
+        client = self._client
+        known = await self._call("create_session", client.zscore(INDEX, session_id))
+        if known is None and await self.session_count() >= self.max_sessions:
+            await self.reap(now)
+            if await self.session_count() >= self.max_sessions:
+                raise TooManySessions(
+                    f"the proxy holds its maximum of {self.max_sessions} sessions",
+                    max_sessions=self.max_sessions,
+                )
+        epoch = new_epoch()
+        cred = "" if credential is None else credential.hex()
+        version = await self._script(
+            "create_session", "create", session_id, epoch, _now_arg(now), cred, owner
+        )
+        await self._call("create_session", client.zadd(INDEX, {session_id: now}))
+        self._forget_tails(session_id)
+        self._notify(session_id, int(version))
+        return epoch
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        epoch, cred, version = await self._call(
+            "access", self._client.hmget(session_keys(session_id)[0], "epoch", "cred", "pv")
+        )
+        if epoch is None:
+            return None
+        text = _text(cred) or ""
+        credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
+        return SessionAccess(_text(epoch) or "", credentials, _text(version) or None)
+
+    async def accept_credential(
+        self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
+    ) -> None:
+        await self._script(
+            "accept_credential",
+            "accept",
+            session_id,
+            epoch,
+            digest.hex(),
+            protocol_version or "",
+            str(MAX_CREDENTIALS),
+        )
+
+    async def has_session(self, session_id: str) -> bool:
+        return bool(await self._call("has_session", self._client.exists(session_keys(session_id)[0])))
+
+    async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
+        deleted = await self._script("delete_session", "delete", session_id, epoch or "")
+        if deleted:
+            await self._call("delete_session", self._client.zrem(INDEX, session_id))
+            self._forget_tails(session_id)
+            self._notify(session_id, -1)
+        return bool(deleted)
+
+    def _forget_tails(self, session_id: str) -> None:
+        for key in [key for key in self._tails if key[0] == session_id]:
+            del self._tails[key]
+
+    async def owner(self, session_id: str) -> str | None:
+        owner = await self._call("owner", self._client.hget(session_keys(session_id)[0], "own"))
+        return _text(owner)
+
+    async def touch(self, session_id: str, now: float) -> None:
+        await self._script("touch", "touch", session_id, _now_arg(now))
+
+    # -- request ids ---------------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        session_id: str,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        epoch: str | None = None,
+    ) -> Claim | None:
+        limit = "" if max_live_streams is None else str(max_live_streams)
+        result = await self._script("claim", "claim", session_id, epoch or "", limit, *request_keys)
+        if result is None:
+            return None
+        outcome, stream = _text(result[0]) or "", _text(result[1]) or ""
+        return Claim(_OUTCOMES[outcome], int(stream) if stream else None)
+
+    async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        await self._script("release", "release", session_id, epoch or "", "release", *request_keys)
+
+    async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        await self._script("settle", "release", session_id, epoch or "", "settle", *request_keys)
+
+    # -- streams and events --------------------------------------------------------------------------------
+
+    async def open_stream(
+        self,
+        session_id: str,
+        origin: StreamOrigin,
+        request_keys: Sequence[str],
+        now: float,
+        epoch: str | None = None,
+        *,
+        priming: bool = True,
+    ) -> OpenedStream | None:
+        result = await self._script(
+            "open_stream",
+            "open",
+            session_id,
+            epoch or "",
+            origin.value,
+            _now_arg(now),
+            "1" if priming else "0",
+            priming_block(self.retry_ms),
+            *request_keys,
+        )
+        if result is None:
+            return None
+        number, current, seq = int(result[0]), _text(result[1]) or "", int(result[2])
+        self._tails[(session_id, number)] = seq if priming else seq - 1
+        self._notify(session_id, int(result[3]))
+        return OpenedStream(number, current, seq)
+
+    async def standalone_stream(self, session_id: str) -> int | None:
+        value = await self._call("standalone_stream", self._client.hget(session_keys(session_id)[0], "sa"))
+        text = _text(value)
+        return int(text) if text else None
+
+    async def append(
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
+    ) -> Appended:
+        return await self._append(session_id, stream, [e.body for e in events], now, guard, upstream_cursor)
+
+    async def append_run(
+        self,
+        session_id: str,
+        stream: int,
+        run: SSERun,
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
+    ) -> Appended:
+        return await self._append(session_id, stream, list(run.blocks), now, guard, upstream_cursor)
+
+    async def _append(
+        self,
+        session_id: str,
+        stream: int,
+        bodies: list[bytes],
+        now: float,
+        guard: Guard | None,
+        upstream_cursor: str | None,
+    ) -> Appended:
+        if not bodies:
+            return Appended(Evicted())
+        key = (session_id, stream)
+        expected = self._tails.get(key)
+        guard_arg = b""
+        if guard is not None:
+            guard_arg = orjson.dumps({"r": guard.readers, "k": guard.keep_undelivered})
+        result = await self._script(
+            "append",
+            "append",
+            session_id,
+            "" if expected is None else str(expected),
+            str(stream),
+            _now_arg(now),
+            upstream_cursor or "",
+            guard_arg,
+            *bodies,
+        )
+        status = _text(result[0])
+        if status == "ok":
+            version, last = int(result[1]), int(result[2])
+            self._tails[key] = last
+            self._notify(session_id, version)
+            return Appended(_evicted(result[3:11]))
+        if status == "blocked":
+            return Appended(Evicted(), tuple(int(i) for i in result[1:]))
+        if status == "stale":
+            # A repeated call (applied already), or another process appends to the stream: no-op.
+            self._tails[key] = int(result[1])
+        elif status in ("gone", "noop"):
+            self._tails.pop(key, None)
+        return Appended(Evicted())
+
+    async def end_stream(self, session_id: str, stream: int, now: float) -> None:
+        self._tails.pop((session_id, stream), None)
+        version = await self._script("end_stream", "end", session_id, str(stream), _now_arg(now))
+        if version is not None:
+            self._notify(session_id, int(version))
+
+    async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
+        await self._script("group_streams", "group", session_id, *map(str, streams))
+
+    async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
+        await self._script("mark_delivered", "delivered", session_id, str(seq), *map(str, streams))
+
+    async def view(self, session_id: str, stream: int) -> SessionView | None:
+        raw = await self._script("view", "view", session_id, str(stream))
+        if raw is None:
+            return None
+        facts = orjson.loads(raw)
+        state = facts.get("st")
+        view: StreamView | None = None
+        if state is not None:
+            group = state.get("g")
+            view = StreamView(
+                stream,
+                bool(state["v"]),
+                int(state["f"]),
+                int(state["l"]),
+                int(state.get("e", 0)),
+                state["o"] == StreamOrigin.GET.value,
+                tuple(group) if isinstance(group, list) else (),
+                int(facts.get("ge", 0)),
+                int(state.get("d", 0)),
+                bool(state.get("p", 1)),
+            )
+        else:
+            tomb = facts.get("tomb")
+            if tomb is not None and tomb[1] == StreamOrigin.GET.value:
+                _, _, first_seq, last_seq = tomb
+                view = StreamView(stream, False, first_seq, last_seq, last_seq, standalone=True)
+        oldest, newest = facts.get("oldest"), facts.get("newest")
+        return SessionView(
+            epoch=facts["epoch"],
+            expires_at=float(facts["la"]) + self.session_ttl if not facts["lp"] else None,
+            next_stream=int(facts["nst"]),
+            newest_seq=int(facts["nseq"]) - 1,
+            oldest=(oldest[0], oldest[1]) if oldest else None,
+            newest=(newest[0], newest[1]) if newest else None,
+            stream=view,
+        )
+
+    async def read(
+        self,
+        session_id: str,
+        streams: Sequence[int],
+        after: int,
+        max_events: int = READ_MAX_EVENTS,
+        max_bytes: int = READ_MAX_BYTES,
+    ) -> ReadResult | None:
+        result = await self._script(
+            "read", "read", session_id, str(after), str(max_events), str(max_bytes), *map(str, streams)
+        )
+        if result is None:
+            return None
+        version, epoch, gap, complete, more = result[:5]
+        if gap:
+            return ReadResult((), complete=False, gap=True, version=int(version))
+        segments: list[Segment] = []
+        items = result[5:]
+        current: Segment | None = None
+        for index in range(0, len(items), 4):
+            number, seq, at, body = (
+                int(items[index]),
+                int(items[index + 1]),
+                float(items[index + 2]),
+                items[index + 3],
+            )
+            if current is not None and current.stream == number and current.seq + len(current.blocks) == seq:
+                current.blocks.append(body)
+                current.times.append(at)
+                current.size += len(body)
+            else:
+                current = Segment.of(number, seq, [body], at, len(body))
+                segments.append(current)
+        epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
+        return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
+
+    # -- housekeeping --------------------------------------------------------------------------------------
+
+    async def _session_ids(self, op: str) -> list[str]:
+        ids = await self._call(op, self._client.zrange(INDEX, 0, -1))
+        return [_text(i) or "" for i in ids]
+
+    async def reap(self, now: float) -> tuple[list[str], Evicted]:
+        evicted = Evicted()
+        dropped: list[str] = []
+        gone: list[str] = []
+        ids = await self._session_ids("reap")
+        for start in range(0, len(ids), 32):
+            chunk = ids[start : start + 32]
+            results = await asyncio.gather(
+                *(
+                    self._script("reap", "expire", sid, _now_arg(now), repr(float(self.session_ttl)))
+                    for sid in chunk
+                )
+            )
+            for sid, result in zip(chunk, results, strict=True):
+                status = _text(result[0])
+                if status == "dropped":
+                    dropped.append(sid)
+                    self._forget_tails(sid)
+                    self._notify(sid, -1)
+                elif status == "gone":
+                    gone.append(sid)  # its keys expired in Redis (or were flushed)
+                elif status == "ok":
+                    expired = _evicted(result[2:10])
+                    if expired:
+                        evicted.merge(expired)
+                        self._notify(sid, int(result[1]))
+        if dropped or gone:
+            await self._call("reap", self._client.zrem(INDEX, *dropped, *gone))
+        return dropped, evicted
+
+    async def session_count(self) -> int:
+        return int(await self._call("session_count", self._client.zcard(INDEX)))
+
+    async def stats(self) -> StoreStats:
+        ids = await self._session_ids("stats")
+        sessions = events = size = 0
+        for sid in ids:
+            ne, nb = await self._call("stats", self._client.hmget(session_keys(sid)[0], "ne", "nb"))
+            if ne is None:
+                continue
+            sessions += 1
+            events += int(ne)
+            size += int(nb)
+        return StoreStats(sessions=sessions, window_events=events, window_bytes=size, attached=0)
+
+    async def orphaned_streams(self, owner: str) -> list[OrphanStream]:
+        found: list[OrphanStream] = []
+        for sid in await self._session_ids("orphaned_streams"):
+            raw = await self._script("orphaned_streams", "orphans", sid, owner)
+            if raw is None:
+                continue
+            for number, origin, cursor, pending in orjson.loads(raw):
+                found.append(
+                    OrphanStream(
+                        sid,
+                        int(number),
+                        StreamOrigin(origin),
+                        cursor or None,
+                        tuple(pending) if isinstance(pending, list) else (),
+                    )
+                )
+        return found
+
+    # -- replicas (the owner registry) ---------------------------------------------------------------------
+
+    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+        async def register() -> None:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(REPLICAS, {replica_id: now + ttl})
+                pipe.hset(REPLICA_URLS, replica_id, url)
+                await pipe.execute()
+
+        await self._call("register_replica", register())
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None:
+        lease = await self._call("replica_url", self._client.zscore(REPLICAS, replica_id))
+        if lease is None or float(lease) <= now:
+            return None
+        return _text(await self._call("replica_url", self._client.hget(REPLICA_URLS, replica_id)))
+
+    async def release_replica(self, replica_id: str) -> None:
+        await self._call("release_replica", self._client.zrem(REPLICAS, replica_id))
+        await self._call("release_replica", self._client.hdel(REPLICA_URLS, replica_id))
+
+    async def live_replicas(self, now: float) -> int:
+        return int(await self._call("live_replicas", self._client.zcount(REPLICAS, f"({now!r}", "+inf")))

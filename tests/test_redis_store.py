@@ -1,0 +1,347 @@
+"""The Redis store beyond the shared contract (tests/test_store_contract.py runs that against it too): a
+differential run against the memory store, a repeated append, the key layout (one slot per session, TTLs),
+a flushed Redis, an outage and a restart of a real ``redis-server``, news between processes, Redis
+Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from redis.crc import key_slot
+
+from mcpresume.errors import StoreUnavailable
+from mcpresume.metrics import Metrics
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, ReadResult, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.store.memory import MemoryStore
+from mcpresume.store.redis import Guard, RedisStore, session_keys
+from mcpresume.window import EventKind, Evicted, WindowLimits
+from tests.support.redis import RedisClusterProcesses, RedisProcess
+
+LIMITS = WindowLimits(max_events=8, max_bytes=1 << 20, ttl=300.0)
+SESSION_TTL = 60.0
+HANG_GUARD = 30.0
+
+Make = Callable[..., Awaitable[RedisStore]]
+
+
+@pytest.fixture
+async def make_store() -> AsyncIterator[Make]:
+    stores: list[RedisStore] = []
+
+    async def make(
+        url: str, limits: WindowLimits = LIMITS, retry_ms: int | None = 1000, **options: Any
+    ) -> RedisStore:
+        store = RedisStore(
+            url, limits, session_ttl=SESSION_TTL, max_sessions=1000, retry_ms=retry_ms, **options
+        )
+        await store.start()
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+def new_id() -> str:
+    return f"sess-{uuid.uuid4().hex}"
+
+
+def msg(size: int = 10) -> NewEvent:
+    return NewEvent(frame_body(b"x" * size), EventKind.MESSAGE)
+
+
+def seqs(result: ReadResult | None) -> list[int]:
+    assert result is not None
+    return [event.seq for event in result.events]
+
+
+# -- the same answers as the memory store ----------------------------------------------------------------
+
+
+def _evicted_of(result: object) -> Evicted:
+    return result if isinstance(result, Evicted) else result.evicted  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_operations_answer_as_the_memory_store_does(
+    redis_db: str, make_store: Make, seed: int
+) -> None:
+    """Every answer of a random run of the shared operations (streams, appends evicting by count, bytes and
+    age, ends, groups, claims, deliveries, expiry) equals the memory store's, read after read."""
+    rng = random.Random(seed)
+    limits = WindowLimits(max_events=rng.randint(2, 6), max_bytes=rng.randint(60, 400), ttl=25.0)
+    memory = MemoryStore(limits, session_ttl=SESSION_TTL, max_sessions=1000, retry_ms=500)
+    redis = await make_store(redis_db, limits, retry_ms=500)
+    sid = new_id()
+    epochs = []
+    for store in (memory, redis):
+        epochs.append(await store.create_session(sid, now=0.0))
+    now = 0.0
+    request = 0
+
+    async def both(method: str, *args: Any) -> tuple[Any, Any]:
+        return await getattr(memory, method)(*args), await getattr(redis, method)(*args)
+
+    for _step in range(120):
+        op = rng.choice(["open", "open", "append", "append", "append", "end", "group", "claim", "time"])
+        top = (await redis.view(sid, 1)).next_stream  # type: ignore[union-attr]
+        stream = rng.randint(0, top)
+        if op == "open":
+            origin = rng.choice(list(StreamOrigin))
+            keys = [f"n:{request}"] if origin is StreamOrigin.POST else []
+            request += 1
+            a, b = await both("open_stream", sid, origin, keys, now)
+            assert (a.number, a.priming_seq) == (b.number, b.priming_seq)
+        elif op == "append":
+            items = [msg(rng.randint(0, 50)) for _ in range(rng.randint(1, 3))]
+            a, b = await both("append", sid, stream, items, now)
+            assert _evicted_of(a) == _evicted_of(b)
+        elif op == "end":
+            await both("end_stream", sid, stream, now)
+        elif op == "group":
+            members = [stream, rng.randint(0, top)]
+            await both("group_streams", sid, members)
+        elif op == "claim":
+            key = f"n:{rng.randint(0, request)}"
+            a, b = await both("claim", sid, [key], 3)
+            assert a == b
+        else:
+            now += rng.choice([1.0, 10.0])
+            (_, a), (_, b) = await both("reap", now)
+            assert a == b
+        for number in range(top + 1):
+            if number not in memory._sessions[sid].streams:
+                continue
+            a, b = await both("view", sid, number)
+            assert a is not None and b is not None
+            assert (a.next_stream, a.newest_seq, a.oldest, a.newest) == (
+                b.next_stream,
+                b.newest_seq,
+                b.oldest,
+                b.newest,
+            )
+            if a.stream is not None and b.stream is not None:
+                # Groups and delivery aside (memory keeps a followed stream; compare the window's facts).
+                assert (a.stream.live, a.stream.first_seq, a.stream.last_seq, a.stream.evicted_through) == (
+                    b.stream.live,
+                    b.stream.first_seq,
+                    b.stream.last_seq,
+                    b.stream.evicted_through,
+                )
+                assert set(a.stream.group) == set(b.stream.group)
+            else:
+                assert (a.stream is None) == (b.stream is None), (number, a.stream, b.stream)
+            for after in (0, max(0, a.newest_seq - 2)) if number in memory._sessions[sid].streams else ():
+                ra, rb = await both("read", sid, [number], after)
+                assert ra is not None and rb is not None
+                assert (ra.gap, ra.complete, ra.more) == (rb.gap, rb.complete, rb.more), (number, after)
+                # The same events (their cursors differ by the epoch only), in the same segments.
+                assert [(e.seq, e.stream, e.body.split(b"\n", 1)[1], e.at) for e in ra.events] == [
+                    (e.seq, e.stream, e.body.split(b"\n", 1)[1], e.at) for e in rb.events
+                ]
+                assert ra.body().replace(epochs[0].encode(), b"E") == rb.body().replace(
+                    epochs[1].encode(), b"E"
+                )
+
+
+# -- idempotence, layout, TTLs ---------------------------------------------------------------------------
+
+
+async def test_a_repeated_append_is_a_no_op(redis_db: str, make_store: Make) -> None:
+    """The reply to an append is lost (a time-out after Redis applied it) and the call is made again: it
+    carries the stream's last seq as seen before the first, so nothing is appended twice."""
+    store = await make_store(redis_db)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    seen_before = dict(store._tails)
+    await store.append(sid, opened.number, [msg(), msg()], now=1.0)
+    store._tails.clear()
+    store._tails.update(seen_before)  # as if the first call's answer never came
+    again = await store.append(sid, opened.number, [msg(), msg()], now=1.0)
+    assert not again.evicted and again.blocked is None
+    assert seqs(await store.read(sid, [opened.number], 0)) == [1, 2, 3]
+    await store.append(sid, opened.number, [msg()], now=2.0)  # the next one appends as usual
+    assert seqs(await store.read(sid, [opened.number], 0)) == [1, 2, 3, 4]
+
+
+async def test_a_guarded_append_that_would_evict_unsent_events_appends_nothing(
+    redis_db: str, make_store: Make
+) -> None:
+    store = await make_store(redis_db, WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(), msg()], now=0.0)  # seqs 1..3: full
+    lagging, other = ((opened.number,), 0), ((opened.number + 5,), 0)
+    blocked = await store.append(sid, opened.number, [msg()], now=0.0, guard=Guard((other, lagging)))
+    assert blocked.blocked == (1,)
+    assert seqs(await store.read(sid, [opened.number], 0)) == [1, 2, 3]
+    kept = await store.append(sid, opened.number, [msg()], now=0.0, guard=Guard((), keep_undelivered=True))
+    assert kept.blocked == ()
+    await store.mark_delivered(sid, [opened.number], 1)
+    fits = await store.append(sid, opened.number, [msg()], now=0.0, guard=Guard(((lagging[0], 1),)))
+    assert fits.blocked is None and fits.evicted.counts
+    assert seqs(await store.read(sid, [opened.number], 1)) == [2, 3, 4]
+
+
+async def test_every_key_of_a_session_is_in_one_slot_and_the_meta_outlives_the_events(
+    redis_db: str, make_store: Make
+) -> None:
+    store = await make_store(redis_db)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg()], now=0.0)
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        keys = [key async for key in client.scan_iter(match="mcpresume:{*")]
+        assert sorted(k.decode() for k in keys) == sorted(session_keys(sid))
+        assert len({key_slot(key) for key in keys}) == 1
+        meta, events = session_keys(sid)[:2]
+        meta_ttl, events_ttl = await client.pttl(meta), await client.pttl(events)
+        assert meta_ttl >= SESSION_TTL * 1000 and meta_ttl > events_ttl > 0
+    finally:
+        await client.aclose()
+
+
+async def test_after_a_flush_the_session_is_unknown(redis_db: str, make_store: Make) -> None:
+    """A Redis flushed (or restarted empty): old cursors' session is unknown (404), never a replay."""
+    store = await make_store(redis_db)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
+    assert await store.view(sid, opened.number) is None
+    assert await store.access(sid) is None
+    assert await store.read(sid, [opened.number], 0) is None
+    assert await store.claim(sid, ["n:1"]) is None
+    assert (await store.append(sid, opened.number, [msg()], now=1.0)).evicted == Evicted()
+    assert not await store.has_session(sid)
+
+
+# -- news ------------------------------------------------------------------------------------------------
+
+
+async def test_news_of_another_process_arrives_by_the_subscription(redis_db: str, make_store: Make) -> None:
+    writer, reader = await make_store(redis_db), await make_store(redis_db)
+    own: list[tuple[str, int]] = []
+    writer.set_news(lambda sid, version: own.append((sid, version)))
+    heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    reader.set_news(lambda sid, version: heard.put_nowait((sid, version)))
+    sid = new_id()
+    await writer.create_session(sid, now=0.0)
+    opened = await writer.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    await writer.append(sid, opened.number, [msg()], now=0.0)
+    version = (await writer.read(sid, [opened.number], 0)).version  # type: ignore[union-attr]
+    # Its own changes: called at once, in order, the last one at the version a read sees.
+    assert own[-1] == (sid, version) and [v for _, v in own] == sorted(v for _, v in own)
+    while True:
+        news = await asyncio.wait_for(heard.get(), HANG_GUARD)
+        if news == (sid, version):
+            break
+    await writer.delete_session(sid)
+    while (await asyncio.wait_for(heard.get(), HANG_GUARD)) != (sid, -1):
+        pass
+
+
+# -- outage ----------------------------------------------------------------------------------------------
+
+
+async def test_a_stopped_redis_is_store_unavailable_within_a_second_then_recovers(
+    own_redis: RedisProcess, make_store: Make
+) -> None:
+    """SIGSTOP the real redis-server: every call raises StoreUnavailable (503 store_unavailable) within the
+    store's deadline, ready() is False, and the errors are counted; SIGCONT: it works again."""
+    metrics = Metrics(CollectorRegistry())
+    store = await make_store(own_redis.url, metrics=metrics)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    own_redis.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as info:
+            await store.view(sid, 1)
+        elapsed = time.monotonic() - started
+        assert info.value.status == 503 and info.value.reason == "store_unavailable"
+        assert elapsed < 1.0 + 0.5  # the deadline is 0.9 s; the rest is a loaded machine's slack
+        assert await store.ready() is False
+        with pytest.raises(StoreUnavailable):
+            await store.append(sid, 1, [msg()], now=1.0)
+    finally:
+        own_redis.resume()
+    assert metrics.registry.get_sample_value("mcpresume_store_errors_total", {"op": "view"}) == 1.0
+    assert metrics.registry.get_sample_value("mcpresume_store_seconds_count", {"op": "view"}) == 1.0
+    await _until_ready(store)
+    assert await store.has_session(sid)
+
+
+async def _until_ready(store: RedisStore) -> None:
+    deadline = time.monotonic() + HANG_GUARD
+    while not await store.ready():
+        assert time.monotonic() < deadline, "the store did not recover"
+        await asyncio.sleep(0.05)  # reconnecting is polled: there is no event to await
+
+
+async def test_a_killed_redis_is_unavailable_and_after_its_restart_the_session_is_unknown(
+    own_redis: RedisProcess, make_store: Make
+) -> None:
+    store = await make_store(own_redis.url)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    own_redis.stop()
+    with pytest.raises(StoreUnavailable):
+        await store.has_session(sid)
+    assert await store.ready() is False
+    own_redis.restart()  # empty: no persistence
+    await _until_ready(store)
+    assert await store.view(sid, 1) is None and await store.access(sid) is None
+    again = new_id()
+    await store.create_session(again, now=1.0)
+    assert await store.claim(again, ["n:1"]) == Claim(ClaimOutcome.NEW)
+
+
+# -- Redis Cluster ---------------------------------------------------------------------------------------
+
+
+async def test_the_store_works_on_redis_cluster(
+    redis_cluster: RedisClusterProcesses, make_store: Make
+) -> None:
+    """The core operations on a real 3-node cluster, for sessions whose keys land on different nodes."""
+    store = await make_store(redis_cluster.url)
+    sids = [new_id() for _ in range(6)]
+    assert len({key_slot(session_keys(sid)[0].encode()) // 5462 for sid in sids}) > 1  # several nodes
+    for sid in sids:
+        epoch = await store.create_session(sid, now=0.0)
+        assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.NEW)
+        opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+        assert opened is not None and opened.epoch == epoch
+        await store.append(sid, opened.number, [msg(), msg()], now=1.0)
+        await store.end_stream(sid, opened.number, now=2.0)
+        result = await store.read(sid, [opened.number], 0)
+        assert seqs(result) == [1, 2, 3] and result is not None and result.complete
+        view = await store.view(sid, opened.number)
+        assert view is not None and view.stream is not None and not view.stream.live
+        assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.ATTACH, opened.number)
+    dropped, _ = await store.reap(now=2.0 + SESSION_TTL + 1)
+    assert set(sids) <= set(dropped)
+    assert not any([await store.has_session(sid) for sid in sids])
