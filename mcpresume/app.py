@@ -61,10 +61,21 @@ class _OneLineForUnparsableRequests(logging.Filter):
 _UNPARSABLE = _OneLineForUnparsableRequests()
 
 
-def build_store(settings: Settings) -> SessionStore:
-    if settings.store != "memory":
-        raise NotImplementedError("store: the Redis store is not in this release yet; use store = 'memory'")
+def build_store(settings: Settings, metrics: Metrics | None = None) -> SessionStore:
     limits = WindowLimits(settings.window_events, settings.window_bytes, settings.window_ttl)
+    if settings.store != "memory":
+        try:
+            from mcpresume.store.redis import RedisStore  # the redis extra: imported only when configured
+        except ImportError as exc:  # reported as one line at start-up, as a store the install lacks
+            raise NotImplementedError(f"store: {exc}; install mcpresume[redis]") from exc
+        return RedisStore(  # type: ignore[return-value]
+            settings.store,
+            limits,
+            session_ttl=settings.session_ttl,
+            max_sessions=settings.max_sessions,
+            retry_ms=settings.retry_ms,
+            metrics=metrics,
+        )
     return MemoryStore(
         limits,
         session_ttl=settings.session_ttl,
@@ -200,7 +211,7 @@ async def start_proxy(
     clock: Callable[[], float] = time.monotonic,
 ) -> RunningProxy:
     metrics = metrics or Metrics()
-    app = build_app(settings, store or build_store(settings), metrics, clock=clock)
+    app = build_app(settings, store or build_store(settings, metrics), metrics, clock=clock)
     metrics.max_sessions.set(settings.max_sessions)
     # handler_cancellation: a client that goes away cancels its handler, so its attachment ends at once
     # (pumps are separate tasks and are not affected).

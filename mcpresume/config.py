@@ -8,6 +8,7 @@ documents every setting; keep it in step with this class.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -50,7 +51,15 @@ class Settings(BaseSettings):
     max_sessions: int = Field(
         10_000, ge=1, description="most sessions tracked; beyond it initialize gets 503"
     )
-    store: str = Field("memory", description="'memory', or a redis:// URL (scale-out, later)")
+    store: str = Field(
+        "memory", description="'memory' (this process), or a redis://, rediss:// or unix:// URL (shared)"
+    )
+    replica_id: str | None = Field(
+        None, description="this replica's name in the shared store (none: the host name, a pod's name)"
+    )
+    store_outage_grace: float = Field(
+        10.0, gt=0, description="seconds a pump holds its upstream while the shared store is down"
+    )
 
     # -- clients -----------------------------------------------------------------------------------------
     stall_timeout: float = Field(30.0, gt=0, description="seconds a client may not drain before detach")
@@ -144,8 +153,14 @@ class Settings(BaseSettings):
     @classmethod
     def _check_store(cls, value: str) -> str:
         if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be 'memory' or a redis:// URL")
+            # redis-py parses these three itself; no other scheme (redis+sentinel:// included) is invented.
+            raise ValueError("must be 'memory' or a redis://, rediss:// or unix:// URL")
         return value
+
+    @property
+    def replica(self) -> str:
+        """This replica's name: ``replica_id``, else the host name (in Kubernetes, the pod's name)."""
+        return self.replica_id or socket.gethostname()
 
     @classmethod
     def settings_customise_sources(
