@@ -22,8 +22,9 @@ if guard ~= '' then
     local blocked, keep_blocked = {}, false
     local from = '-'
     local done = false
+    local want = math.min(128, math.max(1, events - MAX_EVENTS) + 1)
     while not done do
-      local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', 128)
+      local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
       for i = 1, #batch do
         if events <= MAX_EVENTS and held <= MAX_BYTES then done = true; break end
         local f = batch[i][2]
@@ -41,7 +42,7 @@ if guard ~= '' then
         end
         events = events - 1; held = held - #f[6]
       end
-      if #batch < 128 then done = true else from = '(' .. batch[#batch][1] end
+      if #batch < want then done = true else from = '(' .. batch[#batch][1]; want = math.min(128, want * 2) end
     end
     local out = {'blocked'}
     for index = 1, #readers do if blocked[index] then out[#out + 1] = index - 1 end end

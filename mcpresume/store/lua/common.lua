@@ -102,8 +102,11 @@ local function evict(now, counts, touched)
   end
   local last = nil
   local from = '-'
+  -- Batches sized to what must go (each entry comes with its body): the one event over the count limit,
+  -- and the next one to look at, in the common case; doubling when bytes or age take more.
+  local want = math.min(128, math.max(1, ne - max_events) + 1)
   while true do
-    local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', 128)
+    local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
     local stop = false
     for i = 1, #batch do
       local id, f = batch[i][1], batch[i][2]
@@ -125,8 +128,9 @@ local function evict(now, counts, touched)
       end
       ne = ne - 1; nb = nb - size; last = seq
     end
-    if stop or #batch < 128 then break end
+    if stop or #batch < want then break end
     from = '(' .. batch[#batch][1]
+    want = math.min(128, want * 2)
   end
   if last == nil then return false end
   redis.call('XTRIM', EV, 'MINID', '=', (last + 1) .. '-0')
