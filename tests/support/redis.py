@@ -50,10 +50,13 @@ def _wait_until(condition: object, what: str, timeout: float = START_TIMEOUT) ->
 class RedisProcess:
     """One ``redis-server``: start, stop (kill), pause (SIGSTOP), resume (SIGCONT), restart on its port."""
 
-    def __init__(self, workdir: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, *extra: str, cluster: bool = False) -> None:
         self.binary = binary("redis-server")
         self.workdir = workdir
         self.extra = extra
+        # A cluster node's bus port defaults to port + 10000, which a free port near the top of the range
+        # overflows (or another process holds): a free port of its own instead.
+        self.cluster = cluster
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -68,6 +71,9 @@ class RedisProcess:
     def _spawn(self) -> bool:
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--dir", str(self.workdir), "--logfile", str(self.log), "--daemonize", "no", *self.extra]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-port", str(free_port())]
+            args += ["--cluster-config-file", str(self.workdir / "nodes.conf")]
         proc = self.proc = subprocess.Popen(
             [self.binary, *args],
             stdin=subprocess.DEVNULL,
@@ -134,9 +140,7 @@ class RedisClusterProcesses:
         for index in range(3):
             node_dir = self.workdir / f"node{index}"
             node_dir.mkdir()
-            node = RedisProcess(
-                node_dir, "--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf")
-            )
+            node = RedisProcess(node_dir, cluster=True)
             self.nodes.append(node.start())
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
