@@ -26,6 +26,7 @@ import uvloop
 
 from bench.upstream import FRAMINGS, Framing, burst_pieces
 from mcpresume.attach import ClientWriter, follow
+from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.session import SessionState, StreamOrigin
@@ -73,7 +74,7 @@ def run(framing: Framing) -> float:
     priming = session.open_stream(StreamOrigin.POST, ["n:7"], 0.0)
     job = PumpJob("s", priming.stream, (7,), "x")
     settings = PumpSettings(4 << 20, 30.0, 256, 1000, 5)
-    pump = Pump(job, _Null(), _Null(), _Null(), lambda: 0.0, settings)  # store/metrics unused below
+    pump = Pump(job, _Null(), _Null(), _Null(), _Null(), lambda: 0.0, settings)  # only its core is used
     from mcpresume.sse import SSEParser, SSERun
 
     parser = SSEParser(4 << 20)
@@ -136,13 +137,16 @@ async def _one_event_per_chunk(events: int, framing: Framing) -> float:
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.POST, ["n:7"], now=0.0)
     assert opened is not None
+    local = LocalSessions()
+    store.set_news(local.news.changed)
     after = opened.priming_seq - 1
-    reader = await store.add_reader("s", [opened.number], after)
+    reader = local.add_reader("s", [opened.number], after)
     done = frame_body(orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))
     chunks = [*upstream_events(framing, events=events), done]
     pump = Pump(
         PumpJob("s", opened.number, (7,), "x"),
         store,
+        local,
         Metrics(),
         _Null(),  # type: ignore[arg-type]  # the upstream: not called unless the stream must be resumed
         time.monotonic,
@@ -152,7 +156,7 @@ async def _one_event_per_chunk(events: int, framing: Framing) -> float:
     writer = ClientWriter(sink, sink, 30.0)  # type: ignore[arg-type]
     start = time.perf_counter()
     view = asyncio.ensure_future(
-        follow(writer, store, "s", [opened.number], after, replay_through=0, reader=reader)
+        follow(writer, store, local, "s", [opened.number], after, replay_through=0, reader=reader)
     )
     await pump.run(_Feed(chunks))  # type: ignore[arg-type]
     outcome = await view

@@ -90,7 +90,7 @@ def build_app(
     store: SessionStore,
     metrics: Metrics,
     *,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
     if settings.upstream is None:
         raise ValueError("upstream: required to serve")
@@ -100,6 +100,7 @@ def build_app(
         first_byte_timeout=settings.first_byte_timeout,
     )
     ctx = ProxyContext(settings, store, metrics, upstream, clock)
+    store.set_news(ctx.local.news.changed)
     # client_max_size is enforced by the MCP handler itself (413 with a JSON-RPC body); aiohttp's own check
     # would answer in plain text, so it is set just above ours.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
@@ -136,7 +137,11 @@ async def _reap_forever(ctx: ProxyContext) -> None:
 
 
 async def reap_once(ctx: ProxyContext) -> None:
-    dropped, evicted = await ctx.store.reap(ctx.clock())
+    now = ctx.clock()
+    # Sessions with a view open here are active: touched first, so they never expire under it.
+    await ctx.store.touch(ctx.local.attached_sessions(), now)
+    ctx.local.news.forget_gone()
+    dropped, evicted = await ctx.store.reap(now)
     for session_id in dropped:
         ctx.pumps.cancel_session(session_id)
         log.info("session %s expired after %.0f s idle", log_id(session_id), ctx.settings.session_ttl)
@@ -208,7 +213,7 @@ async def start_proxy(
     *,
     store: SessionStore | None = None,
     metrics: Metrics | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.time,
 ) -> RunningProxy:
     metrics = metrics or Metrics()
     app = build_app(settings, store or build_store(settings, metrics), metrics, clock=clock)

@@ -28,6 +28,7 @@ from aiohttp.abc import AbstractStreamWriter
 from mcpresume.context import ProxyContext, ended_for_drain, log_id
 from mcpresume.errors import TooManyAttachments
 from mcpresume.headers import SESSION_HEADER
+from mcpresume.local import LocalSessions
 from mcpresume.store import SessionStore
 
 log = logging.getLogger("mcpresume.proxy")
@@ -153,6 +154,7 @@ class ClientWriter:
 async def follow(
     writer: ClientWriter,
     store: SessionStore,
+    local: LocalSessions,
     session_id: str,
     streams: Sequence[int],
     after: int,
@@ -170,7 +172,7 @@ async def follow(
     outcome = AttachOutcome()
     position = after
     if reader is None:
-        reader = await store.add_reader(session_id, streams, position)
+        reader = local.add_reader(session_id, streams, position)
     try:
         while True:
             result = await store.read(session_id, streams, position)
@@ -183,7 +185,8 @@ async def follow(
             if result.segments:
                 await writer.write(result.body())
                 position = result.last_seq
-                await store.move_reader(session_id, reader, position)
+                local.move_reader(session_id, reader, position)
+                await store.mark_delivered(session_id, streams, position)
                 outcome.sent += result.count
                 if replay_through > after:
                     outcome.replayed += result.count_through(replay_through)
@@ -200,7 +203,7 @@ async def follow(
                 return outcome
             version = result.version
             del result  # a parked view keeps no events alive: the window may evict them meanwhile
-            if not await store.wait(session_id, version, HEARTBEAT_SECONDS):
+            if not await local.news.wait(session_id, version, HEARTBEAT_SECONDS):
                 await writer.write(HEARTBEAT)
     except Stalled:
         outcome.reason = ViewEnd.STALLED
@@ -215,16 +218,17 @@ async def follow(
         outcome.reason = ViewEnd.CLIENT_GONE
         return outcome
     finally:
-        await store.remove_reader(session_id, reader)
+        local.remove_reader(session_id, reader)
 
 
 async def reserve_view(
     ctx: ProxyContext, request: web.Request, session_id: str, request_id: str | int | None = None
 ) -> web.Response | None:
     """Count one client view of the session against max_attached_per_session; the 429 answer if full.
-    The one place the limit is checked: a view counted here is uncounted with ``store.detach``."""
+    The one place the limit is checked: a view counted here is uncounted with ``release_view``."""
     limit = ctx.settings.max_attached_per_session
-    if await ctx.store.attach(session_id, ctx.clock(), limit):
+    if ctx.local.attach(session_id, limit):
+        await ctx.store.touch((session_id,), ctx.clock())
         return None
     error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
     return ctx.reject(request, error, request_id)
@@ -235,16 +239,21 @@ async def attach_view(
 ) -> web.StreamResponse:
     """Serve a client view, counted against max_attached_per_session here. A caller that counted it
     already (before forwarding the request the view is for) calls ``serve_view`` itself."""
-    store = ctx.store
     refused = await reserve_view(ctx, request, session_id)
     if refused is not None:
         if plan.reader is not None:
-            await store.remove_reader(session_id, plan.reader)
+            ctx.local.remove_reader(session_id, plan.reader)
         return refused
     try:
         return await serve_view(ctx, request, session_id, plan)
     finally:
-        await store.detach(session_id, ctx.clock())
+        await release_view(ctx, session_id)
+
+
+async def release_view(ctx: ProxyContext, session_id: str) -> None:
+    """Uncount a view ``reserve_view`` counted: the client left, which is activity too."""
+    ctx.local.detach(session_id)
+    await ctx.store.touch((session_id,), ctx.clock())
 
 
 async def serve_view(
@@ -262,7 +271,7 @@ async def serve_view(
             await writer.write(plan.preface)
     except (ConnectionError, Stalled) as exc:
         if plan.reader is not None:
-            await ctx.store.remove_reader(session_id, plan.reader)
+            ctx.local.remove_reader(session_id, plan.reader)
         log.info(
             "session %s: client left before the stream started (%s)", log_id(session_id), type(exc).__name__
         )
@@ -276,6 +285,7 @@ async def serve_view(
             outcome = await follow(
                 writer,
                 ctx.store,
+                ctx.local,
                 session_id,
                 plan.streams,
                 plan.after,

@@ -21,6 +21,7 @@ from aiohttp import web
 from mcpresume.config import Settings
 from mcpresume.errors import ProxyError, ShuttingDown, jsonrpc_error_body
 from mcpresume.headers import SESSION_HEADER
+from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pumps
 from mcpresume.store import SessionStore
@@ -57,6 +58,7 @@ class ProxyContext:
     upstream: Upstream
     clock: Callable[[], float]
     pumps: Pumps = field(default_factory=Pumps)
+    local: LocalSessions = field(default_factory=LocalSessions)  # this process's views and readers
     draining: bool = False
     drain_deadline: float = 0.0  # on the event loop's clock
     # What a drain ends (``end_views``): the tasks serving a client view or a relayed SSE stream, or waiting

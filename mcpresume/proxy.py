@@ -35,7 +35,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.attach import ViewPlan, attach_view, reserve_view, serve_view
+from mcpresume.attach import ViewPlan, attach_view, release_view, reserve_view, serve_view
 from mcpresume.authorize import authorize, begins_with, credential_headers_of, remember_version, trusted
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
@@ -253,7 +253,7 @@ class Proxy:
             return await relay(self.ctx, request, opened, request_id=message.first_id)
         finally:
             if reserved and session_id is not None:
-                await self.store.detach(session_id, self.ctx.clock())
+                await release_view(self.ctx, session_id)
 
     async def _claim_and_reserve(
         self,
@@ -352,9 +352,7 @@ class Proxy:
             return
         opened = forward.result()
         if isinstance(opened, _Opened):
-            self.ctx.pumps.spawn(
-                opened.session_id, self.store.remove_reader(opened.session_id, opened.reader)
-            )
+            self.ctx.local.remove_reader(opened.session_id, opened.reader)
         elif isinstance(opened, aiohttp.ClientResponse):
             opened.release()
 
@@ -439,7 +437,7 @@ class Proxy:
             upstream.release()
             return UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         # The client's reader is registered before the pump starts: the first burst waits for it.
-        reader = await self.store.add_reader(sid, [stream.number], stream.priming_seq - 1)
+        reader = self.ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
         self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
 
@@ -476,7 +474,8 @@ class Proxy:
         )
 
     def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer, *, standalone: bool = False) -> None:
-        pump = Pump(job, self.store, self.metrics, self.upstream, self.ctx.clock, self._pump_settings)
+        ctx = self.ctx
+        pump = Pump(job, self.store, ctx.local, self.metrics, self.upstream, ctx.clock, self._pump_settings)
         self.ctx.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone)
 
     async def _refuse_claim(
@@ -599,7 +598,7 @@ class Proxy:
                 return await serve_view(self.ctx, request, session_id, plan)
             return await relay(self.ctx, request, plan)  # the upstream's answer when it opened no stream
         finally:
-            await self.store.detach(session_id, self.ctx.clock())
+            await release_view(self.ctx, session_id)
 
     async def _standalone_plan(
         self, request: web.Request, session_id: str, granted: SessionAccess
@@ -658,7 +657,7 @@ class Proxy:
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
             if opened is not None:
-                reader = await self.store.add_reader(session_id, [opened.number], opened.priming_seq - 1)
+                reader = self.ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = self._job(request, session_id, opened.number, ())
                 # The head is read before the pump starts reading the body (which lets go of it).
                 plan = ViewPlan(
@@ -727,16 +726,16 @@ class Proxy:
                     return await relay(self.ctx, request, opened, request_id=message.first_id)
                 # This view's reader covers every stream, registered before anything is written, so no
                 # burst of the new stream can be evicted under it; the new stream's first reader then goes.
-                reader = await self.store.add_reader(session_id, streams, decision.after)
+                reader = self.ctx.local.add_reader(session_id, streams, decision.after)
                 if isinstance(opened, _Opened):
-                    await self.store.remove_reader(session_id, opened.reader)
+                    self.ctx.local.remove_reader(session_id, opened.reader)
             if len(streams) > 1:
                 await self.store.group_streams(session_id, streams)
             preface = self._resume_preface(request, cursor_header, decision.stream) if followed else b""
             plan = ViewPlan(streams, decision.after, _SSE_HEADERS, preface, newest, reader)
             return await serve_view(self.ctx, request, session_id, plan)
         finally:
-            await self.store.detach(session_id, self.ctx.clock())
+            await release_view(self.ctx, session_id)
 
     async def _retain_answer(
         self,

@@ -25,14 +25,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
 
 from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
+from mcpresume.flow import Appended, Guard
 from mcpresume.headers import LAST_EVENT_ID_HEADER
+from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent
 from mcpresume.sse import SSEParser, SSERun
@@ -136,6 +138,7 @@ class Pump:
         "events",
         "failure",
         "job",
+        "local",
         "metrics",
         "settings",
         "step",
@@ -147,6 +150,7 @@ class Pump:
         self,
         job: PumpJob,
         store: SessionStore,
+        local: LocalSessions,
         metrics: Metrics,
         upstream: Upstream,
         clock: Callable[[], float],
@@ -154,6 +158,7 @@ class Pump:
     ) -> None:
         self.job = job
         self.store = store
+        self.local = local
         self.metrics = metrics
         self.upstream = upstream
         self.clock = clock
@@ -221,35 +226,52 @@ class Pump:
         if not batches:
             return
         self.attempts = 0  # progress
-        job, step, store, metrics = self.job, self.step, self.store, self.metrics
+        step, metrics = self.step, self.metrics
         for batch in batches:
             for start in range(0, len(batch), step):
-                if isinstance(batch, SSERun):
-                    run = batch if len(batch) <= step else batch.split(start, start + step)
-                    await self._make_room(len(run), run.size)
-                    metrics.upstream_events.inc(len(run))
-                    metrics.evicted(await store.append_run(job.session_id, job.stream, run, self.clock()))
+                if len(batch) <= step:
+                    part = batch
+                elif isinstance(batch, SSERun):
+                    part = batch.split(start, start + step)
                 else:
-                    items = batch[start : start + step]
-                    await self._make_room(len(items), sum(len(item.body) for item in items))
-                    metrics.upstream_events.inc(len(items))
-                    metrics.evicted(await store.append(job.session_id, job.stream, items, self.clock()))
+                    part = batch[start : start + step]
+                metrics.upstream_events.inc(len(part))
+                await self._store(part)
 
-    async def _make_room(self, count: int, size: int) -> None:
-        """Wait (bounded) until appending evicts nothing an attached client has yet to receive; a client that
-        stays behind longer than stall_timeout is detached and must re-attach. With overflow = pause, also
-        wait while appending would evict what no client ever received: the pump stops reading, so TCP
-        backpressure reaches the upstream, until a client reads or session_ttl passes."""
-        store, sid, settings = self.store, self.job.session_id, self.settings
-        if settings.pause and not self._paused_out:
-            pause = settings.session_ttl
-            # Any stream's undelivered events, not only this one's: what pause protects is the session's.
-            if await store.wait_for_room(sid, count, size, pause, keep_undelivered=True):
-                return
-            self._paused_out = True  # paused for session_ttl with nobody reading: evict from now on
-        elif await store.wait_for_room(sid, count, size, settings.stall_timeout):
+    async def _store(self, events: SSERun | list[NewEvent]) -> None:
+        """Append, without evicting what an attached client has yet to receive: wait (bounded) for it to
+        read. A client that stays behind longer than stall_timeout is detached and must re-attach. With
+        overflow = pause, also wait while appending would evict what no client ever received: the pump
+        stops reading, so TCP backpressure reaches the upstream, until a client reads or session_ttl
+        passes (then it evicts from now on)."""
+        local, sid, settings = self.local, self.job.session_id, self.settings
+        pausing = settings.pause and not self._paused_out
+        appended = await self._put(events, local.guard(sid, keep_undelivered=pausing))
+        if appended.blocked is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (settings.session_ttl if pausing else settings.stall_timeout)
+            while appended.blocked is not None and (remaining := deadline - loop.time()) > 0:
+                await local.readers_moved(sid, remaining)
+                appended = await self._put(events, local.guard(sid, keep_undelivered=pausing))
+            if appended.blocked is not None:
+                if pausing:
+                    self._paused_out = True  # paused for session_ttl with nobody reading
+                    appended = await self._put(events, local.guard(sid))
+                if appended.blocked is not None:
+                    self._drop_lagging(appended.blocked, local.guard(sid))
+                    appended = await self._put(events, None)
+        self.metrics.evicted(appended.evicted)
+
+    def _put(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Awaitable[Appended]:
+        job = self.job
+        if isinstance(events, SSERun):
+            return self.store.append_run(job.session_id, job.stream, events, self.clock(), guard)
+        return self.store.append(job.session_id, job.stream, events, self.clock(), guard)
+
+    def _drop_lagging(self, blocked: tuple[int, ...], guard: Guard | None) -> None:
+        if guard is None:
             return
-        dropped = await store.drop_lagging_readers(sid, count, size)
+        dropped = self.local.drop_readers(self.job.session_id, [guard.tokens[i] for i in blocked])
         if dropped:
             self.metrics.backpressure_detaches.inc(dropped)
             log.info(
@@ -323,10 +345,12 @@ class Pump:
             )
             items = self.events.unanswered(self.failure)
             self.metrics.synthesized_errors.labels("upstream_stream_lost").inc(len(items))
+        stored = False
         try:
             if items and wait:
-                await self._make_room(len(items), sum(len(item.body) for item in items))
+                await self._store(items)
+                stored = True
         finally:
-            if items:
-                await self.store.append(job.session_id, job.stream, items, self.clock())
+            if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
+                await self._put(items, None)
             await self.store.end_stream(job.session_id, job.stream, self.clock())

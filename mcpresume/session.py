@@ -32,6 +32,7 @@ from typing import Final, assert_never
 from mcpresume.credentials import remember
 from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
+from mcpresume.flow import Guard, blocked_by
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
@@ -182,9 +183,9 @@ def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> Prox
             assert_never(outcome)
 
 
-# Every session without an attached reader shares this empty dict; only add_reader inserts a reader, and it
-# gives the session a dict of its own first. Never mutated.
-_NO_READERS: Final[dict[int, tuple[tuple[int, ...], int]]] = {}
+# A session remembers the last this many streams that ended and left the window (``SessionState.gone``):
+# a view that follows several streams (POST + Last-Event-ID) finds one it had sent whole complete, not a gap.
+MAX_GONE_STREAMS: Final = 64
 
 # One string object per revision for every session, not one per session (a header value is a new str).
 _KNOWN_VERSIONS: Final = {v: v for v in ("2025-03-26", "2025-06-18", "2025-11-25")}
@@ -209,18 +210,16 @@ class SessionState:
     """All the proxy holds for one session."""
 
     __slots__ = (
-        "_next_reader",
         "_requests",
-        "attached",
         "credentials",
         "epoch",
+        "gone",
         "gone_standalone",
         "in_flight",
         "last_active",
         "next_seq",
         "next_stream",
         "protocol_version",
-        "readers",
         "retry_ms",
         "session_id",
         "standalone",
@@ -254,15 +253,13 @@ class SessionState:
         # And its versions after the old one's: a view of the old incarnation that waits on the version it
         # last read is woken at once, never parked on the new one by a coincidence of change counts.
         self.version = first_version
-        self.attached = 0
         self.last_active = now
         self.standalone: int | None = None  # the live standalone GET stream, if any
         # (number, first seq, last seq) of the last standalone stream that ended and left the window: a
         # re-attach with its last cursor then still opens a new one (its client missed nothing).
         self.gone_standalone: tuple[int, int, int] | None = None
-        # Attached readers: token -> (streams, position). Appends wait for a lagging reader (``room_for``).
-        self.readers: dict[int, tuple[tuple[int, ...], int]] = _NO_READERS
-        self._next_reader = 0
+        # (number, last seq) of the streams that ended and left the window, newest last (MAX_GONE_STREAMS).
+        self.gone: tuple[tuple[int, int], ...] = ()
         # request id key -> stream number (or a ClaimState), oldest first (a dict keeps insertion order; an
         # OrderedDict would cost ~150 bytes more per session for nothing).
         self._requests: dict[str, int | ClaimState] = {}
@@ -378,24 +375,19 @@ class SessionState:
             if not s.live and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
         ]
         if not gone:
-            return  # the common case (every append to a full window gets here): no reader set to build
-        # A stream a registered reader still follows is kept (ended, empty) until that reader is done: a
-        # POST + Last-Event-ID view follows the old stream and the new one, and the old one leaving the
-        # window must read as "complete", not as a gap.
-        followed = {n for streams, _ in self.readers.values() for n in streams}
+            return  # the common case (every append to a full window gets here)
         for number in gone:
-            if number not in followed:
-                state = self.streams.pop(number)
-                window.forget_stream(number)  # not before: a followed stream's eviction mark is its gap
-                gone_before = self.gone_standalone
-                if state.origin is StreamOrigin.GET and (gone_before is None or number > gone_before[0]):
-                    # the newest one (an older one a reader kept is forgotten later: it stays over)
-                    self.gone_standalone = (number, state.first_seq, state.last_seq)
-                for member in state.group:  # they name it no more, and remember what of it was lost
-                    other = self.streams.get(member)
-                    if other is not None:
-                        other.group = tuple(n for n in other.group if n != number)
-                        other.group_lost = max(other.group_lost, state.last_seq)
+            state = self.streams.pop(number)
+            window.forget_stream(number)
+            self.gone = (*self.gone[1 - MAX_GONE_STREAMS :], (number, state.last_seq))
+            gone_before = self.gone_standalone
+            if state.origin is StreamOrigin.GET and (gone_before is None or number > gone_before[0]):
+                self.gone_standalone = (number, state.first_seq, state.last_seq)
+            for member in state.group:  # they name it no more, and remember what of it was lost
+                other = self.streams.get(member)
+                if other is not None:
+                    other.group = tuple(n for n in other.group if n != number)
+                    other.group_lost = max(other.group_lost, state.last_seq)
 
     def live_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live)
@@ -414,9 +406,16 @@ class SessionState:
     ) -> ReadResult:
         """What a reader at ``after`` on ``streams`` sends next (merged in seq order), at most the limits
         (and at least one event when there is one)."""
-        window = self.window
+        window, states = self.window, self.streams
+        if any(n not in states for n in streams):
+            # A stream that ended and left the window: complete for a reader that sent all of it, a gap
+            # for one that did not (or that names a stream this session never had, or forgot long ago).
+            gone = dict(self.gone)
+            if any(n not in states and gone.get(n, after + 1) > after for n in streams):
+                return ReadResult((), complete=False, gap=True, version=self.version)
+            streams = [n for n in streams if n in states]
         for number in streams:
-            if number not in self.streams or window.evicted_through(number) > after:
+            if window.evicted_through(number) > after:
                 return ReadResult((), complete=False, gap=True, version=self.version)
         found: list[Segment] = []
         events = size = 0
@@ -441,7 +440,7 @@ class SessionState:
                 size += part
             if truncated:
                 break
-        complete = not truncated and all(not self.streams[n].live for n in streams)
+        complete = not truncated and all(not states[n].live for n in streams)
         return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
     # -- request ids (exactly once per request id) -------------------------------------------------------
@@ -527,79 +526,25 @@ class SessionState:
         _, first_seq, last_seq = gone
         return StreamView(stream, False, first_seq, last_seq, last_seq, standalone=True)
 
-    # -- readers (flow control) --------------------------------------------------------------------------
+    # -- flow control (flow.py) ---------------------------------------------------------------------------
 
-    def add_reader(self, streams: Sequence[int], position: int) -> int:
-        # Monotonic, never reused: a view whose reader was dropped for lagging must not move or remove the
-        # reader of the view that replaced it.
-        self._next_reader += 1
-        if self.readers is _NO_READERS:
-            self.readers = {}
-        self.readers[self._next_reader] = (tuple(streams), position)
-        return self._next_reader
-
-    def move_reader(self, token: int, position: int) -> None:
-        """A reader sent everything of its streams up to ``position``."""
-        reader = self.readers.get(token)
-        if reader is None:
-            return  # dropped for lagging (see drop_lagging_readers): its view ends at its next read
-        self.readers[token] = (reader[0], position)
-        for stream in reader[0]:
+    def mark_delivered(self, streams: Sequence[int], seq: int) -> None:
+        """A client was sent everything of ``streams`` up to ``seq``."""
+        for stream in streams:
             state = self.streams.get(stream)
-            if state is not None and state.delivered < position:
-                state.delivered = position
+            if state is not None and state.delivered < seq:
+                state.delivered = seq
 
-    def remove_reader(self, token: int) -> None:
-        readers = self.readers
-        readers.pop(token, None)
-        if not readers:
-            self.readers = _NO_READERS  # an emptied dict keeps its table (~160 bytes per idle session)
-
-    def room_for(
-        self, count: int, size: int, *, keep_undelivered: bool = False, stream: int | None = None
-    ) -> bool:
-        """Whether appending ``count`` events of ``size`` bytes evicts nothing an attached reader has yet to
-        send (and, with ``keep_undelivered``, nothing no client was ever sent: overflow = pause; of any
-        stream, so a busy stream cannot evict a neighbour's unsent result; only of ``stream`` when given).
-
-        A pump waits (a bounded time) for this before appending, so a burst larger than the window does not
-        overrun a client that is reading: the window bounds memory, readers set the pace."""
-        window, limits = self.window, self.window.limits
-        max_events, max_bytes = limits.max_events, limits.max_bytes
-        events, held = len(window) + count, window.bytes + size
-        if events <= max_events and held <= max_bytes:
-            return True
-        if not self.readers and not keep_undelivered:
-            return True
-        readers, states = self.readers.values(), self.streams
-        for segment in window.segments:  # oldest first: the order eviction would take
-            if events <= max_events and held <= max_bytes:
-                return True
-            # The leading events of this segment that appending would evict, and the last of their seqs.
-            take, taken = segment.prefix(max(0, events - max_events), held - max_bytes)
-            last = segment.seq + take - 1
-            number = segment.stream
-            if keep_undelivered and (stream is None or number == stream) and last > states[number].delivered:
-                return False
-            for streams, position in readers:
-                if number in streams and last > position:
-                    return False
-            events -= take
-            held -= taken
-        return True
-
-    def drop_lagging_readers(self, count: int, size: int) -> int:
-        """Forget the readers that keep ``room_for`` false (they stalled): returns how many. Their views end
-        at their next read, which finds the gap; their clients re-attach from their cursors."""
-        dropped = 0
-        for token in list(self.readers):
-            readers, self.readers = self.readers, {token: self.readers[token]}
-            blocking = not self.room_for(count, size)
-            self.readers = readers
-            if blocking:
-                del self.readers[token]
-                dropped += 1
-        return dropped
+    def blocked(self, count: int, size: int, guard: Guard | None) -> tuple[int, ...] | None:
+        """Whether appending ``count`` events of ``size`` bytes would evict what ``guard`` protects
+        (``flow.blocked_by``): None if it would not (or there is no guard)."""
+        if guard is None:
+            return None
+        would_evict = self.window.would_evict(count, size)
+        if not would_evict:
+            return None
+        delivered = {n: s.delivered for n, s in self.streams.items()}
+        return blocked_by(would_evict, guard, delivered)
 
     # -- credentials -----------------------------------------------------------------------------------
 
@@ -617,5 +562,6 @@ class SessionState:
     # -- liveness ----------------------------------------------------------------------------------------
 
     def idle(self) -> bool:
-        """No client attached and no POST stream being pumped: the session may expire."""
-        return self.attached == 0 and self.live_post_streams() == 0
+        """No POST stream being pumped: the session may expire ``session_ttl`` after its last client
+        activity (``last_active``; a process holding a view of it touches it, see local.py)."""
+        return self.live_post_streams() == 0

@@ -302,6 +302,26 @@ class Window:
         self._events -= take
         self.bytes -= size
 
+    def would_evict(self, count: int, size: int) -> list[tuple[int, int]]:
+        """What appending ``count`` events of ``size`` bytes would evict by the count and bytes limits (age
+        aside): (stream, last seq evicted) for each stream that would lose events, oldest first. Empty, and
+        no walk, when the append fits (the usual case)."""
+        limits = self.limits
+        max_events, max_bytes = limits.max_events, limits.max_bytes
+        events, held = self._events + count, self.bytes + size
+        if events <= max_events and held <= max_bytes:
+            return []
+        lost: dict[int, int] = {}
+        for segment in self._order:  # oldest first: the order eviction takes
+            if events <= max_events and held <= max_bytes:
+                break
+            take, taken = segment.prefix(max(0, events - max_events), held - max_bytes)
+            if take:
+                lost[segment.stream] = segment.seq + take - 1
+            events -= take
+            held -= taken
+        return list(lost.items())
+
     def shed(self, max_bytes: int) -> Evicted:
         """Evict oldest-first until at most ``max_bytes`` are held (the global cap trims windows this way)."""
         evicted = Evicted()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from mcpresume.attach import VIEW_ENDINGS, ClientWriter, Finish, ViewEnd, follow
+from mcpresume.local import LocalSessions
 from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore
@@ -37,10 +38,16 @@ class _Client:
             await self.on_write()  # type: ignore[misc]
 
 
+# Each store's process-local half, its news wired as the shell does (app.build_app).
+LOCAL: dict[int, LocalSessions] = {}
+
+
 async def _store_with_stream() -> tuple[MemoryStore, int, int]:
     store = MemoryStore(
         WindowLimits(4096, 64 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None
     )
+    local = LOCAL[id(store)] = LocalSessions()
+    store.set_news(local.news.changed)
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -55,7 +62,7 @@ async def test_a_read_cut_at_the_limits_is_followed_by_another_read_not_a_wait()
     client = _Client()
     writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     async with asyncio.timeout(PATIENCE):
-        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        outcome = await follow(writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0)
     assert outcome.complete and outcome.sent == total + 1  # the priming event too
     assert len(client.writes) == 3  # 512 + 512 + the rest, each one write
 
@@ -77,7 +84,7 @@ async def test_events_appended_during_a_write_are_read_without_waiting_for_a_lat
     client = _Client(append_during_write)
     writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
     async with asyncio.timeout(PATIENCE):
-        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        outcome = await follow(writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0)
     assert outcome.complete and outcome.sent == 4  # the priming event, then one event per write after it
     assert [w.count(b"\ndata: ") for w in client.writes] == [1, 1, 1, 1]
 
@@ -90,7 +97,7 @@ async def test_a_parked_view_keeps_no_events_alive() -> None:
     await store.append("s", stream, [marked(n) for n in range(100)], now=0.0)
     client = _Client()
     writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
-    coro = follow(writer, store, "s", [stream], after, replay_through=0)
+    coro = follow(writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0)
     view = asyncio.ensure_future(coro)
     async with asyncio.timeout(PATIENCE):
         while not client.writes or coro.cr_await is None:
@@ -159,13 +166,15 @@ async def test_follow_says_why_it_ended() -> None:
     store, stream, after = await _store_with_stream()
     writer = ClientWriter(_Client(), BufferedTransport(), 30.0)  # type: ignore[arg-type]
     async with asyncio.timeout(PATIENCE):
-        outcome = await follow(writer, store, "s", [stream], after, replay_through=0, wait=False)
+        outcome = await follow(
+            writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0, wait=False
+        )
         assert (outcome.reason, outcome.complete, outcome.sent) == (ViewEnd.DRAINING, False, 1)
         await store.end_stream("s", stream, now=0.0)
-        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        outcome = await follow(writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0)
         assert (outcome.reason, outcome.complete) == (ViewEnd.COMPLETE, True)
-        outcome = await follow(writer, store, "s", [stream + 1], 0, replay_through=0)
+        outcome = await follow(writer, store, LOCAL[id(store)], "s", [stream + 1], 0, replay_through=0)
         assert outcome.reason is ViewEnd.FELL_BEHIND_WINDOW  # a stream the session does not retain
         await store.delete_session("s")
-        outcome = await follow(writer, store, "s", [stream], after, replay_through=0)
+        outcome = await follow(writer, store, LOCAL[id(store)], "s", [stream], after, replay_through=0)
         assert (outcome.reason, outcome.sent) == (ViewEnd.SESSION_GONE, 0)

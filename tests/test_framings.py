@@ -101,7 +101,13 @@ def deliver(chunks: list[bytes], fast: bool) -> tuple[list[tuple[Any, bytes | No
     settings_ = PumpSettings(BIG, 30.0, 100_000, 1000, 5)
     unused: Any = None  # store and upstream: feeding the core touches neither
     pump = Pump(
-        PumpJob("s", opened.stream, (REQUEST_ID,), "x"), unused, Metrics(), unused, lambda: 0.0, settings_
+        PumpJob("s", opened.stream, (REQUEST_ID,), "x"),
+        unused,
+        unused,
+        Metrics(),
+        unused,
+        lambda: 0.0,
+        settings_,
     )
     parser = SSEParser(BIG)
     for chunk in chunks:

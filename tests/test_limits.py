@@ -21,6 +21,8 @@ import pytest
 from aiohttp import web
 
 from mcpresume.cursor import new_epoch
+from mcpresume.flow import Guard
+from mcpresume.local import LocalSessions
 from mcpresume.proxy import log_id
 from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
@@ -551,10 +553,10 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
 
 async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(example_upstream, http) -> None:
     async with running_proxy(example_upstream, max_attached_per_session=2, drain_timeout=1) as proxy:
-        store = proxy.ctx.store
+        local = proxy.ctx.local
 
         async def attached(n: int) -> bool:
-            return (await store.stats()).attached == n
+            return local.attached_total() == n
 
         client = Client(http, proxy.url)
         await client.initialize()
@@ -724,6 +726,8 @@ async def _evicted_through(store: MemoryStore, session_id: str, stream: int) -> 
 
 
 async def test_total_window_cap_trims_idle_least_recent_first_and_attached_last() -> None:
+    """Sessions with a view open are touched at every housekeeping round: the most recently active, they
+    are trimmed after the idle ones."""
     cap = 8000
     store = MemoryStore(
         WindowLimits(10_000, 1 << 20, 1e9),
@@ -740,21 +744,18 @@ async def test_total_window_cap_trims_idle_least_recent_first_and_attached_last(
         opened = await store.open_stream(sid, StreamOrigin.GET, (), 0.0)
         assert opened is not None
         streams[sid] = opened.number
-    assert await store.attach("attached", 0.0)
-    # The attached session is the least recently active of all (t=0): it is trimmed last all the same.
     for sid, now in (("attached", 0.0), ("idle-old", 1.0), ("idle-recent", 2.0)):
-        evicted = await store.append(sid, streams[sid], [item] * 3, now)
-        assert not evicted
-        if sid != "attached":  # a client came and went at `now`: the session's last activity
-            assert await store.attach(sid, now)
-            await store.detach(sid, now)
+        appended = await store.append(sid, streams[sid], [item] * 3, now)
+        assert not appended.evicted
+        await store.touch([sid], now)  # a client came and went at `now`: the session's last activity
+    await store.touch(["attached"], 3.0)  # its view is still open: touched at the last round
     assert (await store.stats()).window_bytes <= cap
 
     trimmed_at: dict[str, int] = {}  # the append at which each session first lost an event
     first_global = None
     for step in range(20):
         before = {sid: await _evicted_through(store, sid, n) for sid, n in streams.items()}
-        evicted = await store.append("attached", streams["attached"], [item], 0.0)
+        evicted = (await store.append("attached", streams["attached"], [item], 0.0)).evicted
         stats = await store.stats()
         assert stats.window_bytes <= cap  # after every append
         held = {sid: await _held(store, sid, n) for sid, n in streams.items()}
@@ -797,7 +798,8 @@ async def test_an_append_over_the_total_cap_costs_what_it_trims_not_a_pass_over_
     store.max_total_bytes = held_idle + 10_000  # the busy session's first events fit, then each one trims
     await store.create_session("busy", 0.0)
     opened = await store.open_stream("busy", StreamOrigin.GET, (), float(idle))
-    assert opened is not None and await store.attach("busy", float(idle))
+    assert opened is not None
+    await store.touch(["busy"], float(idle))
     primed = await _held(store, "busy", opened.number)
     looked_at = 0
     real_idle = SessionState.idle
@@ -829,23 +831,21 @@ def _message(size: int = 10) -> NewEvent:
     return NewEvent(frame_body(b"m" * size), EventKind.MESSAGE)
 
 
-def test_room_for_keeping_undelivered_events_needs_a_reader_past_them() -> None:
+def test_keeping_undelivered_events_needs_a_client_sent_past_them() -> None:
     state = SessionState("s", new_epoch(), WindowLimits(4, 1 << 20, 1e9), None, 0.0)
     stream = state.open_stream(StreamOrigin.POST, ("k",), 0.0).stream  # the priming event, seq 1
     state.append(stream, [_message()] * 3, 0.0)  # seqs 2-4: the window is full, nothing delivered
     assert len(state.window) == 4
-    assert state.room_for(1, 10)  # overflow = evict, no reader: the oldest may go
-    assert not state.room_for(1, 10, keep_undelivered=True)  # overflow = pause: nothing was delivered
-    token = state.add_reader([stream], 0)
-    assert not state.room_for(1, 10)  # a reader at 0 has yet to send everything
-    state.move_reader(token, 2)  # it sent the priming event and the first message
-    assert state.room_for(2, 10, keep_undelivered=True)
-    assert not state.room_for(3, 10, keep_undelivered=True)  # seq 3 was never delivered
-    state.remove_reader(token)  # delivered stays delivered after the reader left
-    assert state.room_for(2, 10, keep_undelivered=True)
-    assert not state.room_for(3, 10, keep_undelivered=True)
-    state.move_reader(state.add_reader([stream], 2), 4)
-    assert state.room_for(4, 10, keep_undelivered=True)
+    pause = Guard(keep_undelivered=True)
+    assert state.blocked(1, 10, None) is None  # overflow = evict, no reader: the oldest may go
+    assert state.blocked(1, 10, pause) == ()  # overflow = pause: nothing was delivered
+    reader = Guard(readers=(((stream,), 0),))
+    assert state.blocked(1, 10, reader) == (0,)  # a reader at 0 has yet to send everything
+    state.mark_delivered([stream], 2)  # a client was sent the priming event and the first message
+    assert state.blocked(2, 10, pause) is None
+    assert state.blocked(3, 10, pause) == ()  # seq 3 was never delivered
+    state.mark_delivered([stream], 4)
+    assert state.blocked(4, 10, pause) is None
 
 
 def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> None:
@@ -853,7 +853,7 @@ def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> Non
     stream = state.open_stream(StreamOrigin.POST, ("k",), 0.0).stream  # seq 1
     evicted = state.append(stream, [_message()] * 2, 0.0)  # seqs 2, 3: full, nothing evicted
     assert not evicted and evicted.undelivered == [0, 0]
-    state.move_reader(state.add_reader([stream], 0), 2)  # seqs 1 and 2 were sent to a client
+    state.mark_delivered([stream], 2)  # seqs 1 and 2 were sent to a client
     sizes = [len(e.body) for e in state.window]
     evicted = state.append(stream, [_message()] * 3, 0.0)  # seqs 4-6 evict 1-3 (overflow = evict)
     assert evicted.counts == {EvictReason.COUNT: [3, sum(sizes)]}
@@ -876,22 +876,26 @@ def test_evictions_of_never_delivered_events_are_counted_as_undelivered() -> Non
     assert plain_shed.undelivered == [0, 0]
 
 
-async def test_store_wait_for_room_pauses_until_a_reader_moves() -> None:
-    store = MemoryStore(WindowLimits(4, 1 << 20, 1e9), session_ttl=300, max_sessions=10, retry_ms=None)
-    await store.create_session("s", 0.0)
-    opened = await store.open_stream("s", StreamOrigin.POST, ("k",), 0.0)
-    assert opened is not None
-    await store.append("s", opened.number, [_message()] * 3, 0.0)
-    assert await store.wait_for_room("s", 1, 10, 5.0)  # evict: room at once
-    assert not await store.wait_for_room("s", 1, 10, 0.05, keep_undelivered=True)  # pause: times out
-    token = await store.add_reader("s", [opened.number], 0)
-    waiter = asyncio.ensure_future(store.wait_for_room("s", 1, 10, TIMEOUT, keep_undelivered=True))
+async def test_a_paused_pump_is_woken_when_a_reader_moves() -> None:
+    """Flow control's wait (Pump._store): blocked, the pump parks until a reader of the session moves
+    (or is removed), then tries again."""
+    local = LocalSessions()
+    token = local.add_reader("s", [1], 0)
+    waiter = asyncio.ensure_future(local.readers_moved("s", TIMEOUT))
+    other = asyncio.ensure_future(local.readers_moved("t", TIMEOUT))
     for _ in range(5):
         await asyncio.sleep(0)  # let it park
     assert not waiter.done()
-    await store.move_reader("s", token, 1)  # the priming event reached a client
+    local.move_reader("s", token, 1)  # the priming event reached a client
     async with asyncio.timeout(TIMEOUT):
         assert await waiter
+    assert not other.done()  # another session's pump sleeps on
+    later = asyncio.ensure_future(local.readers_moved("s", TIMEOUT))
+    await asyncio.sleep(0)
+    local.remove_reader("s", token)
+    async with asyncio.timeout(TIMEOUT):
+        assert await later
+    other.cancel()
 
 
 async def test_client_that_drops_at_once_loses_undelivered_events_with_overflow_evict(

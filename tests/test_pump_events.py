@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from mcpresume.flow import Appended
+from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.session import NewEvent
@@ -183,19 +185,17 @@ async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:
 
 
 async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
-    """Flow control asks the store for room for what the window will keep of a run: its blocks, without
-    the upstream id lines the chunk carried (asking for more pauses or detaches a reader too early)."""
-    asked: list[tuple[int, int]] = []
+    """Flow control checks room for what the window will keep of a run: the store's append measures a run
+    by ``run.size``, which must be its blocks, without the upstream id lines the chunk carried (asking for
+    more pauses or detaches a reader too early)."""
     appended: list[SSERun] = []
 
     class Store:
-        async def wait_for_room(self, _sid: str, count: int, size: int, _timeout: float) -> bool:
-            asked.append((count, size))
-            return True
-
-        async def append_run(self, _sid: str, _stream: int, run: SSERun, _now: float) -> Evicted:
+        async def append_run(
+            self, _sid: str, _stream: int, run: SSERun, _now: float, _guard: object = None
+        ) -> Appended:
             appended.append(run)
-            return Evicted()
+            return Appended(Evicted())
 
         async def end_stream(self, _sid: str, _stream: int, _now: float) -> None:
             return None
@@ -213,12 +213,13 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
 
     settings = PumpSettings(1 << 20, 5.0, 256, 1000, 0)  # no resume attempts: the stream ends with the read
     unused: Any = None  # the upstream: never asked to resume
-    pump = Pump(PumpJob("s", 1, (), "log"), Store(), Metrics(), unused, lambda: 0.0, settings)  # type: ignore[arg-type]
+    local = LocalSessions()
+    pump = Pump(PumpJob("s", 1, (), "log"), Store(), local, Metrics(), unused, lambda: 0.0, settings)  # type: ignore[arg-type]
     chunk = note(1, b"u-1") + note(2, b"u-2")
     await pump.run(Response([chunk]))  # type: ignore[arg-type]
     (run,) = appended
-    assert asked == [(2, sum(map(len, run.blocks)))]
-    assert sum(map(len, run.blocks)) == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
+    assert len(run) == 2 and run.size == sum(map(len, run.blocks))
+    assert run.size == len(chunk) - len(b"id: u-1\n") - len(b"id: u-2\n")
 
 
 def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response() -> None:

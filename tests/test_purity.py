@@ -28,6 +28,7 @@ CORE_MODULES = (
     "headers",
     "credentials",
     "upstream_events",
+    "flow",
 )
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.

@@ -19,9 +19,7 @@ from aiohttp import web
 
 import mcpresume
 from mcpresume.app import reap_once
-from mcpresume.session import NewEvent, StreamOrigin
-from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, WindowLimits
+from mcpresume.local import LocalSessions
 from tests.support.poll import until
 from tests.support.proxy import ManualClock, collect, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
@@ -206,19 +204,18 @@ async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> N
 # Regression: SessionState.add_reader reuses max(token)+1: after drop_lagging_readers, the dropped view's
 # token is handed to a new view, and the stale view's remove_reader/move_reader hits the new one
 async def test_dropped_reader_token_is_not_reused() -> None:
-    store = MemoryStore(WindowLimits(4, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
-    await store.create_session("s", 0.0)
-    opened = await store.open_stream("s", StreamOrigin.GET, (), 0.0)
-    assert opened is not None
-    stalled = await store.add_reader("s", [opened.number], opened.priming_seq - 1)  # view A, never reads
-    events = [NewEvent(b"data: x\n\n", EventKind.MESSAGE) for _ in range(3)]
-    await store.append("s", opened.number, events, 0.0)
+    local = LocalSessions()
+    stalled = local.add_reader("s", [1], 0)  # view A, never reads
     # A burst that does not fit: the pump drops A (A's follow() still holds its token, blocked in a write).
-    assert await store.drop_lagging_readers("s", 4, 40) == 1
-    fresh = await store.add_reader("s", [opened.number], 4)  # view B: the client re-attached
-    # A's write finally fails: its finally-clause removes "its" reader.
-    await store.remove_reader("s", stalled)
-    assert fresh in store._sessions["s"].readers  # B's flow-control registration must survive
+    assert local.drop_readers("s", [stalled]) == 1
+    fresh = local.add_reader("s", [1], 4)  # view B: the client re-attached
+    # A's write finally fails: its finally-clause removes "its" reader, and moves it first.
+    local.move_reader("s", stalled, 9)
+    local.remove_reader("s", stalled)
+    assert local.readers("s") == 1  # B's flow-control registration survives
+    local.remove_reader("s", fresh)
+    again = local.add_reader("s", [1], 0)  # the session's readers start over: tokens do not
+    assert again not in (stalled, fresh)
 
 
 # -- 4. A POST + Last-Event-ID view closes early when the old stream is forgotten ---
@@ -266,7 +263,7 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
         async with http.get(proxy.url, headers=in_session()) as response:
             assert response.status == 200
             await collect(response, limit=0)  # the priming event; then the client goes away for good
-        await until(lambda: session.attached == 0, timeout=5.0)
+        await until(lambda: proxy.ctx.local.attached(SESSION) == 0, timeout=5.0)
         note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {}})
         for _ in range(3):  # a server that logs something every 6 s, to nobody
             clock.advance(6.0)
@@ -319,7 +316,6 @@ async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) ->
     upstream.get_gate = asyncio.Event()
     async with running_proxy(upstream_url, drain_timeout=0.5) as proxy:
         await initialize(http, proxy.url)
-        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
 
         async def view() -> list:
             async with http.get(proxy.url, headers=in_session()) as response:
@@ -330,11 +326,13 @@ async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) ->
         await until(lambda: upstream.gets == 1, timeout=5.0)  # its upstream GET is held at the gate
         second = asyncio.ensure_future(view())
         # the second view is in, while the first is still opening
-        await until(lambda: session.attached == 2, timeout=5.0)
+        await until(lambda: proxy.ctx.local.attached(SESSION) == 2, timeout=5.0)
         for _ in range(20):
             await asyncio.sleep(0)
         upstream.get_gate.set()
-        await until(lambda: len(session.readers) == 2, timeout=5.0)  # both views follow the one stream
+        await until(
+            lambda: proxy.ctx.local.readers(SESSION) == 2, timeout=5.0
+        )  # both views follow the one stream
         note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 1}})
         upstream.pushes.put_nowait(note)
         async with asyncio.timeout(5):
@@ -368,11 +366,10 @@ async def test_a_held_standalone_view_parks_at_most_five_frames_deep_on_a_bare_f
     server = str(Path(aiohttp.__file__).parent)
     async with running_proxy(upstream_url, drain_timeout=0.5) as proxy:
         await initialize(http, proxy.url)
-        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
         before = asyncio.all_tasks()
         async with http.get(proxy.url, headers=in_session()) as response:
             assert response.status == 200
-            await until(lambda: len(session.readers) == 1, timeout=5.0)
+            await until(lambda: proxy.ctx.local.readers(SESSION) == 1, timeout=5.0)
             for _ in range(5):
                 await asyncio.sleep(0)  # let the view reach its wait
             # The request's task is the one aiohttp's server runs (a pump's task, new too, is the proxy's).

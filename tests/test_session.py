@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import mcpresume.session as session_module
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
+from mcpresume.flow import Guard, Readers
 from mcpresume.resume import ReAttach, StreamView, decide
 from mcpresume.session import (
     CLAIM_OF_STATE,
@@ -109,34 +110,43 @@ def test_streams_and_seqs_are_numbered_from_one_and_share_one_sequence() -> None
 # -- append / end_stream ---------------------------------------------------------------------------------
 
 
-def test_a_followed_stream_emptied_by_the_global_cap_still_reads_as_a_gap() -> None:
+def test_a_followed_stream_emptied_by_the_global_cap_reads_as_a_gap_to_a_reader_that_missed_it() -> None:
     """Regression (found in review): a POST + Last-Event-ID view follows an ended stream whose unsent
-    events the global byte cap then takes; the stream is kept for the reader, and so must its eviction
-    mark be, or the read returns the new stream's events as if nothing was lost."""
+    events the global byte cap then takes; the stream is forgotten, but its tombstone says where it ended,
+    so the read is a gap, not the new stream's events as if nothing was lost."""
     session = make_session(limits=ROOMY)
     old = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
     session.append(old, [msg(b"%d" % n) for n in range(5)], now=0.0)  # seqs 2..6
     session.end_stream(old, now=0.0)
     new = session.open_stream(StreamOrigin.POST, ["n:2"], now=0.0).stream  # seq 7
-    session.add_reader([old, new], 1)  # the client had only the priming event of the old stream
     session.shed(20)  # takes every event of the old stream
-    assert old in session.streams
-    assert session.read([old, new], 1).gap
+    assert old not in session.streams and (old, 6) in session.gone
+    assert session.read([old, new], 1).gap  # the client had only the priming event of the old stream
+    done = session.read([old, new], 6)  # a view that had sent all of it: the new stream's events only
+    assert not done.gap and [e.stream for e in done.events] == [new]
 
 
-def test_a_stream_emptied_while_followed_is_forgotten_once_its_reader_leaves() -> None:
+def test_a_stream_that_left_the_window_is_forgotten_and_a_cursor_into_it_is_refused() -> None:
     session = make_session(limits=WindowLimits(max_events=4, max_bytes=1 << 30, ttl=1e9))
     old = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
     session.append(old, [msg(b"%d" % n) for n in range(5)], now=0.0)
     session.end_stream(old, now=0.0)
-    token = session.add_reader([old], 6)  # a view done with it
     new = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
     session.append(new, [msg(b"x")] * 10, now=0.0)  # evicts all of the old stream
-    session.remove_reader(token)
-    session.append(new, [msg(b"y")] * 10, now=0.0)
     assert old not in session.streams  # not kept forever
     view = session.view(old, 60.0)
     assert view.stream is None  # a cursor into it is refused, not re-attached to nothing
+    assert session.read([old], 6).complete  # a reader that had sent all of it is done, not cut off
+
+
+def test_only_the_last_gone_streams_are_remembered() -> None:
+    session = make_session(limits=WindowLimits(max_events=2, max_bytes=1 << 30, ttl=1e9))
+    for n in range(session_module.MAX_GONE_STREAMS + 10):
+        stream = session.open_stream(StreamOrigin.POST, [f"n:{n}"], now=0.0).stream
+        session.append(stream, [response(n)], now=0.0)
+        session.end_stream(stream, now=0.0)
+    assert len(session.gone) == session_module.MAX_GONE_STREAMS  # bounded
+    assert session.gone[-1][0] == stream - 1  # the newest ones (the last stream is still in the window)
 
 
 def test_a_run_is_kept_as_the_upstream_sent_it_and_framed_when_read() -> None:
@@ -336,8 +346,8 @@ def test_read_byte_limit() -> None:
 
 def test_read_returns_complete_with_the_final_events() -> None:
     """A reader can stop when the read that carried the response also says complete: it needs no further
-    read, which matters because a further read can find the stream forgotten (and say gap) once other
-    streams evicted it."""
+    read. A further read finds the stream forgotten once other streams evicted it: complete for a reader
+    that had sent it all (its tombstone says where it ended), a gap for one that had not."""
     session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
     a = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
     (resp,), _ = append_events(session, a, [response(1)], now=0.0)
@@ -347,7 +357,8 @@ def test_read_returns_complete_with_the_final_events() -> None:
     b = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
     session.append(b, [msg(), msg()], now=0.0)
     assert a not in session.streams
-    assert session.read([a], resp.seq).gap
+    assert session.read([a], resp.seq).complete and not session.read([a], resp.seq).gap
+    assert session.read([a], resp.seq - 1).gap
 
 
 def test_read_version_tracks_changes() -> None:
@@ -548,10 +559,7 @@ def test_idle() -> None:
     post = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
     assert not session.idle() and session.live_post_streams() == 1
     session.end_stream(post, now=0.0)
-    assert session.idle()
-    session.attached = 1
-    assert not session.idle()
-    session.attached = 0
+    assert session.idle()  # views keep it from expiring by touching it (last_active), not by idle()
     session.end_stream(get, now=0.0)
     assert session.idle()
 
@@ -613,7 +621,6 @@ class Reader:
 
     stream: int
     position: int
-    token: int  # registered with the session (flow control; a stream it follows is kept while it does)
     delivered: list[int] = field(default_factory=list)
 
 
@@ -639,9 +646,9 @@ class ResumeMachine(RuleBasedStateMachine):
         self.history: list[Ref] = []
         self.streams: dict[int, RefStream] = {}
         self.readers: list[Reader] = []
-        # Streams the session has forgotten: ended and emptied, at a pass (an eviction, an end) when no
-        # registered reader followed them. One a reader follows is kept until the first pass after it left.
-        self.forgotten_streams: set[int] = set()
+        # Streams the session has forgotten: ended and emptied, at a pass (an eviction, an end), in the
+        # order they went; the last MAX_GONE_STREAMS are remembered (a reader that sent all of one is done).
+        self.forgotten_streams: list[int] = []
         # The last standalone stream forgotten: a cursor at its very end still re-attaches (the proxy then
         # opens a new standalone stream: its client missed nothing).
         self.gone_standalone: int | None = None
@@ -683,15 +690,13 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def forget_pass(self) -> None:
         """The session's pass over its streams after an eviction or an end."""
-        followed = {reader.stream for reader in self.readers}
         for number, ref in self.streams.items():
             if (
                 not ref.live
-                and number not in followed
                 and number not in self.forgotten_streams
                 and not any(r.stream == number for r in self.retained())
             ):
-                self.forgotten_streams.add(number)
+                self.forgotten_streams.append(number)
                 if ref.origin is StreamOrigin.GET and (self.gone_standalone or 0) < number:
                     self.gone_standalone = number  # the newest standalone stream gone
 
@@ -704,6 +709,10 @@ class ResumeMachine(RuleBasedStateMachine):
 
     def forgotten(self, stream: int) -> bool:
         return stream in self.forgotten_streams
+
+    def remembered(self, stream: int) -> bool:
+        """Forgotten, and among the last gone streams the session remembers where they ended."""
+        return stream in self.forgotten_streams[-session_module.MAX_GONE_STREAMS :]
 
     def at_the_end_of_the_gone_standalone(self, stream: int, seq: int) -> bool:
         return stream == self.gone_standalone and seq == self.streams[stream].last_seq
@@ -837,8 +846,7 @@ class ResumeMachine(RuleBasedStateMachine):
         assert list(result.events) == expected
         assert result.complete == (not self.streams[cursor.stream].live)
         if len(self.readers) < 4:
-            token = self.session.add_reader([decision.stream], decision.after)
-            self.readers.append(Reader(decision.stream, decision.after, token))
+            self.readers.append(Reader(decision.stream, decision.after))
 
     @precondition(lambda self: self.history)
     @rule(pick=st.integers(0, 10_000))
@@ -920,7 +928,7 @@ class ResumeMachine(RuleBasedStateMachine):
         lost = self.evicted_after(reader.stream, reader.position)
         tally(f"reader: gap={result.gap} complete={result.complete} events={bool(result.events)}")
         if result.gap:
-            assert lost or self.forgotten(reader.stream)
+            assert lost or (self.forgotten(reader.stream) and not self.remembered(reader.stream))
             assert list(result.events) == []
             self.drop_reader(reader)
             return
@@ -934,12 +942,11 @@ class ResumeMachine(RuleBasedStateMachine):
             reader.delivered.append(event.seq)
             reader.position = event.seq
         assert reader.delivered == sorted(set(reader.delivered))  # no duplicate, in order
-        self.session.move_reader(reader.token, reader.position)
+        self.session.mark_delivered([reader.stream], reader.position)
         if result.complete:
             self.drop_reader(reader)
 
     def drop_reader(self, reader: Reader) -> None:
-        self.session.remove_reader(reader.token)
         self.readers.remove(reader)
 
     @rule(
@@ -952,26 +959,31 @@ class ResumeMachine(RuleBasedStateMachine):
         if not streams:
             return
         result = self.session.read(streams, after)
-        lost = any(self.evicted_after(s, after) or self.forgotten(s) for s in streams)
+        lost = any(
+            self.evicted_after(s, after) or (self.forgotten(s) and not self.remembered(s)) for s in streams
+        )
         tally(f"read several: gap={result.gap}")
         assert result.gap == lost
         if not lost:
             expected = [r.event for r in self.retained() if r.stream in streams and r.seq > after]
             assert list(result.events) == expected
             assert result.complete == all(not self.streams[s].live for s in streams)
+            # A gone stream the reader had sent all of reads as complete, never as a gap (MAX_GONE_STREAMS).
 
     # -- the session agrees with the model after every step -------------------------------------------
 
     @invariant()
     def matches_the_model(self) -> None:
         session = self.session
-        assert not session_module._NO_READERS  # the shared empty readers dict is never written to
         retained = self.retained()
         assert [e.seq for e in session.window] == [r.seq for r in retained]
         assert session.window.bytes == sum(kept(r.event) for r in retained)
         assert len(session.window) <= self.limits.max_events
         assert session.next_seq == len(self.history) + 1
         assert set(session.streams) == {n for n in self.streams if not self.forgotten(n)}
+        remembered = self.forgotten_streams[-session_module.MAX_GONE_STREAMS :]
+        assert [n for n, _ in session.gone] == remembered
+        assert all(last == self.streams[n].last_seq for n, last in session.gone)
         for number, state in session.streams.items():
             ref = self.streams[number]
             assert (state.live, state.first_seq, state.last_seq) == (ref.live, ref.first_seq, ref.last_seq)
@@ -1033,20 +1045,21 @@ def test_resume_invariants_over_long_interleavings(
         machine.matches_the_model()
 
 
-def test_room_for_protects_what_an_attached_reader_has_not_sent() -> None:
+def test_an_append_is_blocked_while_it_would_evict_what_an_attached_reader_has_not_sent() -> None:
     """Flow control: appending must not evict events a reader still has to send; it may once it moved."""
     session = SessionState("S", "aaaaaaaaaaaa", WindowLimits(4, 1 << 20, 300.0), retry_ms=None, now=0.0)
     priming = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
     session.append(priming.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 3, now=0.0)
     assert len(session.window) == 4
-    assert session.room_for(1, 10)  # no reader: the window simply evicts
-    reader = session.add_reader([priming.stream], priming.seq - 1)
-    assert not session.room_for(1, 10)  # would evict the priming event the reader has not sent
-    session.move_reader(reader, priming.seq)
-    assert session.room_for(1, 10)  # the oldest is sent: evicting it loses nothing
-    assert not session.room_for(2, 10)
-    session.remove_reader(reader)
-    assert session.room_for(2, 10)
+    assert session.blocked(1, 10, None) is None  # no guard: the window simply evicts
+    readers = Readers()
+    readers.add(7, [priming.stream], priming.seq - 1)
+    assert session.blocked(1, 10, readers.guard()) == (0,)  # the priming event the reader has not sent
+    readers.move(7, priming.seq)
+    assert session.blocked(1, 10, readers.guard()) is None  # the oldest is sent: evicting it loses nothing
+    assert session.blocked(2, 10, readers.guard()) == (0,)
+    readers.remove(7)
+    assert readers.guard() is None and session.blocked(2, 10, readers.guard()) is None
 
 
 def test_pause_protects_every_streams_undelivered_events() -> None:
@@ -1055,13 +1068,15 @@ def test_pause_protects_every_streams_undelivered_events() -> None:
     session = SessionState("S", "aaaaaaaaaaaa", WindowLimits(4, 1 << 20, 300.0), retry_ms=None, now=0.0)
     unread = session.open_stream(StreamOrigin.GET, [], now=0.0)
     session.append(unread.stream, [NewEvent(b"data: x\n\n", EventKind.MESSAGE)] * 2, now=0.0)
-    busy = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)
-    assert not session.room_for(1, 10, keep_undelivered=True)  # the busy stream's append: it waits
-    assert not session.room_for(1, 10, keep_undelivered=True, stream=unread.stream)
-    reader = session.add_reader([unread.stream], unread.seq - 1)
-    session.move_reader(reader, unread.seq + 2)  # the unread stream's events reach a client
-    session.move_reader(session.add_reader([busy.stream], busy.seq - 1), busy.seq)
-    assert session.room_for(1, 10, keep_undelivered=True)
+    session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0)  # a busy stream
+    pause = Guard(keep_undelivered=True)
+    assert session.blocked(1, 10, pause) == ()  # no client was sent anything: no reader is in the way
+    session.mark_delivered([unread.stream], unread.seq)  # its priming event reached a client
+    assert session.blocked(1, 10, pause) is None  # evicting that loses nothing undelivered
+    assert session.blocked(2, 10, pause) == ()  # the next is one no client was sent
+    session.mark_delivered([unread.stream], unread.seq + 2)
+    assert session.blocked(3, 10, pause) is None
+    assert session.blocked(4, 10, pause) == ()  # the busy stream's priming event: never sent
 
 
 @settings(max_examples=150, deadline=None)
@@ -1100,27 +1115,12 @@ def test_a_dropped_session_is_freed_at_once_not_by_the_cycle_collector() -> None
     try:
         session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG))
         stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
-        token = session.add_reader([stream], 0)
         session.append(stream, [msg(), response(1)], now=0.0)
-        session.move_reader(token, 2)
+        session.mark_delivered([stream], 2)
         del session
         assert not any(isinstance(o, SessionState) for o in gc.get_objects())
     finally:
         gc.enable()
-
-
-def test_sessions_without_readers_share_one_empty_dict_that_stays_empty() -> None:
-    a, b = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=BIG)), make_session()
-    assert a.readers is b.readers is session_module._NO_READERS
-    stream = a.open_stream(StreamOrigin.GET, [], now=0.0).stream
-    first, second = a.add_reader([stream], 0), a.add_reader([stream], 0)
-    assert a.readers is not session_module._NO_READERS and b.readers is session_module._NO_READERS
-    assert a.drop_lagging_readers(2, 10) == 2  # both block a 2-event append: dropped
-    a.remove_reader(first)
-    a.remove_reader(second)
-    assert a.readers is session_module._NO_READERS and not session_module._NO_READERS
-    a.move_reader(first, 5)  # a dropped reader's move is ignored, and writes nothing shared
-    assert not session_module._NO_READERS and b.add_reader([1], 0) == 1 and len(b.readers) == 1
 
 
 # -- stream groups (POST + Last-Event-ID) ------------------------------------------------------------------
@@ -1181,20 +1181,16 @@ def test_grouping_many_streams_over_time_keeps_each_group_within_the_retained_st
 
 
 def test_the_newest_gone_standalone_stream_is_the_one_remembered() -> None:
-    """An older standalone stream a reader kept is forgotten after a newer one: the newer one stays the one
-    a cursor at its end re-attaches to (the older one would skip its messages)."""
+    """Of the standalone streams gone, the newest is the one a cursor at its end re-attaches to (an older
+    one would skip the newer one's messages)."""
     session = make_session(WindowLimits(max_events=2, max_bytes=BIG, ttl=1e9))
     older = session.open_stream(StreamOrigin.GET, [], 0.0).stream
-    token = session.add_reader([older], 0)  # keeps it once it is gone
     session.end_stream(older, 0.0)
     newer = session.open_stream(StreamOrigin.GET, [], 0.0)
     session.end_stream(newer.stream, 0.0)
     post = session.open_stream(StreamOrigin.POST, ["n:1"], 0.0).stream
     session.append(post, [msg(), msg()], 0.0)  # evicts both standalone streams' priming events
-    assert newer.stream not in session.streams and older in session.streams
-    session.remove_reader(token)
-    session.append(post, [msg()], 0.0)  # the next pass forgets the older one
-    assert older not in session.streams
+    assert newer.stream not in session.streams and older not in session.streams
     assert session.gone_standalone is not None and session.gone_standalone[0] == newer.stream
     at_the_end = decide(session.view(newer.stream, 60.0), Cursor(EPOCH, newer.stream, newer.seq), 0.0)
     assert at_the_end == ReAttach(newer.stream, newer.seq)

@@ -16,6 +16,8 @@ import pytest
 
 from mcpresume.cursor import EPOCH_LEN, Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import ForeignCursor, TooManySessions
+from mcpresume.flow import Guard
+from mcpresume.local import News
 from mcpresume.resume import ReAttach, StreamView, decide
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
@@ -31,6 +33,14 @@ SESSION_TTL = 60.0
 LONG = 30.0  # a wait that must be woken, never time out (a safety net against a hung test)
 
 StoreFactory = Callable[..., Awaitable[SessionStore]]
+
+# Each store's news, as the shell wires it (app.build_app): what a view waits on.
+NEWS: dict[int, News] = {}
+
+
+def wait(store: SessionStore, session_id: str, version: int, timeout: float) -> Awaitable[bool]:
+    """A view's wait for the session's next change after ``version`` (local.News, fed by the store)."""
+    return NEWS[id(store)].wait(session_id, version, timeout)
 
 
 async def _build(
@@ -74,6 +84,9 @@ async def store_factory(request: pytest.FixtureRequest) -> AsyncIterator[StoreFa
             max_sessions=max_sessions,
             retry_ms=retry_ms,
         )
+        news = News()
+        store.set_news(news.changed)
+        NEWS[id(store)] = news
         await store.start()
         stores.append(store)
         return store
@@ -140,11 +153,13 @@ async def test_unknown_session_answers(store: SessionStore) -> None:
     assert await store.view(sid, 1) is None
     assert await store.read(sid, [1], 0) is None
     assert await store.standalone_stream(sid) is None
-    assert not await store.append(sid, 1, [msg()], now=0.0)
+    appended = await store.append(sid, 1, [msg()], now=0.0)
+    assert appended.blocked is None and not appended.evicted
     await store.end_stream(sid, 1, now=0.0)
     await store.release(sid, ["n:1"])
-    await store.attach(sid, now=0.0)
-    await store.detach(sid, now=0.0)
+    await store.mark_delivered(sid, [1], 1)
+    await store.touch([sid], now=0.0)
+    assert await store.owner(sid) is None
     assert not await store.has_session(sid)  # none of these created it
 
 
@@ -245,7 +260,7 @@ async def test_a_view_of_the_old_incarnation_is_not_parked_on_the_new_one(store:
     await store.create_session(sid, now=1.0)  # a new incarnation, with as many changes as the old
     new = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=1.0)
     assert new is not None
-    assert await asyncio.wait_for(store.wait(sid, version, timeout=LONG), 1.0) is True
+    assert await asyncio.wait_for(wait(store, sid, version, timeout=LONG), 1.0) is True
 
 
 async def test_max_sessions(store_factory: StoreFactory) -> None:
@@ -268,17 +283,17 @@ async def test_max_sessions(store_factory: StoreFactory) -> None:
 
 
 async def test_max_sessions_counts_only_live_sessions(store_factory: StoreFactory) -> None:
-    """At the limit, an expired idle session makes room; an attached one never does."""
+    """At the limit, an expired idle session makes room; one with client activity does not."""
     store = await store_factory(max_sessions=2)
     idle, busy, newcomer = new_id(), new_id(), new_id()
     await store.create_session(idle, now=0.0)
     await store.create_session(busy, now=0.0)
-    await store.attach(busy, now=0.0)
+    await store.touch([busy], now=SESSION_TTL)  # a view is open on it (the shell touches it)
     await store.create_session(newcomer, now=SESSION_TTL + 1)
     assert not await store.has_session(idle)
     assert await store.has_session(busy) and await store.has_session(newcomer)
     with pytest.raises(TooManySessions):
-        await store.create_session(new_id(), now=SESSION_TTL + 2)  # busy is attached; newcomer is fresh
+        await store.create_session(new_id(), now=SESSION_TTL + 2)  # busy was touched; newcomer is fresh
 
 
 # -- streams, appends, reads --------------------------------------------------------------------------------
@@ -295,7 +310,8 @@ async def test_open_append_read_end(store: SessionStore) -> None:
     (priming,) = first.events
     assert priming.body == b"id: " + encode_cursor(epoch, 1, 1) + b"\nretry: 1000\ndata: \n\n"
 
-    evicted = await store.append(sid, opened.number, [msg(b"a"), msg(b"b"), response(1)], now=1.0)
+    appended = await store.append(sid, opened.number, [msg(b"a"), msg(b"b"), response(1)], now=1.0)
+    evicted = appended.evicted
     assert not evicted
     await store.end_stream(sid, opened.number, now=1.0)
     result = await store.read(sid, [opened.number], priming.seq)
@@ -333,7 +349,7 @@ async def test_append_reports_evictions_and_read_reports_the_gap(store_factory: 
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
-    evicted = await store.append(sid, opened.number, [msg(), msg(), msg()], now=0.0)
+    evicted = (await store.append(sid, opened.number, [msg(), msg(), msg()], now=0.0)).evicted
     assert evicted.counts[EvictReason.COUNT][0] == 1
     gap = await store.read(sid, [opened.number], 0)
     assert gap is not None and gap.gap and list(gap.events) == []
@@ -456,20 +472,20 @@ async def test_wait_returns_at_once_when_the_version_is_stale(store: SessionStor
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
     await store.append(sid, stream, [msg()], now=0.0)
-    assert await store.wait(sid, version, timeout=LONG) is True
+    assert await wait(store, sid, version, timeout=LONG) is True
 
 
 async def test_wait_times_out_without_news(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    assert await store.wait(sid, version, timeout=0.01) is False
+    assert await wait(store, sid, version, timeout=0.01) is False
 
 
 @pytest.mark.parametrize("change", ["append", "end_stream", "open_stream", "delete_session"])
 async def test_wait_is_woken_by_a_change(store: SessionStore, change: str) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(wait(store, sid, version, timeout=LONG))
     await yield_to_waiters()
     assert not waiter.done()  # it is parked, waiting for news
     actions: dict[str, Callable[[], Awaitable[Any]]] = {
@@ -482,16 +498,20 @@ async def test_wait_is_woken_by_a_change(store: SessionStore, change: str) -> No
     assert await asyncio.wait_for(waiter, LONG) is True
 
 
-async def test_wait_on_an_unknown_session_returns_at_once(store: SessionStore) -> None:
-    assert await store.wait(new_id(), 0, timeout=LONG) is True
+async def test_wait_after_the_session_was_dropped_returns_at_once(store: SessionStore) -> None:
+    """A view that read, then wrote while the session was deleted, must not park on it."""
+    sid, stream = await _session_with_stream(store)
+    version = await _version(store, sid, stream)
+    await store.delete_session(sid)
+    assert await asyncio.wait_for(wait(store, sid, version, timeout=LONG), 1.0) is True
 
 
 async def test_one_waiter_timing_out_does_not_strand_another(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    patient = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
+    patient = asyncio.ensure_future(wait(store, sid, version, timeout=LONG))
     await yield_to_waiters()
-    assert await store.wait(sid, version, timeout=0.01) is False
+    assert await wait(store, sid, version, timeout=0.01) is False
     assert not patient.done()
     await store.append(sid, stream, [msg()], now=1.0)
     assert await asyncio.wait_for(patient, LONG) is True
@@ -500,7 +520,7 @@ async def test_one_waiter_timing_out_does_not_strand_another(store: SessionStore
 async def test_every_waiter_is_woken(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiters = [asyncio.ensure_future(store.wait(sid, version, timeout=LONG)) for _ in range(3)]
+    waiters = [asyncio.ensure_future(wait(store, sid, version, timeout=LONG)) for _ in range(3)]
     await yield_to_waiters()
     await store.append(sid, stream, [msg()], now=1.0)
     assert await asyncio.wait_for(asyncio.gather(*waiters), LONG) == [True, True, True]
@@ -509,7 +529,7 @@ async def test_every_waiter_is_woken(store: SessionStore) -> None:
 async def test_wait_is_woken_when_reap_drops_the_session(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(wait(store, sid, version, timeout=LONG))
     await yield_to_waiters()
     dropped, _ = await store.reap(now=SESSION_TTL + 1)
     assert sid in dropped
@@ -529,19 +549,18 @@ async def test_reap_drops_a_session_only_when_idle_and_past_its_ttl(store: Sessi
     assert not await store.has_session(sid)
 
 
-async def test_an_attached_session_is_not_reaped(store: SessionStore) -> None:
+async def test_a_touched_session_expires_a_ttl_after_its_last_touch(store: SessionStore) -> None:
     sid = new_id()
     await store.create_session(sid, now=0.0)
-    await store.attach(sid, now=1.0)
-    await store.attach(sid, now=2.0)
-    dropped, _ = await store.reap(now=100 * SESSION_TTL)
-    assert sid not in dropped and await store.has_session(sid)
-    await store.detach(sid, now=500.0)
+    await store.touch([sid], now=500.0)  # a view attached, or still open at a housekeeping round
     dropped, _ = await store.reap(now=500.0 + SESSION_TTL - 0.1)
-    assert sid not in dropped  # still one attachment
-    await store.detach(sid, now=600.0)
+    assert sid not in dropped and await store.has_session(sid)
+    await store.touch([sid], now=400.0)  # a late touch (another replica's clock) never moves it back
+    dropped, _ = await store.reap(now=500.0 + SESSION_TTL - 0.1)
+    assert sid not in dropped
+    await store.touch([sid, new_id()], now=600.0)  # the view left; an unknown id is no error
     dropped, _ = await store.reap(now=600.0 + SESSION_TTL - 0.1)
-    assert sid not in dropped  # the ttl counts from the last detach
+    assert sid not in dropped  # the ttl counts from the last touch
     dropped, _ = await store.reap(now=600.0 + SESSION_TTL + 0.1)
     assert dropped == [sid]
 
@@ -560,8 +579,7 @@ async def test_a_pumping_post_stream_keeps_the_session(store: SessionStore) -> N
 
 async def test_client_activity_postpones_expiry_upstream_traffic_does_not(store: SessionStore) -> None:
     sid, stream = await _session_with_stream(store)  # a GET stream does not keep a session
-    await store.attach(sid, now=50.0)  # a client comes and goes: that is activity
-    await store.detach(sid, now=50.0)
+    await store.touch([sid], now=50.0)  # a client comes and goes: that is activity
     await store.append(sid, stream, [msg()], now=55.0)  # the server talking to nobody is not
     dropped, _ = await store.reap(now=50.0 + SESSION_TTL - 0.1)
     assert sid not in dropped
@@ -595,32 +613,93 @@ async def test_reap_reports_expired_window_events(store_factory: StoreFactory) -
 # -- readers (flow control) ------------------------------------------------------------------------------
 
 
-async def test_wait_for_room_with_and_without_a_lagging_reader(store_factory: StoreFactory) -> None:
+async def test_an_append_that_would_evict_what_a_reader_has_not_sent_is_blocked(
+    store_factory: StoreFactory,
+) -> None:
     store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
     sid, stream = await _session_with_stream(store)  # priming: seq 1
     await store.append(sid, stream, [msg(), msg()], now=0.0)  # seqs 2, 3: the window is full
-    assert await store.wait_for_room(sid, 1, 10, timeout=0.01) is True  # no reader: evicting is fine
-    reader = await store.add_reader(sid, [stream], 0)
-    assert await store.wait_for_room(sid, 1, 10, timeout=0.01) is False  # would evict seq 1, unsent
-    waiter = asyncio.create_task(store.wait_for_room(sid, 1, 10, timeout=LONG))
-    await yield_to_waiters()
-    assert not waiter.done()
-    await store.move_reader(sid, reader, 1)  # the reader sent seq 1
-    assert await asyncio.wait_for(waiter, LONG) is True
-    assert await store.wait_for_room(sid, 2, 20, timeout=0.01) is False  # would evict seq 2 too
-    await store.remove_reader(sid, reader)
-    assert await store.wait_for_room(sid, 2, 20, timeout=0.01) is True
+    # Reader 0 is behind; reader 1 follows another stream; reader 2 sent everything.
+    behind = Guard(readers=(((stream,), 0), ((stream + 1,), 0), ((stream,), 3)))
+    blocked = await store.append(sid, stream, [msg()], now=0.0, guard=behind)
+    assert blocked.blocked == (0,) and not blocked.evicted  # seq 1 is unsent by reader 0: nothing appended
+    read = await store.read(sid, [stream], 0)
+    assert read is not None and [e.seq for e in read.events] == [1, 2, 3]
+    moved = Guard(readers=(((stream,), 1),))  # the reader sent seq 1
+    appended = await store.append(sid, stream, [msg()], now=0.0, guard=moved)
+    assert appended.blocked is None
+    assert appended.evicted.counts == {EvictReason.COUNT: [1, kept(read.events[0])]}
+    assert (await store.append(sid, stream, [msg(), msg()], now=0.0, guard=moved)).blocked == (0,)
+    forced = await store.append(sid, stream, [msg(), msg()], now=0.0)  # no guard: it evicts
+    assert forced.blocked is None and forced.evicted
+    after = await store.read(sid, [stream], 1)
+    assert after is not None and after.gap
 
 
-async def test_wait_for_room_on_an_unknown_session(store: SessionStore) -> None:
-    assert await store.wait_for_room(new_id(), 1, 10, timeout=LONG) is True
+async def test_pause_blocks_an_append_that_would_evict_what_no_client_was_sent(
+    store_factory: StoreFactory,
+) -> None:
+    store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
+    sid, stream = await _session_with_stream(store)
+    await store.append(sid, stream, [msg(), msg()], now=0.0)
+    pause = Guard(keep_undelivered=True)
+    assert (await store.append(sid, stream, [msg()], now=0.0, guard=pause)).blocked == ()
+    await store.mark_delivered(sid, [stream], 1)  # a client (of any replica) was sent seq 1
+    await store.mark_delivered(sid, [stream], 0)  # never moves back
+    view = await store.view(sid, stream)
+    assert view is not None and view.stream is not None and view.stream.delivered == 1
+    assert (await store.append(sid, stream, [msg()], now=0.0, guard=pause)).blocked is None
+
+
+async def test_an_append_to_an_unknown_session_is_not_blocked(store: SessionStore) -> None:
+    appended = await store.append(new_id(), 1, [msg()], now=0.0, guard=Guard(keep_undelivered=True))
+    assert appended.blocked is None and not appended.evicted
+
+
+async def test_a_gone_stream_reads_complete_to_a_reader_that_sent_it_all(store_factory: StoreFactory) -> None:
+    store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert old is not None
+    await store.append(sid, old.number, [response(1)], now=0.0)  # seq 2
+    await store.end_stream(sid, old.number, now=0.0)
+    new = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+    assert new is not None
+    await store.append(sid, new.number, [msg(), msg()], now=0.0)  # the old stream leaves the window
+    done = await store.read(sid, [old.number, new.number], 2)
+    assert done is not None and not done.gap and {e.stream for e in done.events} == {new.number}
+    missed = await store.read(sid, [old.number, new.number], 1)
+    assert missed is not None and missed.gap
+
+
+# -- replicas --------------------------------------------------------------------------------------------
+
+
+async def test_owner_and_replica_registry(store: SessionStore) -> None:
+    sid = new_id()
+    await store.create_session(sid, now=0.0, owner="pod-a")
+    assert await store.owner(sid) == "pod-a"
+    assert await store.replica_url("pod-a", now=0.0) is None
+    await store.register_replica("pod-a", "http://10.0.0.1:8080/mcp", ttl=10.0, now=0.0)
+    await store.register_replica("pod-b", "http://10.0.0.2:8080/mcp", ttl=10.0, now=5.0)
+    assert await store.replica_url("pod-a", now=9.0) == "http://10.0.0.1:8080/mcp"
+    assert await store.live_replicas(now=9.0) == 2
+    assert await store.replica_url("pod-a", now=10.0) is None  # the lease ran out
+    assert await store.live_replicas(now=10.0) == 1
+    await store.register_replica("pod-a", "http://10.0.0.1:8080/mcp", ttl=10.0, now=10.0)  # renewed
+    assert await store.replica_url("pod-a", now=19.0) == "http://10.0.0.1:8080/mcp"
+    await store.release_replica("pod-a")
+    assert await store.replica_url("pod-a", now=11.0) is None
+    await store.delete_session(sid)
+    assert await store.owner(sid) is None
 
 
 # -- stats -----------------------------------------------------------------------------------------------
 
 
 async def test_stats(store: SessionStore) -> None:
-    assert await store.stats() == StoreStats(sessions=0, window_events=0, window_bytes=0, attached=0)
+    assert await store.stats() == StoreStats(sessions=0, window_events=0, window_bytes=0)
     a, b = new_id(), new_id()
     await store.create_session(a, now=0.0)
     await store.create_session(b, now=0.0)
@@ -628,18 +707,14 @@ async def test_stats(store: SessionStore) -> None:
     assert opened is not None
     await store.append(a, opened.number, [msg(), response(1)], now=0.0)
     await store.open_stream(b, StreamOrigin.GET, [], now=0.0)
-    await store.attach(a, now=0.0)
-    await store.attach(b, now=0.0)
-    await store.attach(b, now=0.0)
     read_a = await store.read(a, [1], 0)
     read_b = await store.read(b, [1], 0)
     assert read_a is not None and read_b is not None
     size = sum(kept(e) for e in [*read_a.events, *read_b.events])
-    assert await store.stats() == StoreStats(sessions=2, window_events=4, window_bytes=size, attached=3)
-    await store.detach(b, now=0.0)
+    assert await store.stats() == StoreStats(sessions=2, window_events=4, window_bytes=size)
     await store.delete_session(a)
     stats = await store.stats()
-    assert stats.sessions == 1 and stats.window_events == 1 and stats.attached == 1
+    assert stats.sessions == 1 and stats.window_events == 1
     assert stats.window_bytes == sum(kept(e) for e in read_b.events)
 
 
@@ -647,7 +722,7 @@ async def test_close_drops_everything_and_wakes_waiters(store_factory: StoreFact
     store = await store_factory()
     sid, stream = await _session_with_stream(store)
     version = await _version(store, sid, stream)
-    waiter = asyncio.ensure_future(store.wait(sid, version, timeout=LONG))
+    waiter = asyncio.ensure_future(wait(store, sid, version, timeout=LONG))
     await yield_to_waiters()
     await store.close()
     assert await asyncio.wait_for(waiter, LONG) is True

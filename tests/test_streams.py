@@ -53,7 +53,7 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_stream_is_busy(
                 return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
         second = asyncio.ensure_future(second_call())
-        parked = proxy.ctx.store._readers_moved  # type: ignore[attr-defined]  # pumps waiting for room
+        parked = proxy.ctx.local._moved  # pumps waiting for room
         await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
         headers = client.headers(**{"Last-Event-ID": cursor})
         async with http.get(client.url, headers=headers) as response:
@@ -92,7 +92,7 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_streams_error_i
                 return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
         second = asyncio.ensure_future(second_call())
-        parked = proxy.ctx.store._readers_moved  # type: ignore[attr-defined]  # pumps waiting for room
+        parked = proxy.ctx.local._moved  # pumps waiting for room
         await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
         headers = client.headers(**{"Last-Event-ID": cursor})
         async with http.get(client.url, headers=headers) as response:

@@ -1,20 +1,26 @@
-"""Where sessions live: the ``SessionStore`` protocol, and its implementations.
+"""Where sessions live: the ``SessionStore`` protocol (the state every replica must share), and its
+implementations.
 
-The interface is async and returns data (no callbacks), so a shared store (Redis, for several replicas)
-fits behind it without changing its callers: ``memory.MemoryStore`` is the embedded default. Every
-implementation must pass ``tests/test_store_contract.py``.
+The store holds sessions and their epochs, the sequence, streams and their states, the window, request-id
+claims, stream groups and what a resume decision needs: plain data in and out, ``None`` for "session
+gone", wall-clock ``now`` passed in by the caller. What only one process knows (the views it serves, their
+readers, who waits for news) is in ``mcpresume.local``; the two meet in an append's ``Guard`` (``flow.py``).
+``memory.MemoryStore`` is the embedded default. Every implementation must pass
+``tests/test_store_contract.py``.
 
-Waiting for news is part of the contract: ``read`` returns the session's ``version``; ``wait(version)``
-returns as soon as the session has changed since that version (or at once if it already has). A reader
-that loops read -> send -> wait therefore never misses an append that happened while it was sending.
+News: ``read`` returns the session's ``version``, and the store calls the callback given to ``set_news``
+with the session's new version after every change a reader may wait for (``local.GONE`` when the session
+is dropped). A reader that loops read -> send -> ``News.wait(version)`` therefore never misses an append
+that happened while it was sending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from mcpresume.flow import Appended, Guard
 from mcpresume.resume import SessionView
 from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, StreamOrigin
 from mcpresume.sse import SSERun
@@ -33,7 +39,6 @@ class StoreStats:
     sessions: int
     window_events: int
     window_bytes: int
-    attached: int
 
 
 class SessionStore(Protocol):
@@ -43,12 +48,34 @@ class SessionStore(Protocol):
 
     async def ready(self) -> bool: ...
 
-    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
+    def set_news(self, news: Callable[[str, int], None]) -> None:
+        """Call ``news(session_id, version)`` after every change a reader may wait for."""
+        ...
+
+    async def create_session(
+        self, session_id: str, now: float, credential: bytes | None = None, owner: str = ""
+    ) -> str:
         """Start tracking a session (a fresh epoch even if the id was seen before); returns the epoch.
         ``credential``: the digest of the credentials of the request that began it (None: it began without
-        any, and no credentials are checked in it). Raises
+        any, and no credentials are checked in it); ``owner``: the replica whose upstream holds it. Raises
         ``TooManySessions`` at ``max_sessions``."""
         ...
+
+    async def owner(self, session_id: str) -> str | None:
+        """The replica id of the session's owner (None: session unknown)."""
+        ...
+
+    # The replica registry: each replica's address, under a lease it renews (one replica: trivial).
+
+    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None: ...
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None:
+        """Where the replica takes requests, while its lease holds (None: it expired or was released)."""
+        ...
+
+    async def release_replica(self, replica_id: str) -> None: ...
+
+    async def live_replicas(self, now: float) -> int: ...
 
     async def access(self, session_id: str) -> SessionAccess | None:
         """The session's epoch and the credentials bound to it (None: session unknown)."""
@@ -107,12 +134,17 @@ class SessionStore(Protocol):
         """The live standalone (GET) stream of the session, if one is being pumped."""
         ...
 
-    async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
-        """Append to a live stream; returns what the window evicted to make room."""
+    async def append(
+        self, session_id: str, stream: int, events: Sequence[NewEvent], now: float, guard: Guard | None = None
+    ) -> Appended:
+        """Append to a live stream, unless that would evict what ``guard`` protects (then nothing is
+        appended: ``Appended.blocked``); returns what the window evicted to make room."""
         ...
 
-    async def append_run(self, session_id: str, stream: int, run: SSERun, now: float) -> Evicted:
-        """Append a run of upstream message events to a live stream (the hot path, see sse.SSERun)."""
+    async def append_run(
+        self, session_id: str, stream: int, run: SSERun, now: float, guard: Guard | None = None
+    ) -> Appended:
+        """``append`` for a run of upstream message events (the hot path, see sse.SSERun)."""
         ...
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...
@@ -130,42 +162,13 @@ class SessionStore(Protocol):
         """The next events after ``after`` on ``streams``, in seq order (None: session gone)."""
         ...
 
-    def wait(self, session_id: str, version: int, timeout: float) -> Awaitable[bool]:
-        """Resolve True when the session changed since ``version`` or was dropped, False after ``timeout``
-        (the memory store's may be up to a quarter second late). An awaitable, so a store can hand out a
-        bare future: a parked view then holds no coroutine frame in the store."""
+    async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
+        """A client was sent everything of ``streams`` up to ``seq`` (``StreamView.delivered``)."""
         ...
 
-    async def attach(self, session_id: str, now: float, limit: int | None = None) -> bool:
-        """Count a client view of the session; False (nothing counted) when ``limit`` views are open."""
-        ...
-
-    async def detach(self, session_id: str, now: float) -> None: ...
-
-    async def add_reader(self, session_id: str, streams: Sequence[int], position: int) -> int:
-        """Register an attached reader's position (flow control); returns its token."""
-        ...
-
-    async def move_reader(self, session_id: str, token: int, position: int) -> None: ...
-
-    async def remove_reader(self, session_id: str, token: int) -> None: ...
-
-    async def wait_for_room(
-        self,
-        session_id: str,
-        count: int,
-        size: int,
-        timeout: float,
-        *,
-        keep_undelivered: bool = False,
-        stream: int | None = None,
-    ) -> bool:
-        """Wait until appending would evict nothing a reader has yet to send (and, with
-        ``keep_undelivered``, nothing never delivered); False if ``timeout`` passed first."""
-        ...
-
-    async def drop_lagging_readers(self, session_id: str, count: int, size: int) -> int:
-        """Forget the readers that keep an append of that size from fitting; returns how many."""
+    async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        """Client activity: a view attached or left, or is still open. An idle session expires
+        ``session_ttl`` after its last touch."""
         ...
 
     async def reap(self, now: float) -> tuple[list[str], Evicted]:

@@ -15,15 +15,15 @@ appended.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
-import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import TooManySessions
+from mcpresume.flow import NOT_APPENDED, Appended, Guard
+from mcpresume.local import GONE
 from mcpresume.resume import SessionView
 from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, SessionState, StreamOrigin
 from mcpresume.sse import SSERun
@@ -31,73 +31,6 @@ from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
 
 T = TypeVar("T")
-
-
-TICK = 0.25
-"""Parked waiters time out on a shared clock of this many seconds: up to one tick late."""
-
-# Waiter lists are swept of done futures from this length on (see _Waiters).
-_SWEEP_FROM = 8
-
-
-class _Waiters(list["asyncio.Future[bool]"]):
-    """Futures parked together. The done ones (woken early, or left by waiters that went away) are swept
-    out when the list reaches twice what the last sweep kept, and at least ``_SWEEP_FROM``: amortized O(1)
-    per park whatever the mix, and never more than about twice the live ones."""
-
-    __slots__ = ("sweep_at",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sweep_at = _SWEEP_FROM
-
-    def add(self, future: asyncio.Future[bool]) -> None:
-        if len(self) >= self.sweep_at:
-            self[:] = [waiter for waiter in self if not waiter.done()]
-            self.sweep_at = max(_SWEEP_FROM, 2 * len(self))
-        self.append(future)
-
-
-class Parking:
-    """Waiters parked per session, each on a future of its own: a change wakes each one in one hop, and a
-    waiter that leaves cancels only its own. Time-outs share one timer per tick (``TICK``): an idle view
-    holds a future and two list slots, not a timer handle of its own."""
-
-    def __init__(self) -> None:
-        self._parked: dict[str, _Waiters] = {}
-        self._due: dict[int, _Waiters] = {}
-
-    def park(self, session_id: str, timeout: float) -> asyncio.Future[bool]:
-        """A future that resolves True at the next ``wake(session_id)``, or False after ``timeout``."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        parked = self._parked.get(session_id)
-        if parked is None:
-            parked = self._parked[session_id] = _Waiters()
-        parked.add(future)
-        tick = math.ceil((loop.time() + max(timeout, 0.0)) / TICK)
-        due = self._due.get(tick)
-        if due is None:
-            due = self._due[tick] = _Waiters()
-            loop.call_at(tick * TICK, self._time_out, tick)
-        # Most waiters are woken long before their tick (a busy view parks thousands of times a second):
-        # swept as it grows, a tick's list holds about the live ones, not every park of its quarter second.
-        due.add(future)
-        return future
-
-    def wake(self, session_id: str) -> None:
-        for future in self._parked.pop(session_id, ()):
-            if not future.done():
-                future.set_result(True)
-
-    def _time_out(self, tick: int) -> None:
-        for future in self._due.pop(tick, ()):
-            if not future.done():
-                future.set_result(False)
-
-    def __len__(self) -> int:
-        """Sessions with a parked waiter list (for tests)."""
-        return len(self._parked)
 
 
 class _TrimOrder:
@@ -173,8 +106,9 @@ class MemoryStore:
         self._sessions: dict[str, SessionState] = {}
         self._total_bytes = 0
         self._trim_order: _TrimOrder | None = None  # while the total is near the cap (see the module doc)
-        self._changed = Parking()  # views waiting for a session's next change
-        self._readers_moved = Parking()  # pumps waiting for a reader to move (flow control)
+        self._news: Callable[[str, int], None] = _no_news
+        self._replicas: dict[str, tuple[str, float]] = {}  # replica id -> (url, lease expiry)
+        self._owners: dict[str, str] = {}  # session id -> owner, when not this store's only replica ("")
 
     async def start(self) -> None:
         return None
@@ -186,10 +120,13 @@ class MemoryStore:
     async def ready(self) -> bool:
         return True
 
+    def set_news(self, news: Callable[[str, int], None]) -> None:
+        self._news = news
+
     # -- wake-ups ----------------------------------------------------------------------------------------
 
-    def _notify(self, session_id: str) -> None:
-        self._changed.wake(session_id)
+    def _notify(self, session: SessionState) -> None:
+        self._news(session.session_id, session.version)
 
     # -- byte accounting ---------------------------------------------------------------------------------
 
@@ -229,7 +166,7 @@ class MemoryStore:
                 break
             excess = self._total_bytes - cap
             evicted.merge(self._trim(session, max(0, session.window.bytes - excess)))
-            self._notify(session.session_id)
+            self._notify(session)
             if session.window.bytes:  # trimmed enough before it was empty: it keeps its place
                 order.push(session)
         return evicted
@@ -243,13 +180,15 @@ class MemoryStore:
         session = self._sessions.pop(session_id, None)
         if self._trim_order is not None:
             self._trim_order.forget(session_id)
+        self._owners.pop(session_id, None)
         if session is not None:
             self._total_bytes -= session.window.bytes
-        self._notify(session_id)
-        self._readers_moved.wake(session_id)
+        self._news(session_id, GONE)
         return session is not None
 
-    async def create_session(self, session_id: str, now: float, credential: bytes | None = None) -> str:
+    async def create_session(
+        self, session_id: str, now: float, credential: bytes | None = None, owner: str = ""
+    ) -> str:
         if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
             await self.reap(now)
             if len(self._sessions) >= self.max_sessions:
@@ -267,7 +206,27 @@ class MemoryStore:
         self._sessions[session_id] = SessionState(
             session_id, epoch, self.limits, self.retry_ms, now, first_stream, first_version, credential
         )
+        if owner:
+            self._owners[session_id] = owner
         return epoch
+
+    async def owner(self, session_id: str) -> str | None:
+        return self._owners.get(session_id, "") if session_id in self._sessions else None
+
+    # -- replicas (one process: the registry is a dict) --------------------------------------------------
+
+    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+        self._replicas[replica_id] = (url, now + ttl)
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None:
+        entry = self._replicas.get(replica_id)
+        return entry[0] if entry is not None and entry[1] > now else None
+
+    async def release_replica(self, replica_id: str) -> None:
+        self._replicas.pop(replica_id, None)
+
+    async def live_replicas(self, now: float) -> int:
+        return sum(1 for _, expiry in self._replicas.values() if expiry > now)
 
     async def access(self, session_id: str) -> SessionAccess | None:
         session = self._sessions.get(session_id)
@@ -333,35 +292,50 @@ class MemoryStore:
         first = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now, priming=priming))
         self._moved(session)
         self._enforce_total()
-        self._notify(session_id)
+        self._notify(session)
         return OpenedStream(first.stream, session.epoch, first.seq)
 
     async def standalone_stream(self, session_id: str) -> int | None:
         session = self._sessions.get(session_id)
         return None if session is None else session.standalone
 
-    async def append(self, session_id: str, stream: int, events: Sequence[NewEvent], now: float) -> Evicted:
-        return self._appended(session_id, lambda s: s.append(stream, events, now))
-
-    async def append_run(self, session_id: str, stream: int, run: SSERun, now: float) -> Evicted:
-        return self._appended(session_id, lambda s: s.append_run(stream, run, now))
-
-    def _appended(self, session_id: str, append: Callable[[SessionState], Evicted]) -> Evicted:
-        """Run an append on the session, then the global cap, and wake its views."""
+    async def append(
+        self, session_id: str, stream: int, events: Sequence[NewEvent], now: float, guard: Guard | None = None
+    ) -> Appended:
         session = self._sessions.get(session_id)
         if session is None:
-            return Evicted()
+            return NOT_APPENDED
+        if guard is not None:
+            blocked = session.blocked(len(events), sum(len(event.body) for event in events), guard)
+            if blocked is not None:
+                return Appended(Evicted(), blocked)
+        return self._appended(session, lambda s: s.append(stream, events, now))
+
+    async def append_run(
+        self, session_id: str, stream: int, run: SSERun, now: float, guard: Guard | None = None
+    ) -> Appended:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return NOT_APPENDED
+        if guard is not None:
+            blocked = session.blocked(len(run), run.size, guard)
+            if blocked is not None:
+                return Appended(Evicted(), blocked)
+        return self._appended(session, lambda s: s.append_run(stream, run, now))
+
+    def _appended(self, session: SessionState, append: Callable[[SessionState], Evicted]) -> Appended:
+        """Run an append on the session, then the global cap, and wake its views."""
         evicted = self._mutate(session, append)
         evicted.merge(self._enforce_total())
-        self._notify(session_id)
-        return evicted
+        self._notify(session)
+        return Appended(evicted)
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None:
         session = self._sessions.get(session_id)
         if session is not None:
             session.end_stream(stream, now)
             self._moved(session)
-            self._notify(session_id)
+            self._notify(session)
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         session = self._sessions.get(session_id)
@@ -376,79 +350,18 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         return None if session is None else session.read(streams, after)
 
-    def wait(self, session_id: str, version: int, timeout: float) -> Awaitable[bool]:
-        # A future, not a coroutine: a parked view holds no frame here.
-        session = self._sessions.get(session_id)
-        if session is None or session.version != version:
-            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            done.set_result(True)
-            return done
-        return self._changed.park(session_id, timeout)
-
-    # -- clients and flow control ------------------------------------------------------------------------
-
-    async def attach(self, session_id: str, now: float, limit: int | None = None) -> bool:
-        session = self._sessions.get(session_id)
-        if session is None:
-            return True  # nothing to count: the view finds the session gone at its first read
-        if limit is not None and session.attached >= limit:
-            return False
-        session.attached += 1
-        session.last_active = now
-        self._moved(session)
-        return True
-
-    async def detach(self, session_id: str, now: float) -> None:
+    async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
         session = self._sessions.get(session_id)
         if session is not None:
-            session.attached = max(0, session.attached - 1)
-            session.last_active = now
-            self._moved(session)
+            session.mark_delivered(streams, seq)
 
-    async def add_reader(self, session_id: str, streams: Sequence[int], position: int) -> int:
-        session = self._sessions.get(session_id)
-        return 0 if session is None else session.add_reader(streams, position)
-
-    async def move_reader(self, session_id: str, token: int, position: int) -> None:
-        session = self._sessions.get(session_id)
-        if session is not None:
-            session.move_reader(token, position)
-            self._readers_moved.wake(session_id)
-
-    async def remove_reader(self, session_id: str, token: int) -> None:
-        session = self._sessions.get(session_id)
-        if session is not None:
-            session.remove_reader(token)
-            self._readers_moved.wake(session_id)
-
-    async def wait_for_room(
-        self,
-        session_id: str,
-        count: int,
-        size: int,
-        timeout: float,
-        *,
-        keep_undelivered: bool = False,
-        stream: int | None = None,
-    ) -> bool:
-        deadline = None
-        while True:
-            session = self._sessions.get(session_id)
-            if session is None or session.room_for(
-                count, size, keep_undelivered=keep_undelivered, stream=stream
-            ):
-                return True
-            loop = asyncio.get_running_loop()
-            if deadline is None:  # only once there is a wait: the usual call finds room at once
-                deadline = loop.time() + timeout
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            await self._readers_moved.park(session_id, remaining)
-
-    async def drop_lagging_readers(self, session_id: str, count: int, size: int) -> int:
-        session = self._sessions.get(session_id)
-        return 0 if session is None else session.drop_lagging_readers(count, size)
+    async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        sessions = self._sessions
+        for session_id in session_ids:
+            session = sessions.get(session_id)
+            if session is not None and session.last_active < now:
+                session.last_active = now
+                self._moved(session)
 
     # -- housekeeping ------------------------------------------------------------------------------------
 
@@ -463,7 +376,7 @@ class MemoryStore:
             expired = self._mutate(session, lambda s: s.expire(now))
             if expired:
                 evicted.merge(expired)
-                self._notify(session_id)
+                self._notify(session)
         return dropped, evicted
 
     async def session_count(self) -> int:
@@ -475,5 +388,8 @@ class MemoryStore:
             sessions=len(self._sessions),
             window_events=sum(len(s.window) for s in sessions),
             window_bytes=self._total_bytes,
-            attached=sum(s.attached for s in sessions),
         )
+
+
+def _no_news(session_id: str, version: int) -> None:
+    """Until the shell calls ``set_news``: nobody waits."""
