@@ -68,7 +68,7 @@ def build_store(settings: Settings, metrics: Metrics | None = None) -> SessionSt
             from mcpresume.store.redis import RedisStore  # the redis extra: imported only when configured
         except ImportError as exc:  # reported as one line at start-up, as a store the install lacks
             raise NotImplementedError(f"store: {exc}; install mcpresume[redis]") from exc
-        return RedisStore(  # type: ignore[return-value]
+        return RedisStore(
             settings.store,
             limits,
             session_ttl=settings.session_ttl,

@@ -26,7 +26,8 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, EvictReason, WindowLimits
 from tests.support.events import kept
 
-BACKENDS = ["memory"]  # "redis" joins once the store boundary (two halves) is on this branch
+BACKENDS = ["memory", "redis"]
+SHARED = {"redis"}  # the backends whose sessions outlive the store object (another process sees them)
 
 LIMITS = WindowLimits(max_events=64, max_bytes=1 << 20, ttl=300.0)
 SESSION_TTL = 60.0
@@ -718,9 +719,20 @@ async def test_stats(store: SessionStore) -> None:
     assert stats.window_bytes == sum(kept(e) for e in read_b.events)
 
 
-async def test_close_drops_everything_and_wakes_waiters(store_factory: StoreFactory) -> None:
+async def test_close_drops_everything_and_wakes_waiters(
+    store_factory: StoreFactory, request: pytest.FixtureRequest
+) -> None:
+    """The memory store's sessions end with its process; a shared store's outlive it (a restarted proxy
+    finds them: another store on the same backend still has the session after this one closed)."""
     store = await store_factory()
     sid, stream = await _session_with_stream(store)
+    if request.node.callspec.params["store_factory"] in SHARED:
+        await store.close()
+        after = await store_factory()
+        assert await after.has_session(sid)
+        result = await after.read(sid, [stream], 0)
+        assert result is not None and [e.seq for e in result.events] == [1]
+        return
     version = await _version(store, sid, stream)
     waiter = asyncio.ensure_future(wait(store, sid, version, timeout=LONG))
     await yield_to_waiters()

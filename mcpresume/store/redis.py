@@ -4,7 +4,7 @@ Layout: every key of a session carries one hash tag, ``mcpresume:{<sha256 of the
 they share a slot and the store works on Redis Cluster unchanged:
 
 * ``…:meta`` (hash): epoch, next seq, next stream number, version, last activity, the window's event count
-  and bytes, live POST streams, request ids in flight, credentials, owner, tombstones of gone streams. Its
+  and bytes, live POST streams, request ids in flight, credentials, owner, the streams gone lately. Its
   TTL (``meta_ttl``) is at least ``session_ttl`` and longer than the events', so a session whose window is
   gone is still known (409), and a session whose meta is missing is unknown (404): after a Redis flush or
   restart, old cursors get 404, never a replay.
@@ -53,8 +53,11 @@ from redis.exceptions import RedisError
 from mcpresume.credentials import MAX_CREDENTIALS
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import StoreUnavailable, TooManySessions
+from mcpresume.flow import NOT_APPENDED, Appended, Guard
+from mcpresume.local import GONE
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.session import (
+    MAX_GONE_STREAMS,
     MAX_REQUEST_IDS,
     READ_MAX_BYTES,
     READ_MAX_EVENTS,
@@ -101,25 +104,6 @@ _SCRIPTS: Final = (
 
 _OUTCOMES: Final = {outcome.value: outcome for outcome in ClaimOutcome}
 _REASONS: Final = (EvictReason.COUNT, EvictReason.BYTES, EvictReason.TTL)
-
-
-@dataclass(frozen=True, slots=True)
-class Guard:
-    """The attached readers of the session in this process, as (streams followed, position), and whether
-    events no client was sent must be kept (overflow = pause)."""
-
-    readers: tuple[tuple[tuple[int, ...], int], ...]
-    keep_undelivered: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """What an append did: what the window evicted, or (``blocked`` not None) nothing at all, because it
-    would have evicted what the readers at these indexes of ``Guard.readers`` have yet to send (empty:
-    only ``keep_undelivered`` blocked it)."""
-
-    evicted: Evicted
-    blocked: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +191,7 @@ class RedisStore:
             str(limits.max_bytes),
             repr(float(limits.ttl)),
             str(MAX_REQUEST_IDS),
+            str(MAX_GONE_STREAMS),
         ]
 
     # -- connection ----------------------------------------------------------------------------------------
@@ -382,7 +367,7 @@ class RedisStore:
         if deleted:
             await self._call("delete_session", self._client.zrem(INDEX, session_id))
             self._forget_tails(session_id)
-            self._notify(session_id, -1)
+            self._notify(session_id, GONE)
         return bool(deleted)
 
     def _forget_tails(self, session_id: str) -> None:
@@ -393,8 +378,11 @@ class RedisStore:
         owner = await self._call("owner", self._client.hget(session_keys(session_id)[0], "own"))
         return _text(owner)
 
-    async def touch(self, session_id: str, now: float) -> None:
-        await self._script("touch", "touch", session_id, _now_arg(now))
+    async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        at = _now_arg(now)
+        for start in range(0, len(session_ids), 32):
+            chunk = session_ids[start : start + 32]
+            await asyncio.gather(*(self._script("touch", "touch", sid, at) for sid in chunk))
 
     # -- request ids ---------------------------------------------------------------------------------------
 
@@ -484,8 +472,8 @@ class RedisStore:
         guard: Guard | None,
         upstream_cursor: str | None,
     ) -> Appended:
-        if not bodies:
-            return Appended(Evicted())
+        if not bodies and guard is None:
+            return NOT_APPENDED
         key = (session_id, stream)
         expected = self._tails.get(key)
         guard_arg = b""
@@ -515,7 +503,7 @@ class RedisStore:
             self._tails[key] = int(result[1])
         elif status in ("gone", "noop"):
             self._tails.pop(key, None)
-        return Appended(Evicted())
+        return NOT_APPENDED
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None:
         self._tails.pop((session_id, stream), None)
@@ -551,9 +539,9 @@ class RedisStore:
                 bool(state.get("p", 1)),
             )
         else:
-            tomb = facts.get("tomb")
-            if tomb is not None and tomb[1] == StreamOrigin.GET.value:
-                _, _, first_seq, last_seq = tomb
+            gone = facts.get("gs")  # the newest standalone stream gone, as it was (SessionState._gone_view)
+            if gone is not None:
+                _, first_seq, last_seq = gone
                 view = StreamView(stream, False, first_seq, last_seq, last_seq, standalone=True)
         oldest, newest = facts.get("oldest"), facts.get("newest")
         return SessionView(
@@ -626,7 +614,7 @@ class RedisStore:
                 if status == "dropped":
                     dropped.append(sid)
                     self._forget_tails(sid)
-                    self._notify(sid, -1)
+                    self._notify(sid, GONE)
                 elif status == "gone":
                     gone.append(sid)  # its keys expired in Redis (or were flushed)
                 elif status == "ok":
@@ -651,7 +639,7 @@ class RedisStore:
             sessions += 1
             events += int(ne)
             size += int(nb)
-        return StoreStats(sessions=sessions, window_events=events, window_bytes=size, attached=0)
+        return StoreStats(sessions=sessions, window_events=events, window_bytes=size)
 
     async def orphaned_streams(self, owner: str) -> list[OrphanStream]:
         found: list[OrphanStream] = []

@@ -7,8 +7,7 @@ local upstream_cursor, guard = ARGV[A + 3], ARGV[A + 4]
 local first_body = A + 5
 local count = #ARGV - first_body + 1
 local s = stream(n)
-if not s or s.v == 0 or count <= 0 then return {'noop'} end
-if expected ~= '' and tonumber(expected) ~= s.l then return {'stale', s.l} end
+if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return {'stale', s.l} end
 local size = 0
 for i = first_body, #ARGV do size = size + #ARGV[i] end
 local counts, touched = new_counts(), {}
@@ -49,6 +48,7 @@ if guard ~= '' then
     if #out > 1 or keep_blocked then return out end
   end
 end
+if not s or s.v == 0 or count <= 0 then return {'noop'} end
 local seq = num('nseq')
 for i = first_body, #ARGV do
   redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'b', ARGV[i])

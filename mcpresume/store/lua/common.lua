@@ -2,14 +2,15 @@
 -- KEYS: the session's meta hash, events stream, stream-state hash, request-id hash, request-id order zset
 -- (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id, ARGV[3]/ARGV[4]: the
 -- TTLs (ms) of the meta keys and of the events, ARGV[5..7]: the window's limits (events, bytes, seconds),
--- ARGV[8]: the most request ids remembered; the op's own arguments start at ARGV[9].
+-- ARGV[8]: the most request ids remembered, ARGV[9]: the most gone streams remembered; the op's own
+-- arguments start at ARGV[10].
 local META, EV, ST, RQ, RO = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local TOKEN, SID, META_TTL, EV_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local MAX_EVENTS, MAX_BYTES, WINDOW_TTL = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local MAX_IDS = tonumber(ARGV[8])
-local A = 9
+local MAX_GONE = tonumber(ARGV[9])
+local A = 10
 local CHANNEL = 'mcpresume:news'
-local MAX_TOMBS = 16
 
 local meta, dirty = nil, {}
 local function load_meta()
@@ -138,15 +139,17 @@ local function evict(now, counts, touched)
   return true
 end
 
-local function tombs()
-  local raw = meta.tomb
+local function gone_list()
+  local raw = meta.gone
   if not raw or raw == '' then return {} end
   local t = cjson.decode(raw)
   if type(t) ~= 'table' then return {} end
   return t
 end
 
--- A stream that ended and holds no event any more is forgotten, leaving a tombstone (the last MAX_TOMBS).
+-- A stream that ended and holds no event any more is forgotten: (number, last seq) of the last MAX_GONE of
+-- them are kept (a view that sent one whole reads it complete), and the newest standalone one whole (a
+-- re-attach at its very end opens a new one). mcpresume/session.py, SessionState._forget_gone_streams.
 local function forget_gone(candidates)
   local numbers = {}
   for n, _ in pairs(candidates) do numbers[#numbers + 1] = n end
@@ -156,9 +159,13 @@ local function forget_gone(candidates)
     local s = stream(n)
     if s and s.v == 0 and ((s.e or 0) >= s.l or s.l < s.f) then
       streams[n] = false; mark(n)
-      if t == nil then t = tombs() end
-      t[#t + 1] = {n, s.o, s.f, s.l}
-      while #t > MAX_TOMBS do table.remove(t, 1) end
+      if t == nil then t = gone_list() end
+      t[#t + 1] = {n, s.l}
+      while #t > MAX_GONE do table.remove(t, 1) end
+      if s.o == 'get' then
+        local before = meta.gs and meta.gs ~= '' and cjson.decode(meta.gs) or nil
+        if before == nil or n > before[1] then set('gs', cjson.encode({n, s.f, s.l})) end
+      end
       for _, member in ipairs(s.g) do
         local other = stream(member)
         if other then
@@ -171,12 +178,13 @@ local function forget_gone(candidates)
       end
     end
   end
-  if t ~= nil then set('tomb', cjson.encode(t)) end
+  if t ~= nil then set('gone', cjson.encode(t)) end
 end
 
-local function tomb_of(n)
+-- The last seq of a forgotten stream, if it is among the last MAX_GONE.
+local function gone_last(n)
   local found = nil
-  for _, entry in ipairs(tombs()) do if entry[1] == n then found = entry end end
+  for _, entry in ipairs(gone_list()) do if entry[1] == n then found = entry[2] end end
   return found
 end
 

@@ -12,8 +12,9 @@ for i = A + 3, #ARGV do
     if s.v == 1 then all_ended = false end
     wanted[n] = true
   else
-    local t = tomb_of(n)
-    if not t or after < t[4] then return {tonumber(meta.ver), meta.epoch, 1, 0, 0} end
+    -- gone: complete for a reader that sent all of it, a gap for one that did not (or never known)
+    local last = gone_last(n)
+    if not last or last > after then return {tonumber(meta.ver), meta.epoch, 1, 0, 0} end
   end
 end
 local out = {tonumber(meta.ver), meta.epoch, 0, 0, 0}

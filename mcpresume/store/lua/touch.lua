@@ -1,5 +1,6 @@
 -- touch (ARGV: now): client activity.
-if redis.call('EXISTS', META) == 0 then return 0 end
-redis.call('HSET', META, 'la', ARGV[A])
+local last = redis.call('HGET', META, 'la')
+if not last then return 0 end
+if tonumber(last) < tonumber(ARGV[A]) then redis.call('HSET', META, 'la', ARGV[A]) end
 refresh()
 return 1

@@ -15,7 +15,8 @@ if s then
     if other and (other.e or 0) > ge then ge = other.e end
   end
   out.ge = ge
-else
-  out.tomb = tomb_of(n)
+elseif meta.gs and meta.gs ~= '' then
+  local gs = cjson.decode(meta.gs)
+  if gs[1] == n then out.gs = gs end
 end
 return cjson.encode(out)
