@@ -1,0 +1,99 @@
+"""The proxy on the Redis store, over real HTTP with the official-SDK example upstream and a real
+``redis-server``: it serves, a stopped Redis is 503 ``store_unavailable`` (``/readyz`` too), and it serves
+again once Redis is back; a session outlives the proxy process that began it."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import aiohttp
+import orjson
+
+from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.redis import RedisProcess
+
+HANG_GUARD = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _results(events: list) -> list[object]:  # type: ignore[type-arg]
+    return [orjson.loads(e.data).get("result") for e in events if e.data]
+
+
+async def test_a_stopped_redis_is_503_store_unavailable_and_the_proxy_recovers(
+    example_upstream: str, own_redis: RedisProcess
+) -> None:
+    async with (
+        running_proxy(example_upstream, store=own_redis.url, metrics_port=0) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        _, body = client.tool_call("add", {"a": 1, "b": 2})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200
+            assert any(r is not None for r in _results(await collect(response)))
+        own_redis.pause()
+        try:
+            started = time.monotonic()
+            _, body = client.tool_call("add", {"a": 2, "b": 3})
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                elapsed = time.monotonic() - started
+                assert response.status == 503
+                error = await error_of(response)
+            assert error["data"]["reason"] == "store_unavailable"
+            assert elapsed < HANG_GUARD
+        finally:
+            own_redis.resume()
+        _, body = client.tool_call("add", {"a": 3, "b": 4})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200
+            assert any(r is not None for r in _results(await collect(response)))
+
+
+async def test_readyz_is_503_while_redis_is_stopped(example_upstream: str, own_redis: RedisProcess) -> None:
+    async with (
+        running_proxy(example_upstream, store=own_redis.url, metrics_port=free_port()) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.get(f"{proxy.admin_url}/readyz") as ready:
+            assert ready.status == 200
+        own_redis.pause()
+        try:
+            async with http.get(f"{proxy.admin_url}/readyz") as ready:
+                assert ready.status == 503
+        finally:
+            own_redis.resume()
+        async with http.get(f"{proxy.admin_url}/readyz") as ready:
+            assert ready.status == 200
+
+
+async def test_a_session_outlives_the_proxy_process_that_began_it(
+    example_upstream: str, own_redis: RedisProcess
+) -> None:
+    """A re-attach on another proxy process (a restart, or another replica) on the same Redis: exactly the
+    events after the cursor, from the window in Redis."""
+    async with aiohttp.ClientSession() as http:
+        async with running_proxy(example_upstream, store=own_redis.url) as first:
+            client = ScriptedClient(http, first.url)
+            await client.initialize()
+            _, body = client.tool_call("count_slowly", {"n": 3, "delay": 0.01})
+            async with http.post(client.url, data=body, headers=client.headers()) as response:
+                sent = await collect(response)
+        cursors = [e.id.decode() for e in sent if e.id]
+        assert len(cursors) >= 4  # priming, three progress notifications, the result
+        async with running_proxy(example_upstream, store=own_redis.url) as second:
+            client.url = second.url
+            headers = client.headers(**{"Last-Event-ID": cursors[1]})
+            async with http.get(client.url, headers=headers) as response:
+                assert response.status == 200
+                replayed = await collect(response)
+    assert [e.id.decode() for e in replayed if e.id] == cursors[2:]
+    assert [e.data for e in replayed if e.id] == [e.data for e in sent if e.id][2:]
