@@ -19,13 +19,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from prometheus_client import CollectorRegistry
 from redis.crc import key_slot
 
-from mcpresume.errors import StoreUnavailable
+from mcpresume.cursor import Cursor
+from mcpresume.errors import CursorOutOfWindow, StoreUnavailable
 from mcpresume.flow import Guard
+from mcpresume.local import GONE
 from mcpresume.metrics import Metrics
+from mcpresume.resume import decide
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, ReadResult, StreamOrigin
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.store.memory import MemoryStore
-from mcpresume.store.redis import RedisStore, session_keys
+from mcpresume.store.redis import OrphanStream, RedisStore, session_keys
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisClusterProcesses, RedisProcess
 
@@ -324,6 +327,62 @@ async def test_after_a_flush_the_session_is_unknown(redis_db: str, make_store: M
     assert not await store.has_session(sid)
 
 
+async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
+    redis_db: str, make_store: Make
+) -> None:
+    """The events key outlives the window's age limit, then expires (no append refreshed it): the session
+    stays known, and its events count as evicted (a re-attach gets 409), not as a window that holds nothing
+    after the cursor (a silent gap)."""
+    store = await make_store(redis_db)
+    sid = new_id()
+    epoch = await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(), msg()], now=0.0)
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        events = session_keys(sid)[1]
+        await client.pexpire(events, 1)
+        deadline = time.monotonic() + HANG_GUARD
+        while await client.exists(events):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)  # Redis expiring a key is polled: nothing to await
+    finally:
+        await client.aclose()
+    gap = await store.read(sid, [opened.number], 1)
+    assert gap is not None and gap.gap
+    view = await store.view(sid, opened.number)
+    assert view is not None and view.stream is not None and view.stream.evicted_through == 3
+    assert isinstance(decide(view, Cursor(epoch, opened.number, 1), now=0.0), CursorOutOfWindow)
+
+
+async def test_the_owner_registry_and_orphaned_streams(redis_db: str, make_store: Make) -> None:
+    store = await make_store(redis_db)
+    mine, theirs = new_id(), new_id()
+    await store.create_session(mine, now=0.0, owner="pod-a")
+    await store.create_session(theirs, now=0.0, owner="pod-b")
+    assert (await store.owner(mine), await store.owner(theirs), await store.owner(new_id())) == (
+        "pod-a",
+        "pod-b",
+        None,
+    )
+    live = await store.open_stream(mine, StreamOrigin.POST, ["n:1", "n:2"], now=0.0)
+    ended = await store.open_stream(mine, StreamOrigin.POST, ["n:3"], now=0.0)
+    await store.open_stream(theirs, StreamOrigin.GET, [], now=0.0)
+    assert live is not None and ended is not None
+    await store.append(mine, live.number, [msg()], now=0.0, upstream_cursor="upstream-7")
+    await store.end_stream(mine, ended.number, now=0.0)
+    assert await store.orphaned_streams("pod-a") == [
+        OrphanStream(mine, live.number, StreamOrigin.POST, "upstream-7", ("n:1", "n:2"))
+    ]
+    await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
+    assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"
+    assert await store.replica_url("pod-a", now=110.0) is None  # the lease ran out
+    assert await store.live_replicas(now=105.0) == 1
+    await store.release_replica("pod-a")
+    assert await store.replica_url("pod-a", now=105.0) is None and await store.live_replicas(now=105.0) == 0
+
+
 # -- news ------------------------------------------------------------------------------------------------
 
 
@@ -381,6 +440,11 @@ async def test_a_stopped_redis_is_store_unavailable_within_a_second_then_recover
     assert await store.has_session(sid)
 
 
+async def _heard(heard: asyncio.Queue[tuple[str, int]], news: tuple[str, int]) -> None:
+    while await heard.get() != news:
+        pass
+
+
 async def _until_ready(store: RedisStore) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while not await store.ready():
@@ -392,6 +456,8 @@ async def test_a_killed_redis_is_unavailable_and_after_its_restart_the_session_i
     own_redis: RedisProcess, make_store: Make
 ) -> None:
     store = await make_store(own_redis.url)
+    heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
     sid = new_id()
     await store.create_session(sid, now=0.0)
     own_redis.stop()
@@ -404,6 +470,18 @@ async def test_a_killed_redis_is_unavailable_and_after_its_restart_the_session_i
     again = new_id()
     await store.create_session(again, now=1.0)
     assert await store.claim(again, ["n:1"]) == Claim(ClaimOutcome.NEW)
+    # The news subscription reconnected: another process's change is heard again.
+    other = await make_store(own_redis.url)
+    deadline = time.monotonic() + HANG_GUARD
+    while True:
+        assert time.monotonic() < deadline, "the news subscription did not come back"
+        await other.touch([again], now=2.0)
+        await other.delete_session(again)
+        try:
+            await asyncio.wait_for(_heard(heard, (again, GONE)), 0.5)
+            break
+        except TimeoutError:
+            await store.create_session(again, now=3.0)  # not subscribed yet: once more
 
 
 # -- Redis Cluster ---------------------------------------------------------------------------------------

@@ -1,6 +1,17 @@
 -- read (ARGV: after, most events, most bytes, streams...): {version, epoch, gap, complete, more,
--- stream, seq, time, body, ...} (read only), or false.
+-- stream, seq, time, body, ...}, or false.
 if not load_meta() then return false end
+-- The events key expired (every event older than the window's age limit): evicted, as reap would have.
+do
+  local counts, touched = new_counts(), {}
+  if sync_expired(counts, touched) then
+    forget_gone(touched)
+    set('ver', num('ver') + 1)
+    save_streams()
+    save_meta()
+    publish(meta.ver)
+  end
+end
 local after, most, most_bytes = tonumber(ARGV[A]), tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2])
 local wanted = {}
 local all_ended = true
