@@ -107,6 +107,16 @@ def redis_db(redis_server: str) -> str:
 
 
 @pytest.fixture
+def redis_cluster_db(redis_cluster: RedisClusterProcesses) -> str:
+    """The session's Redis Cluster, every node emptied (``FLUSHALL``) for this test."""
+    for node in redis_cluster.nodes:
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+            sock.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
+            assert sock.recv(64) == b"+OK\r\n"
+    return redis_cluster.url
+
+
+@pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
     """A ``redis-server`` of this test alone, to stop, pause or restart."""
     process = RedisProcess(tmp_path).start()

@@ -491,7 +491,9 @@ async def test_the_store_works_on_redis_cluster(
     redis_cluster: RedisClusterProcesses, make_store: Make
 ) -> None:
     """The core operations on a real 3-node cluster, for sessions whose keys land on different nodes."""
-    store = await make_store(redis_cluster.url)
+    store, listener = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
+    heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    listener.set_news(lambda sid, version: heard.put_nowait((sid, version)))
     sids = [new_id() for _ in range(6)]
     assert len({key_slot(session_keys(sid)[0].encode()) // 5462 for sid in sids}) > 1  # several nodes
     for sid in sids:
@@ -506,6 +508,9 @@ async def test_the_store_works_on_redis_cluster(
         view = await store.view(sid, opened.number)
         assert view is not None and view.stream is not None and not view.stream.live
         assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.ATTACH, opened.number)
+        # The news of a session on any node reaches the other process's one subscription.
+        version = (await store.read(sid, [opened.number], 0)).version  # type: ignore[union-attr]
+        await asyncio.wait_for(_heard(heard, (sid, version)), HANG_GUARD)
     dropped, _ = await store.reap(now=2.0 + SESSION_TTL + 1)
     assert set(sids) <= set(dropped)
     assert not any([await store.has_session(sid) for sid in sids])

@@ -26,8 +26,11 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, EvictReason, WindowLimits
 from tests.support.events import kept
 
-BACKENDS = ["memory", "redis"]
-SHARED = {"redis"}  # the backends whose sessions outlive the store object (another process sees them)
+BACKENDS = ["memory", "redis", "redis-cluster"]  # redis-cluster: a real 3-node Redis Cluster
+SHARED = {
+    "redis",
+    "redis-cluster",
+}  # the backends whose sessions outlive the store object (another process sees them)
 
 LIMITS = WindowLimits(max_events=64, max_bytes=1 << 20, ttl=300.0)
 SESSION_TTL = 60.0
@@ -55,13 +58,12 @@ async def _build(
 ) -> SessionStore:
     if backend == "memory":
         return MemoryStore(limits, session_ttl=session_ttl, max_sessions=max_sessions, retry_ms=retry_ms)
-    if backend == "redis":
+    if backend in ("redis", "redis-cluster"):
         from mcpresume.store.redis import RedisStore  # the redis extra: only where it runs
 
-        url = request.getfixturevalue("redis_db")  # an emptied Redis: counts see only this test's sessions
-        return RedisStore(
-            url, limits, session_ttl=session_ttl, max_sessions=max_sessions, retry_ms=retry_ms
-        )
+        # An emptied Redis: counts see only this test's sessions.
+        url = request.getfixturevalue("redis_db" if backend == "redis" else "redis_cluster_db")
+        return RedisStore(url, limits, session_ttl=session_ttl, max_sessions=max_sessions, retry_ms=retry_ms)
     raise AssertionError(f"unknown store backend {backend!r}")
 
 
