@@ -27,10 +27,8 @@ from mcpresume.window import EventKind, EvictReason, WindowLimits
 from tests.support.events import kept
 
 BACKENDS = ["memory", "redis", "redis-cluster"]  # redis-cluster: a real 3-node Redis Cluster
-SHARED = {
-    "redis",
-    "redis-cluster",
-}  # the backends whose sessions outlive the store object (another process sees them)
+# The backends whose sessions outlive the store object (another process sees them).
+SHARED = {"redis", "redis-cluster"}
 
 LIMITS = WindowLimits(max_events=64, max_bytes=1 << 20, ttl=300.0)
 SESSION_TTL = 60.0
