@@ -182,17 +182,13 @@ class RedisStore:
         # (session id, stream) -> the stream's last seq as this process last saw it (the append guard
         # against a repeated call); bounded by the streams this process pumps.
         self._tails: dict[tuple[str, int], int] = {}
-        self._fixed: list[str] = [
-            self.token,
-            "",
-            str(self.meta_ttl_ms),
-            str(self.events_ttl_ms),
-            str(limits.max_events),
-            str(limits.max_bytes),
-            repr(float(limits.ttl)),
-            str(MAX_REQUEST_IDS),
-            str(MAX_GONE_STREAMS),
-        ]
+        # The settings every script needs, as Lua constants in front of it (not arguments of every call).
+        self._constants = (
+            f"local META_TTL, EV_TTL = {self.meta_ttl_ms}, {self.events_ttl_ms}\n"
+            f"local MAX_EVENTS, MAX_BYTES = {limits.max_events}, {limits.max_bytes}\n"
+            f"local WINDOW_TTL = {min(float(limits.ttl), 1e300)!r}\n"
+            f"local MAX_IDS, MAX_GONE = {MAX_REQUEST_IDS}, {MAX_GONE_STREAMS}\n"
+        )
 
     # -- connection ----------------------------------------------------------------------------------------
 
@@ -226,7 +222,8 @@ class RedisStore:
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
         for name in _SCRIPTS:
-            self._scripts[name] = self._client.register_script(common + (lua / f"{name}.lua").read_text())
+            source = self._constants + common + (lua / f"{name}.lua").read_text()
+            self._scripts[name] = self._client.register_script(source)
         self._listener = asyncio.create_task(self._listen())
 
     async def close(self) -> None:
@@ -308,9 +305,8 @@ class RedisStore:
         return result
 
     async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
-        fixed = self._fixed.copy()
-        fixed[1] = session_id
-        return await self._call(op, self._scripts[name](keys=session_keys(session_id), args=[*fixed, *args]))
+        call = self._scripts[name](keys=session_keys(session_id), args=[self.token, session_id, *args])
+        return await self._call(op, call)
 
     # -- sessions ------------------------------------------------------------------------------------------
 

@@ -1,15 +1,11 @@
--- Shared by every script of the Redis store (mcpresume/store/redis.py prepends it to each one).
--- KEYS: the session's meta hash, events stream, stream-state hash, request-id hash, request-id order zset
--- (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id, ARGV[3]/ARGV[4]: the
--- TTLs (ms) of the meta keys and of the events, ARGV[5..7]: the window's limits (events, bytes, seconds),
--- ARGV[8]: the most request ids remembered, ARGV[9]: the most gone streams remembered; the op's own
--- arguments start at ARGV[10].
+-- Shared by every script of the Redis store (mcpresume/store/redis.py prepends it to each one, after the
+-- store's settings as Lua constants: META_TTL and EV_TTL (ms), MAX_EVENTS, MAX_BYTES, WINDOW_TTL (s),
+-- MAX_IDS, MAX_GONE). KEYS: the session's meta hash, events stream, stream-state hash, request-id hash,
+-- request-id order zset (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id;
+-- the op's own arguments start at ARGV[3].
 local META, EV, ST, RQ, RO = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local TOKEN, SID, META_TTL, EV_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local MAX_EVENTS, MAX_BYTES, WINDOW_TTL = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local MAX_IDS = tonumber(ARGV[8])
-local MAX_GONE = tonumber(ARGV[9])
-local A = 10
+local TOKEN, SID = ARGV[1], ARGV[2]
+local A = 3
 local CHANNEL = 'mcpresume:news'
 
 local meta, dirty = nil, {}
