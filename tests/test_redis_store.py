@@ -265,6 +265,17 @@ async def test_a_repeated_append_is_a_no_op(redis_db: str, make_store: Make) -> 
     assert seqs(await store.read(sid, [opened.number], 0)) == [1, 2, 3, 4]
 
 
+async def test_the_client_library_retries_no_call(
+    redis_db: str, redis_cluster: RedisClusterProcesses, make_store: Make
+) -> None:
+    """redis-py retries a timed-out call by default (3 times, on Redis and Redis Cluster), which can apply a
+    write twice: the store turns that off on both, and relies on its own deadline and idempotent scripts."""
+    plain, cluster = await make_store(redis_db), await make_store(redis_cluster.url)
+    assert plain._client.connection_pool.connection_kwargs["retry"].get_retries() == 0
+    assert cluster._client.retry.get_retries() == 0
+    assert aioredis.Redis().get_retry().get_retries() > 0  # what it would have been
+
+
 async def test_a_guarded_append_that_would_evict_unsent_events_appends_nothing(
     redis_db: str, make_store: Make
 ) -> None:
