@@ -8,6 +8,7 @@ documents every setting; keep it in step with this class.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -53,6 +54,9 @@ class Settings(BaseSettings):
     store: str = Field("memory", description="'memory', or a redis:// URL (scale-out, later)")
 
     # -- clients -----------------------------------------------------------------------------------------
+    replica_id: str = Field(
+        "", description="this replica's name in a shared store (empty: the host name, the pod's)"
+    )
     stall_timeout: float = Field(30.0, gt=0, description="seconds a client may not drain before detach")
     overflow: Literal["evict", "pause"] = Field(
         "evict", description="while no client reads a full window: evict the oldest, or pause the upstream"
@@ -129,6 +133,11 @@ class Settings(BaseSettings):
             if not name or any(c in name for c in ' \t:()<>@,;\\"/[]?={}') or not name.isascii():
                 raise ValueError(f"{name!r} is not a header name")
         return list(dict.fromkeys(names))  # each once, in the order given
+
+    @property
+    def replica(self) -> str:
+        """This replica's name: ``replica_id``, else the host name."""
+        return self.replica_id or socket.gethostname()
 
     @field_validator("upstream")
     @classmethod
