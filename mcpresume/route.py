@@ -147,3 +147,15 @@ def route(
     if takeover_tried:
         return Refuse(OwnerLost("the replica that owned this session is gone and no other took it over"))
     return TakeOver(owner)
+
+
+class HopOutcome(enum.Enum):
+    """How a forwarded request ended (``mcpresume_forwarded_requests_total{outcome}``)."""
+
+    RELAYED = "relayed"  # the owner's whole answer reached the client
+    OWNER_UNREACHABLE = "owner_unreachable"  # no connection, or no answer head in time: 502
+    OWNER_BROKE = "owner_broke"  # the owner's answer ended early (the client's stream ends; it re-attaches)
+    CLIENT_GONE = "client_gone"  # the client left, or stopped reading, before the answer's end
+
+
+FORWARD_OUTCOMES: Final = tuple(outcome.value for outcome in HopOutcome)
