@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import orjson
@@ -24,9 +24,16 @@ from aiohttp import web
 from yarl import URL
 
 from mcpresume.errors import OwnerUnreachable, ProxyError, jsonrpc_error_body
-from mcpresume.headers import HOP_HEADER, end_to_end, forwarded
+from mcpresume.headers import (
+    HOP_HEADER,
+    LAST_EVENT_ID_HEADER,
+    SESSION_HEADER,
+    end_to_end,
+    forwarded,
+    valid_session_id,
+)
 from mcpresume.metrics import Metrics
-from mcpresume.route import HopOutcome
+from mcpresume.route import HopOutcome, Kind, Route, Serve, kind_of, route
 
 log = logging.getLogger("mcpresume.hop")
 
@@ -35,6 +42,38 @@ Reject = Callable[[web.Request, ProxyError, Any], web.StreamResponse]
 # Headers aiohttp's client would add on its own when the client sent none: the hop adds nothing the
 # client did not send (an Accept-Encoding the client never offered would bring it a compressed answer).
 _NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
+
+
+class Owners(Protocol):
+    """The store's owner registry, as far as routing needs it (``SessionStore`` has these)."""
+
+    async def owner(self, session_id: str) -> str | None: ...
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None: ...
+
+
+async def plan(
+    owners: Owners, request: web.Request, here: str, now: float, *, takeover_tried: bool = False
+) -> Route:
+    """Where ``request`` (to the MCP endpoint) is served: ``route.route`` on what the store says of its
+    session's owner. The store is asked only for a request routing depends on, and the owner's URL only
+    when the owner is another replica. A session id the handler will refuse (400) is not looked up."""
+    session_id = request.headers.get(SESSION_HEADER)
+    kind = kind_of(
+        request.method, session=session_id is not None, cursor=LAST_EVENT_ID_HEADER in request.headers
+    )
+    if session_id is None or kind is Kind.OTHER or not valid_session_id(session_id):
+        return Serve()
+    owner = await owners.owner(session_id)
+    owner_url = await owners.replica_url(owner, now) if owner and owner != here else None
+    return route(
+        kind,
+        owner=owner,
+        here=here,
+        hopped=HOP_HEADER in request.headers,
+        owner_url=owner_url,
+        takeover_tried=takeover_tried,
+    )
 
 
 def refusal(request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
@@ -106,8 +145,9 @@ class Hop:
         within ``first_byte_timeout``, is 502 ``owner_unreachable`` (``request_id``: the id in its body)."""
         assert self._session is not None, "Hop.start() was not awaited"
         target = URL(url)
-        if request.query_string:
-            target = target.with_query(request.query_string)
+        query = request.rel_url.raw_query_string  # as the client sent it: never decoded and encoded again
+        if query:
+            target = URL(f"{target}?{query}", encoded=True)
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 answer = await self._session.request(

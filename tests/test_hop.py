@@ -17,11 +17,12 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
-from mcpresume.hop import Hop
+from mcpresume.hop import Hop, plan
 from mcpresume.metrics import Metrics
-from mcpresume.route import Forward, Refuse, Serve, TakeOver, kind_of, route
+from mcpresume.route import Forward, Refuse, Serve, TakeOver
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
 
@@ -98,10 +99,28 @@ class Owner:
 
 
 @dataclass
+class FakeOwners:
+    """The store's owner registry: every session is the owner's; its URL is what ``registry`` holds."""
+
+    registry: dict[str, str]
+    path: str | None = None
+    asked: list[str] = field(default_factory=list)
+
+    async def owner(self, session_id: str) -> str | None:
+        self.asked.append(session_id)
+        return OWNER
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None:
+        url = self.registry.get(replica_id)
+        return url.replace("/mcp", self.path) if url is not None and self.path else url
+
+
+@dataclass
 class Front:
     url: str
     metrics: Metrics
     registry: dict[str, str]  # replica id -> live URL: what the store's replica_url answers
+    owners: FakeOwners
 
 
 @pytest.fixture
@@ -117,20 +136,12 @@ async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
     hop = Hop(HERE, metrics, connect_timeout=5.0, first_byte_timeout=1.0, stall_timeout=5.0)
     await hop.start()
 
+    owners = FakeOwners(registry)
+
     async def handler(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        kind = kind_of(
-            request.method,
-            session=SESSION_HEADER in request.headers,
-            cursor=LAST_EVENT_ID_HEADER in request.headers,
-        )
-        target = request.query.get("path")  # a test's pick among the owner's paths (not a routing input)
-        owner_url = registry.get(OWNER)
-        if owner_url is not None and target:
-            owner_url = owner_url.replace("/mcp", target)
-        decision = route(
-            kind, owner=OWNER, here=HERE, hopped=HOP_HEADER in request.headers, owner_url=owner_url
-        )
+        owners.path = request.query.get("path")  # a test's pick among the owner's paths
+        decision = await plan(owners, request, HERE, now=0.0)
         match decision:
             case Forward(url=url):
                 return await hop.forward(request, body, url, request_id=7)
@@ -145,7 +156,7 @@ async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
     app = web.Application()
     app.router.add_route("*", "/mcp", handler)
     url = await serve(app)
-    yield Front(url, metrics, registry)
+    yield Front(url, metrics, registry, owners)
     await hop.close()
 
 
@@ -193,7 +204,7 @@ async def test_the_hop_keeps_the_clients_headers_and_adds_only_its_own(front: Fr
     body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
     async with (
         aiohttp.ClientSession(skip_auto_headers=["Accept-Encoding", "User-Agent"]) as http,
-        http.post(front.url + "?a=1&b=two", headers=headers, data=body) as resp,
+        http.post(URL(front.url + "?a=%2F%20b&c=d%26e", encoded=True), headers=headers, data=body) as resp,
     ):
         assert resp.status == 200
         assert resp.headers["X-Owner"] == OWNER  # the owner's answer headers come back
@@ -201,7 +212,8 @@ async def test_the_hop_keeps_the_clients_headers_and_adds_only_its_own(front: Fr
         echoed = await resp.json()
     (seen,) = owner.seen
     assert seen == echoed
-    assert seen["method"] == "POST" and seen["path_qs"] == "/mcp?a=1&b=two" and seen["body"] == body.decode()
+    assert seen["method"] == "POST" and seen["body"] == body.decode()
+    assert seen["path_qs"] == "/mcp?a=%2F%20b&c=d%26e"  # the query as the client sent it
     got = [(name.lower(), value) for name, value in seen["headers"]]
     named = dict(got)
     assert named[SESSION_HEADER.lower()] == SESSION
@@ -246,6 +258,19 @@ async def test_a_request_that_already_hopped_is_not_forwarded_again(front: Front
             assert resp.status == 200 and await resp.text() == "served here"
     assert owner.seen == []  # the owner never saw any of them
     assert sum(_forwarded(front.metrics, o) for o in ("relayed", "client_gone", "owner_broke")) == 0
+
+
+async def test_requests_routing_does_not_depend_on_never_ask_the_store(front: Front, owner: Owner) -> None:
+    async with aiohttp.ClientSession() as http:
+        # initialize (no session id), another method, and a session id the handler refuses (400)
+        for method, headers in (
+            ("POST", {}),
+            ("PUT", {SESSION_HEADER: SESSION}),
+            ("POST", {SESSION_HEADER: "x" * 300}),
+        ):
+            async with http.request(method, front.url, headers=headers, data=b"{}") as resp:
+                assert resp.status == 200 and await resp.text() == "served here"
+    assert front.owners.asked == [] and owner.seen == []
 
 
 def test_a_hop_header_from_outside_is_never_passed_on() -> None:
