@@ -23,6 +23,8 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
+from mcpresume.attach import end_for_drain
+from mcpresume.context import ended_for_drain
 from mcpresume.errors import OwnerUnreachable, ProxyError, jsonrpc_error_body
 from mcpresume.headers import (
     HOP_HEADER,
@@ -142,7 +144,10 @@ class Hop:
     ) -> web.StreamResponse:
         """Forward ``request`` (its ``body`` already read) to ``url``, the owner's MCP endpoint from the
         registry, and stream the answer back. An owner that cannot be reached, or sends no answer head
-        within ``first_byte_timeout``, is 502 ``owner_unreachable`` (``request_id``: the id in its body)."""
+        within ``first_byte_timeout``, is 502 ``owner_unreachable`` (``request_id``: the id in its body).
+
+        Under ``ProxyContext.drainable``, a drain's cancellation while the answer is relayed ends it
+        cleanly; before the answer's head it propagates (``ProxyContext.upstream_wait`` makes it 503)."""
         assert self._session is not None, "Hop.start() was not awaited"
         target = URL(url)
         query = request.rel_url.raw_query_string  # as the client sent it: never decoded and encoded again
@@ -177,7 +182,16 @@ class Hop:
                 await response.prepare(request)
             except (aiohttp.ClientError, OSError):  # the client's connection is gone
                 return response
-            outcome = await self._relay(request, response, answer)
+            try:
+                outcome = await self._relay(request, response, answer)
+            except asyncio.CancelledError as exc:
+                # The drain ends a relayed stream as it ends a view (ProxyContext.drainable around the
+                # call): the hop first, then the client's response, cleanly; it re-attaches elsewhere.
+                if not ended_for_drain(exc):
+                    raise
+                outcome = HopOutcome.DRAINED
+                answer.close()
+                await end_for_drain(request, response)
             return response
         finally:
             self._outcomes[outcome].inc()

@@ -112,7 +112,7 @@ class Metrics:
             "mcpresume_forwarded_requests",
             "Requests forwarded to the replica that owns their session, by outcome: relayed (its whole "
             "answer), owner_unreachable (502), owner_broke (its answer ended early), client_gone (the "
-            "client left or stopped reading first).",
+            "client left or stopped reading first), drained (this replica's drain ended it cleanly).",
             ["outcome"],
             registry=r,
         )

@@ -156,6 +156,7 @@ class HopOutcome(enum.Enum):
     OWNER_UNREACHABLE = "owner_unreachable"  # no connection, or no answer head in time: 502
     OWNER_BROKE = "owner_broke"  # the owner's answer ended early (the client's stream ends; it re-attaches)
     CLIENT_GONE = "client_gone"  # the client left, or stopped reading, before the answer's end
+    DRAINED = "drained"  # this replica's drain ended the relay cleanly (its client re-attaches)
 
 
 FORWARD_OUTCOMES: Final = tuple(outcome.value for outcome in HopOutcome)

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from mcpresume.context import DRAIN
 from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
 from mcpresume.hop import Hop, plan
 from mcpresume.metrics import Metrics
@@ -121,6 +122,7 @@ class Front:
     metrics: Metrics
     registry: dict[str, str]  # replica id -> live URL: what the store's replica_url answers
     owners: FakeOwners
+    handlers: list[asyncio.Task[Any]]
 
 
 @pytest.fixture
@@ -137,8 +139,12 @@ async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
     await hop.start()
 
     owners = FakeOwners(registry)
+    handlers: list[asyncio.Task[Any]] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)  # what the proxy's drain would end (ProxyContext.drainable)
         body = await request.read()
         owners.path = request.query.get("path")  # a test's pick among the owner's paths
         decision = await plan(owners, request, HERE, now=0.0)
@@ -156,7 +162,7 @@ async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
     app = web.Application()
     app.router.add_route("*", "/mcp", handler)
     url = await serve(app)
-    yield Front(url, metrics, registry, owners)
+    yield Front(url, metrics, registry, owners, handlers)
     await hop.close()
 
 
@@ -327,3 +333,18 @@ async def test_an_owner_that_dies_mid_stream_ends_the_clients_stream(front: Fron
         # The stream ends (the client re-attaches with its cursor, on any replica): no hang, no more events.
         assert await asyncio.wait_for(resp.content.read(), HANG_GUARD) == b""
     assert _forwarded(front.metrics, "owner_broke") == 1
+
+
+async def test_a_drain_ends_a_forwarded_stream_cleanly_and_closes_the_hop(front: Front, owner: Owner) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(front.url, headers={SESSION_HEADER: SESSION}) as resp,
+    ):
+        assert await _first_event(resp) == b"id: 1\ndata: first\n\n"
+        (handler,) = front.handlers
+        handler.cancel(DRAIN)  # what ProxyContext.end_views does to a view
+        # The client's stream ends cleanly (it re-attaches with its cursor elsewhere); nothing more comes.
+        assert await asyncio.wait_for(resp.content.read(), HANG_GUARD) == b""
+        await asyncio.wait_for(owner.stream_closed.wait(), HANG_GUARD)
+    assert not owner.stream_finished  # the hop closed: the owner saw its client (this replica) leave
+    assert _forwarded(front.metrics, "drained") == 1
