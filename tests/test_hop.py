@@ -8,6 +8,7 @@ carry the decision out. The owner of the session is another replica whose URL th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from mcpresume.metrics import Metrics
 from mcpresume.route import Forward, Refuse, Serve, TakeOver
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
+from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 
 HERE = "pod-a"
 OWNER = "pod-b"
@@ -130,14 +132,13 @@ def owner() -> Owner:
     return Owner()
 
 
-@pytest.fixture
-async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
-    owner_url = await serve(owner.app())
+@contextlib.asynccontextmanager
+async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]:
+    """This replica: every session is owned by ``OWNER``, whose URL the registry has as ``owner_url``."""
     metrics = Metrics()
     registry = {OWNER: owner_url}
     hop = Hop(HERE, metrics, connect_timeout=5.0, first_byte_timeout=1.0, stall_timeout=5.0)
     await hop.start()
-
     owners = FakeOwners(registry)
     handlers: list[asyncio.Task[Any]] = []
 
@@ -162,8 +163,16 @@ async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
     app = web.Application()
     app.router.add_route("*", "/mcp", handler)
     url = await serve(app)
-    yield Front(url, metrics, registry, owners, handlers)
-    await hop.close()
+    try:
+        yield Front(url, metrics, registry, owners, handlers)
+    finally:
+        await hop.close()
+
+
+@pytest.fixture
+async def front(serve: ServeApp, owner: Owner) -> AsyncIterator[Front]:
+    async with running_front(serve, await serve(owner.app())) as front:
+        yield front
 
 
 async def _first_event(resp: aiohttp.ClientResponse) -> bytes:
@@ -348,3 +357,45 @@ async def test_a_drain_ends_a_forwarded_stream_cleanly_and_closes_the_hop(front:
         await asyncio.wait_for(owner.stream_closed.wait(), HANG_GUARD)
     assert not owner.stream_finished  # the hop closed: the owner saw its client (this replica) leave
     assert _forwarded(front.metrics, "drained") == 1
+
+
+async def test_through_the_hop_a_real_owner_serves_its_session_unchanged(
+    serve: ServeApp, example_upstream: str
+) -> None:
+    """The owner is a real proxy in front of the SDK's example server: a call made through the hop
+    streams with the owner's session id and cursors (a re-attach at the owner with one of them gets
+    exactly the rest), and a DELETE through the hop ends the session at the owner."""
+    async with (
+        running_proxy(example_upstream) as proxy,
+        running_front(serve, proxy.url) as front,
+        aiohttp.ClientSession() as http,
+    ):
+        at_owner = ScriptedClient(http, proxy.url)
+        await at_owner.initialize()  # initialize is served where it lands: here, the owner
+        via_hop = ScriptedClient(http, front.url)
+        via_hop.session_id = at_owner.session_id
+        via_hop.next_id = at_owner.next_id  # the session's next request id (a re-used one is a duplicate)
+        request_id, body = via_hop.tool_call("count_slowly", {"n": 4, "delay": 0.01})
+        async with http.post(via_hop.url, data=body, headers=via_hop.headers()) as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+            assert resp.headers[SESSION_HEADER] == at_owner.session_id
+            events = await collect(resp)
+        messages = [(e.id.decode() if e.id else "", orjson.loads(e.data)) for e in events if e.data]
+        progress = [
+            m["params"]["progress"] for _, m in messages if m.get("method") == "notifications/progress"
+        ]
+        assert progress == [1, 2, 3, 4]
+        assert [m for _, m in messages if m.get("id") == request_id] != []
+        # The cursors are the owner's: a re-attach at the owner after the second event gets the rest.
+        cursor = messages[1][0]
+        headers = at_owner.headers(**{LAST_EVENT_ID_HEADER: cursor})
+        async with http.get(proxy.url, headers=headers) as resp:
+            assert resp.status == 200
+            rest = [orjson.loads(e.data) for e in await collect(resp) if e.data]
+        assert rest == [m for _, m in messages[2:]]
+        async with http.delete(via_hop.url, headers=via_hop.headers()) as resp:
+            assert resp.status < 300
+        async with http.post(proxy.url, data=body, headers=at_owner.headers()) as resp:
+            assert resp.status == 404
+            assert (await error_of(resp))["data"]["reason"] == "unknown_session"
+    assert _forwarded(front.metrics, "relayed") == 2
