@@ -104,7 +104,8 @@ def hop_headers(request: web.Request, replica_id: str) -> list[tuple[str, str]]:
 
 
 class Hop:
-    """Forwards requests to other replicas over one pooled client session (``start`` / ``close``)."""
+    """Forwards requests to other replicas over one pooled client session (``start`` / ``close``).
+    ``keepalive_timeout``: under the replicas' ``header_timeout`` (half of it, say)."""
 
     def __init__(
         self,
@@ -114,6 +115,7 @@ class Hop:
         connect_timeout: float,
         first_byte_timeout: float,
         stall_timeout: float,
+        keepalive_timeout: float = 5.0,
         reject: Reject = refusal,
     ) -> None:
         self.replica_id = replica_id
@@ -122,6 +124,10 @@ class Hop:
         self.first_byte_timeout = first_byte_timeout
         self.stall_timeout = stall_timeout
         self.reject = reject
+        # An idle pooled connection to an owner is dropped before the owner's own idle timeout
+        # (header_timeout, 10 s by default, on every replica alike) can close it under a request just sent
+        # on it: that request would fail, and a POST is never re-sent (it might have run).
+        self.keepalive_timeout = keepalive_timeout
         self._session: aiohttp.ClientSession | None = None
         self._outcomes = {o: metrics.forwarded_requests.labels(o.value) for o in HopOutcome}
 
@@ -131,7 +137,7 @@ class Hop:
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None),
             auto_decompress=False,  # the owner's bytes as they came, Content-Encoding and all
             cookie_jar=aiohttp.DummyCookieJar(),  # cookies are the client's, not the proxy's
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_timeout),
         )
 
     async def close(self) -> None:
