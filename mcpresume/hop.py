@@ -103,9 +103,22 @@ def hop_headers(request: web.Request, replica_id: str) -> list[tuple[str, str]]:
     return headers
 
 
+# Seconds over the owner's own worst case before its answer head, for the time between the replicas.
+HEAD_MARGIN: Final = 5.0
+
+
+def owner_head_timeout(connect_timeout: float, first_byte_timeout: float) -> float:
+    """How long a hop waits for the owner's answer head (``Hop``'s ``first_byte_timeout``): longer than
+    the owner itself may take before it answers (a credential ping to its upstream, then the request,
+    each with a connect and a first byte), so a slow upstream is the owner's own 504 ``upstream_timeout``
+    as without a hop, and only an owner that says nothing at all is 502 ``owner_unreachable`` here."""
+    return 2 * (connect_timeout + first_byte_timeout) + HEAD_MARGIN
+
+
 class Hop:
     """Forwards requests to other replicas over one pooled client session (``start`` / ``close``).
-    ``keepalive_timeout``: under the replicas' ``header_timeout`` (half of it, say)."""
+    ``first_byte_timeout``: ``owner_head_timeout(...)`` of the replicas' settings; ``keepalive_timeout``:
+    under the replicas' ``header_timeout`` (half of it, say)."""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from yarl import URL
 
 from mcpresume.context import DRAIN
 from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
-from mcpresume.hop import Hop, plan
+from mcpresume.hop import Hop, owner_head_timeout, plan
 from mcpresume.metrics import Metrics
 from mcpresume.route import Forward, Refuse, Serve, TakeOver
 from tests.conftest import ServeApp
@@ -319,6 +319,13 @@ async def test_an_owner_that_sends_no_answer_head_in_time_is_502(front: Front, o
         assert (await resp.json())["error"]["data"]["reason"] == "owner_unreachable"
     assert len(owner.seen) == 1  # it got there: the owner took it and said nothing within the bound
     assert _forwarded(front.metrics, "owner_unreachable") == 1
+
+
+def test_the_hop_waits_longer_for_the_owners_head_than_the_owner_waits_for_its_upstream() -> None:
+    # The owner answers a slow upstream with its own 504 after a credential ping and the request, each a
+    # connect plus a first byte at most: the hop's bound is past both, so the client gets that 504.
+    connect, first_byte = 10.0, 120.0
+    assert owner_head_timeout(connect, first_byte) > 2 * (connect + first_byte)
 
 
 async def test_a_client_that_leaves_closes_the_hop(front: Front, owner: Owner) -> None:
