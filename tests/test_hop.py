@@ -18,13 +18,16 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
 from mcpresume.context import DRAIN
 from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
 from mcpresume.hop import Hop, owner_head_timeout, plan
 from mcpresume.metrics import Metrics
-from mcpresume.route import Forward, Refuse, Serve, TakeOver
+from mcpresume.route import Forward, Refuse, Route, Serve, TakeOver
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import WindowLimits
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
@@ -406,3 +409,38 @@ async def test_through_the_hop_a_real_owner_serves_its_session_unchanged(
             assert resp.status == 404
             assert (await error_of(resp))["data"]["reason"] == "unknown_session"
     assert _forwarded(front.metrics, "relayed") == 2
+
+
+def _memory_store() -> MemoryStore:
+    return MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+
+
+def _request(method: str, headers: dict[str, str]) -> web.Request:
+    return make_mocked_request(method, "/mcp", headers=headers)
+
+
+async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
+    """plan() on a real store (the memory backend's registry): the owner it recorded at create_session, its
+    URL while the lease lives, no URL once it lapsed or was released."""
+    store = _memory_store()
+    await store.create_session("theirs", now=0.0, owner=OWNER)
+    await store.create_session("mine", now=0.0, owner=HERE)
+    await store.create_session("untagged", now=0.0)  # no owner recorded: one replica, as today
+    await store.register_replica(OWNER, "http://10.0.0.2:8080/mcp", ttl=10.0, now=0.0)
+
+    async def planned(session: str, now: float, **headers: str) -> Route:
+        return await plan(store, _request("POST", {SESSION_HEADER: session, **headers}), HERE, now)
+
+    assert await planned("theirs", 5.0) == Forward("http://10.0.0.2:8080/mcp")
+    assert await planned("mine", 5.0) == Serve()
+    assert await planned("untagged", 5.0) == Serve()
+    assert await planned("unknown", 5.0) == Serve()  # the handler answers 404 (or adopts) as today
+    assert await planned("theirs", 5.0, **{LAST_EVENT_ID_HEADER: "c"}) == Serve()
+    refused = await planned("theirs", 5.0, **{HOP_HEADER: "pod-c"})
+    assert isinstance(refused, Refuse) and refused.error.reason == "misrouted_hop"
+    assert await planned("theirs", 10.0) == TakeOver(OWNER)  # the lease lapsed
+    await store.register_replica(OWNER, "http://10.0.0.2:8080/mcp", ttl=10.0, now=10.0)  # renewed
+    assert await planned("theirs", 15.0) == Forward("http://10.0.0.2:8080/mcp")
+    await store.release_replica(OWNER)  # a drain released it: the takeover starts at once
+    assert await planned("theirs", 15.0) == TakeOver(OWNER)
+    assert await planned("theirs", 15.0, **{LAST_EVENT_ID_HEADER: "c"}) == Serve(owner_lost=True)

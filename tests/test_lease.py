@@ -14,6 +14,8 @@ import pytest
 from mcpresume.config import Settings, SettingsError, check_advertise_url, load_settings
 from mcpresume.lease import Lease, renew_interval
 from mcpresume.metrics import Metrics
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import WindowLimits
 from tests.support.metrics import sample
 
 URL = "http://10.0.0.5:8080/mcp"
@@ -105,6 +107,19 @@ async def test_a_release_that_fails_does_not_fail_the_stop() -> None:
     await lease.start()
     await lease.stop()  # logged; the lease lapses by itself a TTL later
     assert registry.released == ["pod-a"]
+
+
+async def test_the_lease_in_the_memory_stores_registry() -> None:
+    store = MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+    clock = Clock()
+    lease = Lease(store, "pod-a", URL, 10.0, Metrics(), clock)
+    await lease.start()
+    assert await store.replica_url("pod-a", clock.now) == URL
+    assert await store.live_replicas(clock.now) == 1
+    assert await store.replica_url("pod-a", clock.now + 10.0) is None  # unrenewed, it lapses by itself
+    await lease.stop()
+    assert await store.replica_url("pod-a", clock.now) is None  # released: no waiting for the TTL
+    assert await store.live_replicas(clock.now) == 0
 
 
 # -- the settings ----------------------------------------------------------------------------------------
