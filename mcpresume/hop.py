@@ -55,11 +55,18 @@ class Owners(Protocol):
 
 
 async def plan(
-    owners: Owners, request: web.Request, here: str, now: float, *, takeover_tried: bool = False
+    owners: Owners,
+    request: web.Request,
+    here: str,
+    now: float,
+    *,
+    needs_upstream: bool = False,
+    takeover_tried: bool = False,
 ) -> Route:
     """Where ``request`` (to the MCP endpoint) is served: ``route.route`` on what the store says of its
-    session's owner. The store is asked only for a request routing depends on, and the owner's URL only
-    when the owner is another replica. A session id the handler will refuse (400) is not looked up."""
+    session's owner (``needs_upstream`` and ``takeover_tried`` as there). The store is asked only for a
+    request routing depends on, and the owner's URL only when the owner is another replica. A session id
+    the handler will refuse (400) is not looked up."""
     session_id = request.headers.get(SESSION_HEADER)
     kind = kind_of(
         request.method, session=session_id is not None, cursor=LAST_EVENT_ID_HEADER in request.headers
@@ -74,6 +81,7 @@ async def plan(
         here=here,
         hopped=HOP_HEADER in request.headers,
         owner_url=owner_url,
+        needs_upstream=needs_upstream,
         takeover_tried=takeover_tried,
     )
 

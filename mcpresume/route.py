@@ -8,13 +8,18 @@ Every replica registers the URL at which the others reach it (``advertise_url``)
 A request of a session is then, by its kind and where the session's owner is:
 
 - ``INITIALIZE`` (no ``Mcp-Session-Id``): nothing to route on; served here (a new session begins here).
-- ``REATTACH`` (``Last-Event-ID``): served here, wherever the owner is, never forwarded: the window is in
-  the store, and live events reach every replica through the store's news. With the owner's lease gone
-  it is served all the same, and the shell starts the owner's takeover beside it (``Serve.owner_lost``).
-- ``POST``, ``GET`` (the standalone stream), ``DELETE``: served here when this replica owns the session or
-  no owner is known (an unknown session: the handler's own rules answer, 404 ``unknown_session`` or the
-  adoption of a session the upstream knows); forwarded to the owner's advertised URL while its lease is
-  live; while it is not, the takeover path runs (``TakeOver``) and the request is routed again after it.
+- ``REATTACH`` (``GET`` with ``Last-Event-ID``): served here, wherever the owner is, never forwarded: the
+  window is in the store, and live events reach every replica through the store's news. With the owner's
+  lease gone it is served all the same, and the shell starts the owner's takeover beside it
+  (``Serve.owner_lost``). Unless serving it would reach the upstream (``needs_upstream``: a credential
+  ping for credentials new to the session, a new standalone stream after the upstream ended the old one):
+  only the owner's upstream knows the session, so it then goes where a ``GET`` goes.
+- ``POST``, ``RESEND`` (``POST`` with ``Last-Event-ID``: the new messages it carries go upstream beside
+  the tail it asks for), ``GET`` (the standalone stream), ``DELETE``: served here when this replica owns
+  the session or no owner is known (an unknown session: the handler's own rules answer, 404
+  ``unknown_session`` or the adoption of a session the upstream knows); forwarded to the owner's
+  advertised URL while its lease is live; while it is not, the takeover path runs (``TakeOver``) and the
+  request is routed again after it.
 - ``OTHER`` (any other method): answered here, as without a store.
 
 Two rules keep forwarding finite and safe:
@@ -46,7 +51,8 @@ class Kind(enum.Enum):
     INITIALIZE = "initialize"  # no Mcp-Session-Id: initialize, or a request the handler answers alone
     POST = "post"  # a JSON-RPC message of a session, no Last-Event-ID
     GET = "get"  # the session's standalone stream, no Last-Event-ID
-    REATTACH = "reattach"  # a GET or POST with Last-Event-ID: a re-attach
+    REATTACH = "reattach"  # a GET with Last-Event-ID: a re-attach
+    RESEND = "resend"  # a POST with Last-Event-ID: a re-attach that may carry new messages too
     DELETE = "delete"  # the session's end
     OTHER = "other"  # any other method (405 as without a store)
 
@@ -56,12 +62,17 @@ def kind_of(method: str, *, session: bool, cursor: bool) -> Kind:
     (``session``) and ``Last-Event-ID`` (``cursor``)."""
     if not session:
         return Kind.INITIALIZE
-    if method in ("GET", "POST") and cursor:
-        return Kind.REATTACH
-    return _KIND_OF_METHOD.get(method, Kind.OTHER)
+    return _KIND_OF_METHOD.get((method, cursor and method != "DELETE"), Kind.OTHER)
 
 
-_KIND_OF_METHOD: Final = {"GET": Kind.GET, "POST": Kind.POST, "DELETE": Kind.DELETE}
+# (method, carries a cursor) -> kind; a cursor means nothing to a DELETE.
+_KIND_OF_METHOD: Final = {
+    ("GET", False): Kind.GET,
+    ("GET", True): Kind.REATTACH,
+    ("POST", False): Kind.POST,
+    ("POST", True): Kind.RESEND,
+    ("DELETE", False): Kind.DELETE,
+}
 
 
 class Owner(enum.Enum):
@@ -113,7 +124,7 @@ class TakeOver:
 Route = Serve | Forward | Refuse | TakeOver
 
 # The kinds whose answer depends on where the session's owner is.
-_ROUTED: Final = frozenset({Kind.POST, Kind.GET, Kind.DELETE, Kind.REATTACH})
+_ROUTED: Final = frozenset({Kind.POST, Kind.RESEND, Kind.GET, Kind.DELETE, Kind.REATTACH})
 
 
 def route(
@@ -123,18 +134,20 @@ def route(
     here: str,
     hopped: bool,
     owner_url: str | None,
+    needs_upstream: bool = False,
     takeover_tried: bool = False,
 ) -> Route:
     """Where a request is served. ``owner``: the session's owner as the store has it (None: session
     unknown); ``here``: this replica's id; ``hopped``: the request carries the hop header; ``owner_url``:
     the registry's live URL of ``owner`` (None: no live lease; ignored unless the owner is another
-    replica); ``takeover_tried``: this is the routing after the takeover path ran for this request."""
+    replica); ``needs_upstream``: serving a re-attach here would reach the upstream (only ``REATTACH``
+    asks); ``takeover_tried``: this is the routing after the takeover path ran for this request."""
     if kind not in _ROUTED:
         return Serve()
     where = owner_of(owner, here, owner_url)
     if where in (Owner.UNKNOWN, Owner.HERE):
         return Serve()
-    if kind is Kind.REATTACH:
+    if kind is Kind.REATTACH and not needs_upstream:
         return Serve(owner_lost=where is Owner.LOST)
     if where is Owner.LIVE:
         assert owner_url is not None  # owner_of said so

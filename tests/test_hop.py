@@ -428,14 +428,16 @@ async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
     await store.create_session("untagged", now=0.0)  # no owner recorded: one replica, as today
     await store.register_replica(OWNER, "http://10.0.0.2:8080/mcp", ttl=10.0, now=0.0)
 
-    async def planned(session: str, now: float, **headers: str) -> Route:
-        return await plan(store, _request("POST", {SESSION_HEADER: session, **headers}), HERE, now)
+    async def planned(session: str, now: float, method: str = "POST", **headers: str) -> Route:
+        return await plan(store, _request(method, {SESSION_HEADER: session, **headers}), HERE, now)
 
     assert await planned("theirs", 5.0) == Forward("http://10.0.0.2:8080/mcp")
     assert await planned("mine", 5.0) == Serve()
     assert await planned("untagged", 5.0) == Serve()
     assert await planned("unknown", 5.0) == Serve()  # the handler answers 404 (or adopts) as today
-    assert await planned("theirs", 5.0, **{LAST_EVENT_ID_HEADER: "c"}) == Serve()
+    assert await planned("theirs", 5.0, "GET", **{LAST_EVENT_ID_HEADER: "c"}) == Serve()  # re-attach
+    # A POST with a cursor carries messages for the upstream too: the owner's.
+    assert await planned("theirs", 5.0, **{LAST_EVENT_ID_HEADER: "c"}) == Forward("http://10.0.0.2:8080/mcp")
     refused = await planned("theirs", 5.0, **{HOP_HEADER: "pod-c"})
     assert isinstance(refused, Refuse) and refused.error.reason == "misrouted_hop"
     assert await planned("theirs", 10.0) == TakeOver(OWNER)  # the lease lapsed
@@ -443,4 +445,4 @@ async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
     assert await planned("theirs", 15.0) == Forward("http://10.0.0.2:8080/mcp")
     await store.release_replica(OWNER)  # a drain released it: the takeover starts at once
     assert await planned("theirs", 15.0) == TakeOver(OWNER)
-    assert await planned("theirs", 15.0, **{LAST_EVENT_ID_HEADER: "c"}) == Serve(owner_lost=True)
+    assert await planned("theirs", 15.0, "GET", **{LAST_EVENT_ID_HEADER: "c"}) == Serve(owner_lost=True)

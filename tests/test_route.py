@@ -29,17 +29,23 @@ OWNERS = (None, "", HERE, OTHER)  # the store's owner(): unknown, no owner recor
 URLS = (None, OTHER_URL)  # the registry's replica_url(owner): no live lease, a live one
 BOOLS = (False, True)
 
+SESSION_KINDS = (Kind.POST, Kind.RESEND, Kind.GET, Kind.DELETE)  # what only the owner's upstream may see
+
 # (where the owner is, kind) -> what a request without the hop header gets, before any takeover.
 EXPECTED: dict[tuple[Owner, Kind], str] = {
     **{(owner, Kind.INITIALIZE): "serve" for owner in Owner},
     **{(owner, Kind.OTHER): "serve" for owner in Owner},
-    **{(Owner.UNKNOWN, kind): "serve" for kind in (Kind.POST, Kind.GET, Kind.DELETE, Kind.REATTACH)},
-    **{(Owner.HERE, kind): "serve" for kind in (Kind.POST, Kind.GET, Kind.DELETE, Kind.REATTACH)},
-    **{(Owner.LIVE, kind): "forward" for kind in (Kind.POST, Kind.GET, Kind.DELETE)},
+    **{(Owner.UNKNOWN, kind): "serve" for kind in (*SESSION_KINDS, Kind.REATTACH)},
+    **{(Owner.HERE, kind): "serve" for kind in (*SESSION_KINDS, Kind.REATTACH)},
+    **{(Owner.LIVE, kind): "forward" for kind in SESSION_KINDS},
     (Owner.LIVE, Kind.REATTACH): "serve",  # re-attach anywhere: never forwarded
-    **{(Owner.LOST, kind): "takeover" for kind in (Kind.POST, Kind.GET, Kind.DELETE)},
+    **{(Owner.LOST, kind): "takeover" for kind in SESSION_KINDS},
     (Owner.LOST, Kind.REATTACH): "serve, owner lost",
 }
+
+# A re-attach whose serving would reach the upstream (a credential ping, a new standalone stream) goes where
+# a GET goes: only the owner's upstream knows the session. needs_upstream changes nothing else.
+NEEDING_UPSTREAM = {(owner, Kind.REATTACH): EXPECTED[owner, Kind.GET] for owner in Owner}
 
 # What the hop header and a takeover already tried do to those: only refuse, never add a hop or a takeover.
 WITH_HOP = {"forward": "refuse misrouted_hop"}
@@ -66,14 +72,23 @@ def test_the_table_covers_every_owner_and_kind() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "owner", "hopped", "owner_url", "tried"),
-    list(itertools.product(Kind, OWNERS, BOOLS, URLS, BOOLS)),
+    ("kind", "owner", "hopped", "owner_url", "needs_upstream", "tried"),
+    list(itertools.product(Kind, OWNERS, BOOLS, URLS, BOOLS, BOOLS)),
 )
 def test_every_combination_is_routed_by_the_table(
-    kind: Kind, owner: str | None, hopped: bool, owner_url: str | None, tried: bool
+    kind: Kind, owner: str | None, hopped: bool, owner_url: str | None, needs_upstream: bool, tried: bool
 ) -> None:
-    decision = route(kind, owner=owner, here=HERE, hopped=hopped, owner_url=owner_url, takeover_tried=tried)
-    expected = EXPECTED[owner_of(owner, HERE, owner_url), kind]
+    decision = route(
+        kind,
+        owner=owner,
+        here=HERE,
+        hopped=hopped,
+        owner_url=owner_url,
+        needs_upstream=needs_upstream,
+        takeover_tried=tried,
+    )
+    key = owner_of(owner, HERE, owner_url), kind
+    expected = NEEDING_UPSTREAM.get(key, EXPECTED[key]) if needs_upstream else EXPECTED[key]
     if hopped:
         expected = WITH_HOP.get(expected, expected)
     if tried:
@@ -83,7 +98,7 @@ def test_every_combination_is_routed_by_the_table(
     if isinstance(decision, Forward):
         assert decision.url == owner_url == OTHER_URL  # the target only ever comes from the registry
         assert not hopped  # a forwarded request is never forwarded again
-        assert kind in (Kind.POST, Kind.GET, Kind.DELETE)
+        assert kind in SESSION_KINDS or (kind is Kind.REATTACH and needs_upstream)
     if isinstance(decision, TakeOver):
         assert decision.owner == owner == OTHER and owner_url is None
         assert not tried  # the second routing never starts another takeover: no loop
@@ -92,7 +107,7 @@ def test_every_combination_is_routed_by_the_table(
         assert error.status in (503,) and error.reason in ("misrouted_hop", "owner_lost")
         body = jsonrpc_error_body(error, 7)
         assert body["error"]["data"]["reason"] == error.reason and body["id"] == 7
-    if kind is Kind.REATTACH:
+    if kind is Kind.REATTACH and not needs_upstream:
         assert isinstance(decision, Serve)  # served anywhere, never forwarded nor refused by routing
 
 
@@ -120,7 +135,7 @@ KINDS = {
     ("PUT", False, False): Kind.INITIALIZE,
     ("PUT", False, True): Kind.INITIALIZE,
     ("POST", True, False): Kind.POST,
-    ("POST", True, True): Kind.REATTACH,
+    ("POST", True, True): Kind.RESEND,  # its new messages must reach the owner's upstream
     ("GET", True, False): Kind.GET,
     ("GET", True, True): Kind.REATTACH,
     ("DELETE", True, False): Kind.DELETE,
