@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     )
     store: str = Field("memory", description="'memory', or a redis:// URL (scale-out, later)")
 
+    # -- several replicas (a shared store) ----------------------------------------------------------------
+    advertise_url: str | None = Field(
+        None,
+        description="URL at which the other replicas reach this proxy's MCP endpoint, e.g. "
+        "http://POD_IP:8080/mcp (required with a redis:// store)",
+    )
+    owner_lease_ttl: float = Field(
+        10.0, gt=0, description="seconds this replica's lease lives unrenewed (renewed every third of it)"
+    )
+
     # -- clients -----------------------------------------------------------------------------------------
     replica_id: str = Field(
         "", description="this replica's name in a shared store (empty: the host name, the pod's)"
@@ -149,6 +159,20 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL with a host")
         return value
 
+    @field_validator("advertise_url")
+    @classmethod
+    def _check_advertise_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment:
+            raise ValueError("must have no query or fragment")
+        if parts.hostname in _UNREACHABLE_HOSTS:
+            raise ValueError("must name an address the other replicas reach, not a wildcard listen address")
+        return value
+
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: str) -> str:
@@ -171,6 +195,20 @@ class Settings(BaseSettings):
 
 class SettingsError(Exception):
     """A setting is invalid: the message is one line naming the setting and the problem."""
+
+
+# Listen-on-everything addresses: valid for ``host``, never an address another replica can connect to.
+_UNREACHABLE_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
+def check_advertise_url(store: str, advertise_url: str | None) -> None:
+    """At start-up: a shared store needs the URL at which the other replicas reach this one (requests of
+    its sessions are forwarded there), and there is no default that would be right in a cluster."""
+    if store != "memory" and advertise_url is None:
+        raise SettingsError(
+            "advertise_url: required when store is a Redis URL (the URL at which the other replicas "
+            "reach this proxy's MCP endpoint, e.g. http://$POD_IP:8080/mcp; env MCPRESUME_ADVERTISE_URL)"
+        )
 
 
 def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settings:
