@@ -32,6 +32,7 @@ from mcpresume.window import WindowLimits
 log = logging.getLogger("mcpresume")
 
 CONTEXT = web.AppKey("context", ProxyContext)
+PROXY = web.AppKey("proxy", Proxy)
 
 # How often idle sessions and expired events are reaped, at most. A tenth of the TTL keeps the overshoot
 # small; the cap keeps gauges fresh for scrapes.
@@ -105,7 +106,8 @@ def build_app(
     # would answer in plain text, so it is set just above ours.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[CONTEXT] = ctx
-    app.router.add_route("*", "/{tail:.*}", Proxy(ctx).handle)
+    proxy = app[PROXY] = Proxy(ctx)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
     app.cleanup_ctx.append(_lifecycle)
     return app
 
@@ -114,6 +116,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
     await ctx.store.start()
     await ctx.upstream.start()
+    # Streams this replica's previous process was pumping when it died (a shared store kept them).
+    app[PROXY].adopt(await ctx.store.orphans(ctx.settings.replica))
     reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx))
     yield
     ctx.start_draining()

@@ -54,14 +54,24 @@ class Settings(BaseSettings):
     store: str = Field(
         "memory", description="'memory' (this process), or a redis://, rediss:// or unix:// URL (shared)"
     )
-    replica_id: str | None = Field(
-        None, description="this replica's name in the shared store (none: the host name, a pod's name)"
-    )
     store_outage_grace: float = Field(
         10.0, gt=0, description="seconds a pump holds its upstream while the shared store is down"
     )
 
+    # -- several replicas (a shared store) ----------------------------------------------------------------
+    advertise_url: str | None = Field(
+        None,
+        description="URL at which the other replicas reach this proxy's MCP endpoint, e.g. "
+        "http://POD_IP:8080/mcp (required with a redis:// store)",
+    )
+    owner_lease_ttl: float = Field(
+        10.0, gt=0, description="seconds this replica's lease lives unrenewed (renewed every third of it)"
+    )
+
     # -- clients -----------------------------------------------------------------------------------------
+    replica_id: str = Field(
+        "", description="this replica's name in a shared store (empty: the host name, the pod's)"
+    )
     stall_timeout: float = Field(30.0, gt=0, description="seconds a client may not drain before detach")
     overflow: Literal["evict", "pause"] = Field(
         "evict", description="while no client reads a full window: evict the oldest, or pause the upstream"
@@ -139,6 +149,11 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name!r} is not a header name")
         return list(dict.fromkeys(names))  # each once, in the order given
 
+    @property
+    def replica(self) -> str:
+        """This replica's name: ``replica_id``, else the host name."""
+        return self.replica_id or socket.gethostname()
+
     @field_validator("upstream")
     @classmethod
     def _check_upstream(cls, value: str | None) -> str | None:
@@ -149,6 +164,20 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL with a host")
         return value
 
+    @field_validator("advertise_url")
+    @classmethod
+    def _check_advertise_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if parts.query or parts.fragment:
+            raise ValueError("must have no query or fragment")
+        if parts.hostname in _UNREACHABLE_HOSTS:
+            raise ValueError("must name an address the other replicas reach, not a wildcard listen address")
+        return value
+
     @field_validator("store")
     @classmethod
     def _check_store(cls, value: str) -> str:
@@ -156,11 +185,6 @@ class Settings(BaseSettings):
             # redis-py parses these three itself; no other scheme (redis+sentinel:// included) is invented.
             raise ValueError("must be 'memory' or a redis://, rediss:// or unix:// URL")
         return value
-
-    @property
-    def replica(self) -> str:
-        """This replica's name: ``replica_id``, else the host name (in Kubernetes, the pod's name)."""
-        return self.replica_id or socket.gethostname()
 
     @classmethod
     def settings_customise_sources(
@@ -177,6 +201,20 @@ class Settings(BaseSettings):
 
 class SettingsError(Exception):
     """A setting is invalid: the message is one line naming the setting and the problem."""
+
+
+# Listen-on-everything addresses: valid for ``host``, never an address another replica can connect to.
+_UNREACHABLE_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+
+def check_advertise_url(store: str, advertise_url: str | None) -> None:
+    """At start-up: a shared store needs the URL at which the other replicas reach this one (requests of
+    its sessions are forwarded there), and there is no default that would be right in a cluster."""
+    if store != "memory" and advertise_url is None:
+        raise SettingsError(
+            "advertise_url: required when store is a Redis URL (the URL at which the other replicas "
+            "reach this proxy's MCP endpoint, e.g. http://$POD_IP:8080/mcp; env MCPRESUME_ADVERTISE_URL)"
+        )
 
 
 def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settings:

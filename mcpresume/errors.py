@@ -252,6 +252,32 @@ class UpstreamStreamLost(ProxyError):
     reason = "upstream_stream_lost"
 
 
+# -- several replicas (owner routing) ----------------------------------------------------------------------
+
+
+class OwnerUnreachable(ProxyError):
+    """502: the request was forwarded to the replica that owns its session, which could not be reached
+    (or did not answer its head in time)."""
+
+    status = 502
+    reason = "owner_unreachable"
+
+
+class MisroutedHop(ProxyError):
+    """503: a request forwarded by another replica (it carries the hop header) reached a replica that
+    does not own its session: ownership moved on the way. Never forwarded a second time."""
+
+    status = 503
+    reason = "misrouted_hop"
+
+
+class OwnerLost(ProxyError):
+    """503: the session's owner has no live lease, and its takeover left no live owner to serve it."""
+
+    status = 503
+    reason = "owner_lost"
+
+
 class ShuttingDown(ProxyError):
     status = 503
     reason = "shutting_down"

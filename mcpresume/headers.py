@@ -29,11 +29,17 @@ HOP_BY_HOP: Final = frozenset(
 )
 # Framing is the proxy's own on each side: the body is re-framed (chunked or sized) by the HTTP stack.
 _FRAMING: Final = frozenset({"content-length"})
+# Set by a replica that forwards a request to the replica owning its session (its value: the forwarding
+# replica's id). A request that carries it is never forwarded again (route.py).
+HOP_HEADER: Final = "Mcp-Resume-Hop"
+
 # The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
 # (the same default as nginx's proxy_pass). Expect: the proxy's HTTP server answers 100-continue itself
 # before the handler runs, so the body is on its way to the proxy: forwarded, the header would make the
 # upstream hop hold the body back for a 100 the upstream may never send.
-_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect"})
+# The hop header: what arrives under its name is never passed on, to the upstream or to another replica;
+# a replica that forwards a request sets its own.
+_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect", HOP_HEADER.lower()})
 
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mcpresume.resume import OUTCOMES
+from mcpresume.route import FORWARD_OUTCOMES
 from mcpresume.store import StoreStats
 from mcpresume.window import Evicted, EvictReason
 
@@ -106,6 +107,25 @@ class Metrics:
             "mcpresume_backpressure_detaches",
             "Client views detached because the client did not drain within stall_timeout.",
             registry=r,
+        )
+        self.forwarded_requests = Counter(
+            "mcpresume_forwarded_requests",
+            "Requests forwarded to the replica that owns their session, by outcome: relayed (its whole "
+            "answer), owner_unreachable (502), owner_broke (its answer ended early), client_gone (the "
+            "client left or stopped reading first), drained (this replica's drain ended it cleanly).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in FORWARD_OUTCOMES:
+            self.forwarded_requests.labels(outcome)
+        self.lease_renew_failures = Counter(
+            "mcpresume_lease_renew_failures",
+            "Renewals of this replica's lease in the store that failed (past owner_lease_ttl of them, "
+            "other replicas may take its sessions over).",
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "mcpresume_replicas", "Replicas with a live lease in the store, as this one last saw.", registry=r
         )
         self.max_sessions = Gauge("mcpresume_max_sessions", "The max_sessions setting.", registry=r)
         self.expired_sessions = Counter("mcpresume_expired_sessions", "Idle sessions reaped.", registry=r)

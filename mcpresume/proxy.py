@@ -74,7 +74,16 @@ from mcpresume.headers import (
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, SessionAccess, StreamOrigin, claim_refusal
+from mcpresume.session import (
+    Claim,
+    ClaimOutcome,
+    NewEvent,
+    Orphan,
+    PumpRecord,
+    SessionAccess,
+    StreamOrigin,
+    claim_refusal,
+)
 from mcpresume.sse import encode_comment, encode_frame, encode_retry, frame_body, priming_block
 from mcpresume.upstream import UpstreamAnswer
 from mcpresume.window import EventKind
@@ -428,8 +437,15 @@ class Proxy:
                 await self.store.settle(sid, keys, epoch)
             return upstream
         now = self.ctx.clock()
+        record = self._pump_record(request, sid, message.request_ids)
         stream = await self.store.open_stream(
-            sid, StreamOrigin.POST, message.request_keys, now, epoch, priming=_primes(request, message)
+            sid,
+            StreamOrigin.POST,
+            message.request_keys,
+            now,
+            epoch,
+            priming=_primes(request, message),
+            pump=record,
         )
         if stream is None:
             # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
@@ -438,7 +454,7 @@ class Proxy:
             return UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = self.ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
-        self._spawn_pump(self._job(request, sid, stream.number, message.request_ids), upstream)
+        self._spawn_pump(PumpJob.of(sid, stream.number, record, log_id(sid)), upstream)
         return _Opened(sid, stream.number, stream.priming_seq, _client_headers(self.ctx, upstream), reader)
 
     async def _after_standalone_sent(self, session_id: str) -> None:
@@ -453,30 +469,45 @@ class Proxy:
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
         try:
-            epoch = await self.store.create_session(session_id, self.ctx.clock(), credential)
+            epoch = await self.store.create_session(
+                session_id, self.ctx.clock(), credential, self.settings.replica
+            )
         except ProxyError as error:
             log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
             return None
         log.info("session %s begins", log_id(session_id))
         return epoch
 
-    def _job(
-        self, request: web.Request, session_id: str, stream: int, request_ids: tuple[str | int, ...]
-    ) -> PumpJob:
+    def _pump_record(
+        self, request: web.Request, session_id: str, request_ids: tuple[str | int, ...]
+    ) -> PumpRecord:
         # A resume GET speaks for the client: its session, protocol revision and credentials.
         resume_headers = [(SESSION_HEADER, session_id)]
         version = request.headers.get(PROTOCOL_VERSION_HEADER)
         if version is not None:
             resume_headers.append((PROTOCOL_VERSION_HEADER, version))
         resume_headers += credential_headers_of(self.ctx, request)
-        return PumpJob(
-            session_id, stream, request_ids, log_id(session_id), request.path_qs, tuple(resume_headers)
-        )
+        return PumpRecord(request_ids, request.path_qs, tuple(resume_headers))
+
+    def _pump(self, job: PumpJob) -> Pump:
+        ctx = self.ctx
+        return Pump(job, self.store, ctx.local, self.metrics, self.upstream, ctx.clock, self._pump_settings)
 
     def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer, *, standalone: bool = False) -> None:
-        ctx = self.ctx
-        pump = Pump(job, self.store, ctx.local, self.metrics, self.upstream, ctx.clock, self._pump_settings)
-        self.ctx.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone)
+        self.ctx.pumps.spawn(job.session_id, self._pump(job).run(upstream), standalone=standalone)
+
+    def adopt(self, orphans: Sequence[Orphan]) -> None:
+        """Pump the streams another process of this replica (before a restart) was pumping: each resumed
+        upstream from its last upstream id, or ended with an error for each pending request."""
+        for orphan in orphans:
+            pump = self._pump(
+                PumpJob.of(orphan.session_id, orphan.stream, orphan.pump, log_id(orphan.session_id))
+            )
+            pump.restore(orphan.upstream_cursor, orphan.answered)
+            standalone = orphan.origin is StreamOrigin.GET
+            self.ctx.pumps.spawn(orphan.session_id, pump.run(None), standalone=standalone)
+        if orphans:
+            log.info("took over %d stream(s) left by this replica's previous process", len(orphans))
 
     async def _refuse_claim(
         self, request: web.Request, session_id: str, message: ClientMessage, claim: Claim
@@ -651,14 +682,21 @@ class Proxy:
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_version(self.ctx, request, session_id, granted)
                 now = self.ctx.clock()
+                record = self._pump_record(request, session_id, ())
                 opened = await self.store.open_stream(
-                    session_id, StreamOrigin.GET, (), now, granted.epoch, priming=_primes(request)
+                    session_id,
+                    StreamOrigin.GET,
+                    (),
+                    now,
+                    granted.epoch,
+                    priming=_primes(request),
+                    pump=record,
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
             if opened is not None:
                 reader = self.ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
-                job = self._job(request, session_id, opened.number, ())
+                job = PumpJob.of(session_id, opened.number, record, log_id(session_id))
                 # The head is read before the pump starts reading the body (which lets go of it).
                 plan = ViewPlan(
                     (opened.number,),

@@ -36,7 +36,7 @@ from mcpresume.flow import Appended, Guard
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
-from mcpresume.session import NewEvent
+from mcpresume.session import NewEvent, PumpRecord
 from mcpresume.sse import SSEParser, SSERun
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream, UpstreamAnswer
@@ -60,6 +60,15 @@ class PumpJob:
     path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
     # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
     resume_headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def record(self) -> PumpRecord:
+        """What the store keeps of it, so another pump can take the stream over (``SessionStore.orphans``)."""
+        return PumpRecord(self.request_ids, self.path_qs, self.resume_headers)
+
+    @classmethod
+    def of(cls, session_id: str, stream: int, record: PumpRecord, log_id: str) -> PumpJob:
+        return cls(session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,7 @@ class Pump:
 
     # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
     __slots__ = (
+        "_cursor_of",
         "_duplicates",
         "_paused_out",
         "attempts",
@@ -169,6 +179,7 @@ class Pump:
         self.attempts = 0  # resume attempts since the last progress
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self._duplicates = 0  # of events.duplicates, those already counted in the metrics
+        self._cursor_of: bytes | None = None  # the upstream id last handed to the store
         self.failure = "the upstream closed the stream before the response"
 
     @property
@@ -176,9 +187,13 @@ class Pump:
         """The requests whose responses have not arrived yet (the core's: it settles them)."""
         return self.events.pending
 
-    async def run(self, response: UpstreamAnswer) -> None:
+    async def run(self, response: UpstreamAnswer | None) -> None:
+        """Read the stream to its end: from ``response``, or (None: a stream taken over from a pump that is
+        gone, ``restore``) by resuming it upstream first."""
         current: UpstreamAnswer | None = response
         try:
+            if current is None and not self.events.complete:
+                current = await self._resume()
             while current is not None:
                 end = await self._read(current)
                 if not self.events.resumable(end):
@@ -227,6 +242,7 @@ class Pump:
             return
         self.attempts = 0  # progress
         step, metrics = self.step, self.metrics
+        final = batches[-1]
         for batch in batches:
             for start in range(0, len(batch), step):
                 if len(batch) <= step:
@@ -236,9 +252,11 @@ class Pump:
                 else:
                     part = batch[start : start + step]
                 metrics.upstream_events.inc(len(part))
-                await self._store(part)
+                # The upstream's last id goes with the read's last slice: a stream taken over after a crash
+                # between slices is resumed from before the slices that never reached the store.
+                await self._store(part, last=batch is final and start + step >= len(batch))
 
-    async def _store(self, events: SSERun | list[NewEvent]) -> None:
+    async def _store(self, events: SSERun | list[NewEvent], *, last: bool = False) -> None:
         """Append, without evicting what an attached client has yet to receive: wait (bounded) for it to
         read. A client that stays behind longer than stall_timeout is detached and must re-attach. With
         overflow = pause, also wait while appending would evict what no client ever received: the pump
@@ -246,27 +264,46 @@ class Pump:
         passes (then it evicts from now on)."""
         local, sid, settings = self.local, self.job.session_id, self.settings
         pausing = settings.pause and not self._paused_out
-        appended = await self._put(events, local.guard(sid, keep_undelivered=pausing))
+        put = self._put_last if last else self._put
+        appended = await put(events, local.guard(sid, keep_undelivered=pausing))
         if appended.blocked is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + (settings.session_ttl if pausing else settings.stall_timeout)
             while appended.blocked is not None and (remaining := deadline - loop.time()) > 0:
                 await local.readers_moved(sid, remaining)
-                appended = await self._put(events, local.guard(sid, keep_undelivered=pausing))
+                appended = await put(events, local.guard(sid, keep_undelivered=pausing))
             if appended.blocked is not None:
                 if pausing:
                     self._paused_out = True  # paused for session_ttl with nobody reading
-                    appended = await self._put(events, local.guard(sid))
+                    appended = await put(events, local.guard(sid))
                 if appended.blocked is not None:
                     self._drop_lagging(appended.blocked, local.guard(sid))
-                    appended = await self._put(events, None)
+                    appended = await put(events, None)
         self.metrics.evicted(appended.evicted)
 
-    def _put(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Awaitable[Appended]:
-        job = self.job
+    def restore(self, upstream_cursor: str | None, answered: tuple[str, ...]) -> None:
+        """Take over a stream another pump read (``SessionStore.orphans``): ``run(None)`` then resumes it."""
+        self.events.restore(upstream_cursor, answered)
+        self._cursor_of = self.events.last_id
+        self.failure = "the proxy that read the upstream stream stopped"
+
+    def _put(
+        self, events: SSERun | list[NewEvent], guard: Guard | None, cursor: str | None = None
+    ) -> Awaitable[Appended]:
+        job, store = self.job, self.store
         if isinstance(events, SSERun):
-            return self.store.append_run(job.session_id, job.stream, events, self.clock(), guard)
-        return self.store.append(job.session_id, job.stream, events, self.clock(), guard)
+            return store.append_run(job.session_id, job.stream, events, self.clock(), guard, cursor)
+        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor)
+
+    async def _put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+        """``_put`` for the last slice of an upstream read: with the upstream's last id, when it is new."""
+        last_id = self.events.last_id
+        if last_id is self._cursor_of:
+            return await self._put(events, guard)
+        appended = await self._put(events, guard, self.events.resume_cursor)
+        if appended.blocked is None:
+            self._cursor_of = last_id
+        return appended
 
     def _drop_lagging(self, blocked: tuple[int, ...], guard: Guard | None) -> None:
         if guard is None:

@@ -55,6 +55,30 @@ class StreamOrigin(enum.Enum):
     GET = "get"  # the standalone stream a client opens with GET: server-initiated messages
 
 
+@dataclass(frozen=True, slots=True)
+class PumpRecord:
+    """What reading a stream's upstream again needs, kept with the stream: a replica that restarts (or takes
+    over) resumes the stream upstream from its last upstream event id, or answers its pending requests."""
+
+    request_ids: tuple[str | int, ...]  # as the client sent them: the synthesized errors answer with them
+    path_qs: str  # the MCP endpoint, where a resume GET goes
+    # Mcp-Session-Id, the client's MCP-Protocol-Version and credentials: what a resume GET carries.
+    resume_headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A live stream whose pump may be gone (``SessionStore.orphans``)."""
+
+    session_id: str
+    epoch: str
+    stream: int
+    origin: StreamOrigin
+    pump: PumpRecord
+    upstream_cursor: str | None  # the upstream's last event id appended; None: it sent none
+    answered: tuple[str, ...]  # the request keys whose responses are in
+
+
 @dataclass(slots=True)
 class StreamState:
     """A stream's record (its number is its key in ``SessionState.streams``)."""
@@ -74,6 +98,9 @@ class StreamState:
     # It began with a priming event (2025-11-25 and later); without one, its first event is a message and
     # ``last_seq`` stays ``first_seq - 1`` until it comes.
     primed: bool = True
+    pump: PumpRecord | None = None  # how to read its upstream again (None: it cannot be)
+    upstream_cursor: str | None = None  # the upstream's last event id appended
+    answered: tuple[str, ...] = ()  # request keys whose responses were appended
 
 
 @dataclass(slots=True)  # not frozen: built per upstream event, and frozen construction is ~3.5x slower
@@ -276,7 +303,13 @@ class SessionState:
     # -- streams -----------------------------------------------------------------------------------------
 
     def open_stream(
-        self, origin: StreamOrigin, request_keys: Sequence[str], now: float, *, priming: bool = True
+        self,
+        origin: StreamOrigin,
+        request_keys: Sequence[str],
+        now: float,
+        *,
+        priming: bool = True,
+        pump: PumpRecord | None = None,
     ) -> Event:
         """Start a stream and append its priming event; returns the priming event. ``priming=False`` (a
         client of a revision before 2025-11-25, which may parse every event's data as JSON): no event is
@@ -284,7 +317,9 @@ class SessionState:
         number = self.next_stream
         self.next_stream += 1
         seq = self.next_seq
-        self.streams[number] = StreamState(origin, seq, seq if priming else seq - 1, primed=priming)
+        self.streams[number] = StreamState(
+            origin, seq, seq if priming else seq - 1, primed=priming, pump=pump
+        )
         for key in request_keys:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
@@ -303,6 +338,9 @@ class SessionState:
         state = self.streams.get(stream)
         if state is None or not state.live or not items:
             return Evicted()
+        answered = [item.response_key for item in items if item.response_key is not None]
+        if answered:
+            state.answered = (*state.answered, *answered)
         return self._add(Segment.of(stream, self.next_seq, [item.body for item in items], now), now)
 
     def append_run(self, stream: int, run: SSERun, now: float) -> Evicted:
@@ -388,6 +426,20 @@ class SessionState:
                 if other is not None:
                     other.group = tuple(n for n in other.group if n != number)
                     other.group_lost = max(other.group_lost, state.last_seq)
+
+    def pumped_at(self, stream: int, upstream_cursor: str) -> None:
+        """The stream's upstream events are appended through ``upstream_cursor`` (its last event id)."""
+        state = self.streams.get(stream)
+        if state is not None and state.live:
+            state.upstream_cursor = upstream_cursor
+
+    def orphans(self) -> list[Orphan]:
+        """The live streams with a pump record (``Orphan``)."""
+        return [
+            Orphan(self.session_id, self.epoch, n, s.origin, s.pump, s.upstream_cursor, s.answered)
+            for n, s in self.streams.items()
+            if s.live and s.pump is not None
+        ]
 
     def live_streams(self) -> int:
         return sum(1 for s in self.streams.values() if s.live)

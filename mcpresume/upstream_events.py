@@ -85,12 +85,23 @@ def refuses_resume(status: int) -> bool:
 class UpstreamEvents:
     """One logical upstream stream's events -> what to append, over as many connections as it takes."""
 
-    __slots__ = ("_recent", "_seen", "_spelling", "complete", "duplicates", "last_id", "pending", "retry_ms")
+    __slots__ = (
+        "_answers",
+        "_recent",
+        "_seen",
+        "_spelling",
+        "complete",
+        "duplicates",
+        "last_id",
+        "pending",
+        "retry_ms",
+    )
 
     def __init__(self, request_ids: Iterable[str | int] = ()) -> None:
         # Request key -> the id as the client sent it (the synthesized errors answer with it). Mutated in
         # place, never rebound: a holder of this dict sees what is pending.
         self.pending: dict[str, str | int] = {request_key(i): i for i in request_ids}
+        self._answers = bool(self.pending)  # a POST stream: complete once every response is in
         self.complete = False
         self.last_id: bytes | None = None
         self.retry_ms: int | None = None
@@ -117,6 +128,14 @@ class UpstreamEvents:
     def resumable(self, end: End) -> bool:
         """Whether the stream is reopened after its connection ended with ``end``."""
         return end in RESUMABLE_ENDS and not self.complete
+
+    def restore(self, cursor: str | None, answered: Iterable[str]) -> None:
+        """Continue a stream another pump read (a restart, a takeover): from the upstream's last event id it
+        appended, with the responses it appended settled."""
+        self.last_id = None if cursor is None else cursor.encode("ascii", "replace")
+        for key in answered:
+            self.pending.pop(key, None)
+        self.complete = bool(self._answers) and not self.pending
 
     def resumed(self) -> None:
         """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""

@@ -191,9 +191,7 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
     appended: list[SSERun] = []
 
     class Store:
-        async def append_run(
-            self, _sid: str, _stream: int, run: SSERun, _now: float, _guard: object = None
-        ) -> Appended:
+        async def append_run(self, _sid: str, _stream: int, run: SSERun, _now: float, *_: object) -> Appended:
             appended.append(run)
             return Appended(Evicted())
 

@@ -29,6 +29,7 @@ CORE_MODULES = (
     "credentials",
     "upstream_events",
     "flow",
+    "route",
 )
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.

@@ -25,10 +25,10 @@ from mcpresume.flow import Guard
 from mcpresume.local import GONE
 from mcpresume.metrics import Metrics
 from mcpresume.resume import decide
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, ReadResult, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.store.memory import MemoryStore
-from mcpresume.store.redis import OrphanStream, RedisStore, session_keys
+from mcpresume.store.redis import RedisStore, session_keys
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisClusterProcesses, RedisProcess
 
@@ -136,11 +136,14 @@ class RedisAgainstMemory(RuleBasedStateMachine):
     def pick(self, pick: int) -> int:
         return pick % (self.top() + 1)
 
-    @rule(origin=st.sampled_from(StreamOrigin), priming=st.booleans())
-    def open_stream(self, origin: StreamOrigin, priming: bool) -> None:
+    @rule(origin=st.sampled_from(StreamOrigin), priming=st.booleans(), pumped=st.booleans())
+    def open_stream(self, origin: StreamOrigin, priming: bool, pumped: bool) -> None:
         keys = [f"n:{self.requests}"] if origin is StreamOrigin.POST else []
+        pump = PumpRecord((self.requests,), "/mcp", (("mcp-session-id", "up"),)) if pumped else None
         self.requests += 1
-        a, b = self.run(self.both("open_stream", self.sid, origin, keys, self.now, priming=priming))
+        a, b = self.run(
+            self.both("open_stream", self.sid, origin, keys, self.now, priming=priming, pump=pump)
+        )
         assert (a is None) == (b is None)
         if a is not None:
             assert (a.number, a.priming_seq) == (b.number, b.priming_seq)
@@ -157,13 +160,17 @@ class RedisAgainstMemory(RuleBasedStateMachine):
     def append(
         self, pick: int, sizes: list[int], readers: list[tuple[list[int], int]], keep: bool, guarded: bool
     ) -> None:
-        """An append, guarded (this process's readers, overflow = pause) or not."""
+        """An append (a response among its events now and then), guarded (this process's readers, overflow =
+        pause) or not, carrying the upstream's last event id or not."""
         items = [msg(size) for size in sizes]
+        if keep:
+            items.append(NewEvent(frame_body(b'{"id":%d}' % pick), EventKind.RESPONSE, f"n:{pick}"))
         guard = None
         if guarded:
             positions = tuple((tuple(self.pick(n) for n in streams), at) for streams, at in readers)
             guard = Guard(positions, keep)
-        a, b = self.run(self.both("append", self.sid, self.pick(pick), items, self.now, guard))
+        cursor = f"up-{pick}" if guarded else None
+        a, b = self.run(self.both("append", self.sid, self.pick(pick), items, self.now, guard, cursor))
         assert a == b
 
     @rule(pick=st.integers(0, 100), sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4))
@@ -213,6 +220,10 @@ class RedisAgainstMemory(RuleBasedStateMachine):
         assert a_count == b_count
         if not a_count:
             return
+        orphans_a, orphans_b = self.run(self.both("orphans", ""))
+        assert [(o.stream, o.origin, o.pump, o.upstream_cursor, o.answered) for o in orphans_a] == [
+            (o.stream, o.origin, o.pump, o.upstream_cursor, o.answered) for o in orphans_b
+        ]
         for number in range(self.top() + 1):
             a, b = self.run(self.both("view", self.sid, number))
             assert (a.next_stream, a.newest_seq, a.oldest, a.newest, a.expires_at) == (
@@ -367,24 +378,27 @@ async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
     assert isinstance(decide(view, Cursor(epoch, opened.number, 1), now=0.0), CursorOutOfWindow)
 
 
-async def test_the_owner_registry_and_orphaned_streams(redis_db: str, make_store: Make) -> None:
+async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -> None:
     store = await make_store(redis_db)
     mine, theirs = new_id(), new_id()
-    await store.create_session(mine, now=0.0, owner="pod-a")
+    epoch = await store.create_session(mine, now=0.0, owner="pod-a")
     await store.create_session(theirs, now=0.0, owner="pod-b")
     assert (await store.owner(mine), await store.owner(theirs), await store.owner(new_id())) == (
         "pod-a",
         "pod-b",
         None,
     )
-    live = await store.open_stream(mine, StreamOrigin.POST, ["n:1", "n:2"], now=0.0)
-    ended = await store.open_stream(mine, StreamOrigin.POST, ["n:3"], now=0.0)
-    await store.open_stream(theirs, StreamOrigin.GET, [], now=0.0)
-    assert live is not None and ended is not None
-    await store.append(mine, live.number, [msg()], now=0.0, upstream_cursor="upstream-7")
+    pump = PumpRecord((1, "two"), "/mcp?x=1", (("mcp-session-id", "up-1"), ("authorization", "Bearer t")))
+    live = await store.open_stream(mine, StreamOrigin.POST, ["n:1", "s:two"], now=0.0, pump=pump)
+    ended = await store.open_stream(mine, StreamOrigin.POST, ["n:3"], now=0.0, pump=pump)
+    unpumped = await store.open_stream(mine, StreamOrigin.GET, [], now=0.0)
+    await store.open_stream(theirs, StreamOrigin.GET, [], now=0.0, pump=pump)
+    assert live is not None and ended is not None and unpumped is not None
+    answer = NewEvent(frame_body(b'{"jsonrpc":"2.0","id":1,"result":{}}'), EventKind.RESPONSE, "n:1")
+    await store.append(mine, live.number, [msg(), answer], now=0.0, upstream_cursor="upstream-7")
     await store.end_stream(mine, ended.number, now=0.0)
-    assert await store.orphaned_streams("pod-a") == [
-        OrphanStream(mine, live.number, StreamOrigin.POST, "upstream-7", ("n:1", "n:2"))
+    assert await store.orphans("pod-a") == [
+        Orphan(mine, epoch, live.number, StreamOrigin.POST, pump, "upstream-7", ("n:1",))
     ]
     await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
     assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from mcpresume.flow import Appended, Guard
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, StreamOrigin
+from mcpresume.session import Claim, NewEvent, Orphan, PumpRecord, ReadResult, SessionAccess, StreamOrigin
 from mcpresume.sse import SSERun
 from mcpresume.window import Evicted
 
@@ -125,9 +125,11 @@ class SessionStore(Protocol):
         epoch: str | None = None,
         *,
         priming: bool = True,
+        pump: PumpRecord | None = None,
     ) -> OpenedStream | None:
         """Start a stream with its priming event (``priming=False``: none, for clients of revisions before
-        2025-11-25); ``priming_seq`` is that event's seq (or the seq its first event may take)."""
+        2025-11-25); ``priming_seq`` is that event's seq (or the seq its first event may take). ``pump``:
+        how to read its upstream again after a restart (``orphans``)."""
         ...
 
     async def standalone_stream(self, session_id: str) -> int | None:
@@ -135,14 +137,28 @@ class SessionStore(Protocol):
         ...
 
     async def append(
-        self, session_id: str, stream: int, events: Sequence[NewEvent], now: float, guard: Guard | None = None
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
     ) -> Appended:
         """Append to a live stream, unless that would evict what ``guard`` protects (then nothing is
-        appended: ``Appended.blocked``); returns what the window evicted to make room."""
+        appended: ``Appended.blocked``); returns what the window evicted to make room. ``upstream_cursor``:
+        the upstream's last event id among them (kept for ``orphans``); RESPONSE events' keys are kept as
+        answered."""
         ...
 
     async def append_run(
-        self, session_id: str, stream: int, run: SSERun, now: float, guard: Guard | None = None
+        self,
+        session_id: str,
+        stream: int,
+        run: SSERun,
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
     ) -> Appended:
         """``append`` for a run of upstream message events (the hot path, see sse.SSERun)."""
         ...
@@ -169,6 +185,11 @@ class SessionStore(Protocol):
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
         """Client activity: a view attached or left, or is still open. An idle session expires
         ``session_ttl`` after its last touch."""
+        ...
+
+    async def orphans(self, owner: str) -> list[Orphan]:
+        """The live streams (with a pump record) of the sessions ``owner`` owns: after that replica restarted,
+        or its lease expired, nobody may be pumping them."""
         ...
 
     async def reap(self, now: float) -> tuple[list[str], Evicted]:

@@ -25,7 +25,16 @@ from mcpresume.errors import TooManySessions
 from mcpresume.flow import NOT_APPENDED, Appended, Guard
 from mcpresume.local import GONE
 from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, ReadResult, SessionAccess, SessionState, StreamOrigin
+from mcpresume.session import (
+    Claim,
+    NewEvent,
+    Orphan,
+    PumpRecord,
+    ReadResult,
+    SessionAccess,
+    SessionState,
+    StreamOrigin,
+)
 from mcpresume.sse import SSERun
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.window import Evicted, WindowLimits
@@ -285,11 +294,14 @@ class MemoryStore:
         epoch: str | None = None,
         *,
         priming: bool = True,
+        pump: PumpRecord | None = None,
     ) -> OpenedStream | None:
         session = self._incarnation(session_id, epoch)
         if session is None:
             return None
-        first = self._mutate(session, lambda s: s.open_stream(origin, request_keys, now, priming=priming))
+        first = self._mutate(
+            session, lambda s: s.open_stream(origin, request_keys, now, priming=priming, pump=pump)
+        )
         self._moved(session)
         self._enforce_total()
         self._notify(session)
@@ -300,7 +312,13 @@ class MemoryStore:
         return None if session is None else session.standalone
 
     async def append(
-        self, session_id: str, stream: int, events: Sequence[NewEvent], now: float, guard: Guard | None = None
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
     ) -> Appended:
         session = self._sessions.get(session_id)
         if session is None:
@@ -309,10 +327,18 @@ class MemoryStore:
             blocked = session.blocked(len(events), sum(len(event.body) for event in events), guard)
             if blocked is not None:
                 return Appended(Evicted(), blocked)
+        if upstream_cursor is not None:
+            session.pumped_at(stream, upstream_cursor)
         return self._appended(session, lambda s: s.append(stream, events, now))
 
     async def append_run(
-        self, session_id: str, stream: int, run: SSERun, now: float, guard: Guard | None = None
+        self,
+        session_id: str,
+        stream: int,
+        run: SSERun,
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
     ) -> Appended:
         session = self._sessions.get(session_id)
         if session is None:
@@ -321,6 +347,8 @@ class MemoryStore:
             blocked = session.blocked(len(run), run.size, guard)
             if blocked is not None:
                 return Appended(Evicted(), blocked)
+        if upstream_cursor is not None:
+            session.pumped_at(stream, upstream_cursor)
         return self._appended(session, lambda s: s.append_run(stream, run, now))
 
     def _appended(self, session: SessionState, append: Callable[[SessionState], Evicted]) -> Appended:
@@ -362,6 +390,15 @@ class MemoryStore:
             if session is not None and session.last_active < now:
                 session.last_active = now
                 self._moved(session)
+
+    async def orphans(self, owner: str) -> list[Orphan]:
+        owners = self._owners
+        return [
+            orphan
+            for session_id, session in self._sessions.items()
+            if owners.get(session_id, "") == owner
+            for orphan in session.orphans()
+        ]
 
     # -- housekeeping ------------------------------------------------------------------------------------
 

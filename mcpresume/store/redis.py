@@ -39,7 +39,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -64,6 +63,8 @@ from mcpresume.session import (
     Claim,
     ClaimOutcome,
     NewEvent,
+    Orphan,
+    PumpRecord,
     ReadResult,
     SessionAccess,
     StreamOrigin,
@@ -106,17 +107,6 @@ _OUTCOMES: Final = {outcome.value: outcome for outcome in ClaimOutcome}
 _REASONS: Final = (EvictReason.COUNT, EvictReason.BYTES, EvictReason.TTL)
 
 
-@dataclass(frozen=True, slots=True)
-class OrphanStream:
-    """A live stream of a session owned by a replica: what a restart needs to resume or complete it."""
-
-    session_id: str
-    number: int
-    origin: StreamOrigin
-    upstream_cursor: str | None
-    pending: tuple[str, ...]  # the request keys it answers that are still claimed by it
-
-
 def session_tag(session_id: str) -> str:
     """The hash tag of a session's keys: the same slot for all of them, whatever the id holds."""
     return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
@@ -141,6 +131,17 @@ def _evicted(flat: Sequence[int]) -> Evicted:
             evicted.counts[reason] = [count, size]
     evicted.undelivered = [int(flat[6]), int(flat[7])]
     return evicted
+
+
+def _pump_arg(pump: PumpRecord | None) -> bytes:
+    if pump is None:
+        return b""
+    return orjson.dumps({"r": pump.request_ids, "p": pump.path_qs, "h": pump.resume_headers})
+
+
+def _pump_of(raw: str) -> PumpRecord:
+    record = orjson.loads(raw)
+    return PumpRecord(tuple(record["r"]), record["p"], tuple((k, v) for k, v in record["h"]))
 
 
 def _now_arg(now: float) -> str:
@@ -413,6 +414,7 @@ class RedisStore:
         epoch: str | None = None,
         *,
         priming: bool = True,
+        pump: PumpRecord | None = None,
     ) -> OpenedStream | None:
         result = await self._script(
             "open_stream",
@@ -423,6 +425,7 @@ class RedisStore:
             _now_arg(now),
             "1" if priming else "0",
             priming_block(self.retry_ms),
+            _pump_arg(pump),
             *request_keys,
         )
         if result is None:
@@ -446,7 +449,9 @@ class RedisStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
-        return await self._append(session_id, stream, [e.body for e in events], now, guard, upstream_cursor)
+        answered = [e.response_key for e in events if e.response_key is not None]
+        bodies = [e.body for e in events]
+        return await self._append(session_id, stream, bodies, now, guard, upstream_cursor, answered)
 
     async def append_run(
         self,
@@ -457,7 +462,7 @@ class RedisStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
-        return await self._append(session_id, stream, list(run.blocks), now, guard, upstream_cursor)
+        return await self._append(session_id, stream, list(run.blocks), now, guard, upstream_cursor, [])
 
     async def _append(
         self,
@@ -467,8 +472,9 @@ class RedisStore:
         now: float,
         guard: Guard | None,
         upstream_cursor: str | None,
+        answered: list[str],
     ) -> Appended:
-        if not bodies and guard is None:
+        if not bodies and guard is None and upstream_cursor is None:
             return NOT_APPENDED
         key = (session_id, stream)
         expected = self._tails.get(key)
@@ -484,6 +490,7 @@ class RedisStore:
             _now_arg(now),
             upstream_cursor or "",
             guard_arg,
+            orjson.dumps(answered) if answered else b"",
             *bodies,
         )
         status = _text(result[0])
@@ -637,20 +644,23 @@ class RedisStore:
             size += int(nb)
         return StoreStats(sessions=sessions, window_events=events, window_bytes=size)
 
-    async def orphaned_streams(self, owner: str) -> list[OrphanStream]:
-        found: list[OrphanStream] = []
-        for sid in await self._session_ids("orphaned_streams"):
-            raw = await self._script("orphaned_streams", "orphans", sid, owner)
+    async def orphans(self, owner: str) -> list[Orphan]:
+        found: list[Orphan] = []
+        for sid in await self._session_ids("orphans"):
+            raw = await self._script("orphans", "orphans", sid, owner)
             if raw is None:
                 continue
-            for number, origin, cursor, pending in orjson.loads(raw):
+            record = orjson.loads(raw)
+            for number, origin, pump, cursor, answered in record["streams"]:
                 found.append(
-                    OrphanStream(
+                    Orphan(
                         sid,
+                        record["epoch"],
                         int(number),
                         StreamOrigin(origin),
+                        _pump_of(pump),
                         cursor or None,
-                        tuple(pending) if isinstance(pending, list) else (),
+                        tuple(answered) if isinstance(answered, list) else (),
                     )
                 )
         return found

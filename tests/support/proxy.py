@@ -33,8 +33,11 @@ class ManualClock:
 @contextlib.asynccontextmanager
 async def running_proxy(upstream: str, **settings: Any) -> AsyncIterator[RunningProxy]:
     clock = settings.pop("clock", None)
+    store = settings.pop("store_instance", None)  # a store shared by several proxies (a restart, replicas)
     values = {"upstream": upstream, "port": 0, "metrics_port": 0, **settings}
-    kwargs = {"clock": clock} if clock is not None else {}
+    kwargs: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    if store is not None:
+        kwargs["store"] = store
     proxy = await start_proxy(load_settings(values), **kwargs)
     try:
         yield proxy

@@ -1,10 +1,10 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
--- bodies...): {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
--- {'blocked', reader indexes...}.
+-- answered request keys JSON or '', bodies...): {'ok', version, last seq, counts...} | {'gone'} |
+-- {'noop'} | {'stale', last seq} | {'blocked', reader indexes...}.
 if not load_meta() then return {'gone'} end
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
-local upstream_cursor, guard = ARGV[A + 3], ARGV[A + 4]
-local first_body = A + 5
+local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
+local first_body = A + 6
 local count = #ARGV - first_body + 1
 local s = stream(n)
 if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return {'stale', s.l} end
@@ -48,7 +48,15 @@ if guard ~= '' then
     if #out > 1 or keep_blocked then return out end
   end
 end
-if not s or s.v == 0 or count <= 0 then return {'noop'} end
+if s and s.v == 1 and upstream_cursor ~= '' then s.u = upstream_cursor; mark(n) end
+if not s or s.v == 0 or count <= 0 then
+  save_streams()
+  return {'noop'}
+end
+if answered ~= '' then
+  if type(s.a) ~= 'table' then s.a = {} end
+  for _, key in ipairs(cjson.decode(answered)) do s.a[#s.a + 1] = key end
+end
 local seq = num('nseq')
 for i = first_body, #ARGV do
   redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'b', ARGV[i])
@@ -56,7 +64,6 @@ for i = first_body, #ARGV do
 end
 set('nseq', seq)
 s.l = seq - 1
-if upstream_cursor ~= '' then s.u = upstream_cursor end
 mark(n)
 set('ver', num('ver') + 1)
 set('ne', num('ne') + count); set('nb', num('nb') + size)

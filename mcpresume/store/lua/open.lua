@@ -1,14 +1,15 @@
--- open_stream (ARGV: epoch or '', origin, now, primed '1'/'0', priming block, request keys...):
--- {number, epoch, priming seq, version} or false.
+-- open_stream (ARGV: epoch or '', origin, now, primed '1'/'0', priming block, pump record (JSON, kept as
+-- an opaque string) or '', request keys...): {number, epoch, priming seq, version} or false.
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
 local origin, now, primed, block = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3] == '1', ARGV[A + 4]
+local pump = ARGV[A + 5]
 local keys = {}
-for i = A + 5, #ARGV do keys[#keys + 1] = ARGV[i] end
+for i = A + 6, #ARGV do keys[#keys + 1] = ARGV[i] end
 local n = num('nst')
 set('nst', n + 1)
 local seq = num('nseq')
 local s = {o = origin, f = seq, l = seq - 1, v = 1, d = 0, g = {}, gl = 0, p = primed and 1 or 0, e = 0,
-  u = '', k = keys}
+  u = '', k = keys, pm = pump, a = {}}
 streams[n] = s; mark(n)
 for _, key in ipairs(keys) do remember_request(key, n) end
 if origin == 'get' then set('sa', n) else set('lp', num('lp') + 1) end

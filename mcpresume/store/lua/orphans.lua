@@ -1,17 +1,15 @@
--- orphaned_streams, for one session (ARGV: owner): JSON list of its live streams, or false.
+-- orphans, for one session (ARGV: owner): JSON {epoch, streams: [[number, origin, pump record, upstream
+-- cursor, answered keys], ...]} of its live streams with a pump record, or false.
 if not load_meta() or meta.own ~= ARGV[A] then return false end
 local found = {}
 local raw = redis.call('HGETALL', ST)
 for i = 1, #raw, 2 do
   local n = tonumber(raw[i])
   local s = stream(n)
-  if s and s.v == 1 then
-    local pending = {}
-    for _, key in ipairs(s.k) do
-      if redis.call('HGET', RQ, key) == tostring(n) then pending[#pending + 1] = key end
-    end
-    found[#found + 1] = {n, s.o, s.u, pending}
+  if s and s.v == 1 and s.pm and s.pm ~= '' then
+    found[#found + 1] = {n, s.o, s.pm, s.u, s.a or {}}
   end
 end
 if #found == 0 then return false end
-return cjson.encode(found)
+table.sort(found, function(x, y) return x[1] < y[1] end)  -- in the order they were opened
+return cjson.encode({epoch = meta.epoch, streams = found})

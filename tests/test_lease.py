@@ -1,0 +1,166 @@
+"""The lease (mcpresume/lease.py) and the settings it runs on (advertise_url, owner_lease_ttl).
+
+The registry is a fake here: the real one is the Redis store's, and the contract suite tests that; what
+this file tests is the renewer's own behaviour (when it calls, what it counts, what it releases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from mcpresume.config import Settings, SettingsError, check_advertise_url, load_settings
+from mcpresume.lease import Lease, renew_interval
+from mcpresume.metrics import Metrics
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import WindowLimits
+from tests.support.metrics import sample
+
+URL = "http://10.0.0.5:8080/mcp"
+HANG_GUARD = 10.0  # seconds: only so that a broken renewer fails the test instead of hanging it
+
+
+class FakeRegistry:
+    """Records the calls; fails the registrations whose numbers are in ``failing`` (1 = the first)."""
+
+    def __init__(self, failing: frozenset[int] = frozenset(), fail_release: bool = False) -> None:
+        self.failing = failing
+        self.fail_release = fail_release
+        self.registrations: list[tuple[str, str, float, float]] = []
+        self.released: list[str] = []
+        self._counted: dict[int, asyncio.Event] = {}
+
+    def reached(self, count: int) -> asyncio.Event:
+        """Set once ``count`` registrations (failed ones included) were asked for."""
+        event = self._counted.setdefault(count, asyncio.Event())
+        if len(self.registrations) >= count:
+            event.set()
+        return event
+
+    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+        self.registrations.append((replica_id, url, ttl, now))
+        for count, event in self._counted.items():
+            if len(self.registrations) >= count:
+                event.set()
+        if len(self.registrations) in self.failing:
+            raise ConnectionError("store unavailable")
+
+    async def release_replica(self, replica_id: str) -> None:
+        self.released.append(replica_id)
+        if self.fail_release:
+            raise ConnectionError("store unavailable")
+
+    async def live_replicas(self, now: float) -> int:
+        return 3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0  # every reading a second later: each registration has its own now
+        return self.now
+
+
+def test_renewals_come_three_times_per_ttl() -> None:
+    assert renew_interval(10.0) == pytest.approx(10.0 / 3)
+    assert Settings.model_fields["owner_lease_ttl"].default == 10.0
+
+
+async def test_the_lease_registers_at_start_renews_and_releases_on_stop() -> None:
+    registry, metrics, clock = FakeRegistry(), Metrics(), Clock()
+    lease = Lease(registry, "pod-a", URL, 0.03, metrics, clock)
+    await lease.start()
+    assert registry.registrations == [("pod-a", URL, 0.03, 1001.0)]  # registered before start returns
+    assert lease.held(1001.0) and not lease.held(1001.03)
+    await asyncio.wait_for(registry.reached(4).wait(), HANG_GUARD)  # then renewed, again and again
+    assert {r[:3] for r in registry.registrations} == {("pod-a", URL, 0.03)}
+    nows = [r[3] for r in registry.registrations]
+    assert nows == sorted(set(nows))  # each with the clock's now at its call
+    assert sample(metrics, "mcpresume_replicas") == 3
+    renewals = lease._task
+    await lease.stop()
+    assert renewals is not None and renewals.done()  # no renewal can come after the release
+    assert registry.released == ["pod-a"]
+    assert not lease.held(clock.now)
+    assert sample(metrics, "mcpresume_lease_renew_failures_total") == 0
+
+
+async def test_failed_renewals_are_counted_and_the_next_ones_still_come() -> None:
+    registry, metrics = FakeRegistry(failing=frozenset({1, 2, 3})), Metrics()
+    lease = Lease(registry, "pod-a", URL, 0.03, metrics, Clock())
+    await lease.start()  # the first registration fails: start still returns, the renewals retry
+    assert lease.renewed_at is None
+    await asyncio.wait_for(registry.reached(5).wait(), HANG_GUARD)
+    await lease.stop()
+    assert sample(metrics, "mcpresume_lease_renew_failures_total") == 3
+    assert lease.renewed_at is None  # released on stop
+    assert registry.released == ["pod-a"]
+
+
+async def test_a_release_that_fails_does_not_fail_the_stop() -> None:
+    registry = FakeRegistry(fail_release=True)
+    lease = Lease(registry, "pod-a", URL, 30.0, Metrics(), Clock())
+    await lease.start()
+    await lease.stop()  # logged; the lease lapses by itself a TTL later
+    assert registry.released == ["pod-a"]
+
+
+async def test_the_lease_in_the_memory_stores_registry() -> None:
+    store = MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+    clock = Clock()
+    lease = Lease(store, "pod-a", URL, 10.0, Metrics(), clock)
+    await lease.start()
+    assert await store.replica_url("pod-a", clock.now) == URL
+    assert await store.live_replicas(clock.now) == 1
+    assert await store.replica_url("pod-a", clock.now + 10.0) is None  # unrenewed, it lapses by itself
+    await lease.stop()
+    assert await store.replica_url("pod-a", clock.now) is None  # released: no waiting for the TTL
+    assert await store.live_replicas(clock.now) == 0
+
+
+# -- the settings ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_env_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("MCPRESUME_"):
+            monkeypatch.delenv(name)
+
+
+def test_a_redis_store_requires_advertise_url() -> None:
+    check_advertise_url("memory", None)  # one replica: nothing to advertise
+    check_advertise_url("redis://127.0.0.1:6379/0", URL)
+    for store in ("redis://127.0.0.1:6379/0", "rediss://redis:6380/0", "unix:///run/redis.sock"):
+        with pytest.raises(SettingsError, match=r"^advertise_url: required when store is a Redis URL"):
+            check_advertise_url(store, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("10.0.0.5:8080/mcp", "http:// or https:// URL"),
+        ("ftp://10.0.0.5/mcp", "http:// or https:// URL"),
+        ("http:///mcp", "http:// or https:// URL"),
+        ("http://10.0.0.5:8080/mcp?a=1", "no query or fragment"),
+        ("http://0.0.0.0:8080/mcp", "not a wildcard listen address"),
+        ("http://[::]:8080/mcp", "not a wildcard listen address"),
+    ],
+)
+def test_advertise_url_must_be_reachable(value: str, problem: str) -> None:
+    with pytest.raises(SettingsError, match=f"advertise_url: .*{problem}"):
+        load_settings({"advertise_url": value, "upstream": "http://127.0.0.1:8000/mcp"})
+
+
+def test_advertise_url_and_lease_ttl_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCPRESUME_ADVERTISE_URL", "https://[fd00::5]:8443/mcp")
+    monkeypatch.setenv("MCPRESUME_OWNER_LEASE_TTL", "4.5")
+    settings = load_settings({})
+    assert settings.advertise_url == "https://[fd00::5]:8443/mcp"
+    assert settings.owner_lease_ttl == 4.5
+    with pytest.raises(SettingsError, match="owner_lease_ttl"):
+        load_settings({"owner_lease_ttl": 0})
