@@ -130,7 +130,16 @@ class MemoryStore:
         return True
 
     def set_news(self, news: Callable[[str, int], None]) -> None:
-        self._news = news
+        previous = self._news
+        if previous is _no_news:
+            self._news = news  # the usual case: one listener, called directly
+            return
+
+        def both(session_id: str, version: int) -> None:  # several proxies over one store (tests)
+            previous(session_id, version)
+            news(session_id, version)
+
+        self._news = both
 
     # -- wake-ups ----------------------------------------------------------------------------------------
 
@@ -258,6 +267,11 @@ class MemoryStore:
             return None
         return session
 
+    def _open(self, session_id: str, epoch: str | None) -> SessionState | None:
+        """``_incarnation``, unless retired: what new requests may use."""
+        session = self._incarnation(session_id, epoch)
+        return None if session is None or session.retired else session
+
     async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
         if self._incarnation(session_id, epoch) is None:
             return False
@@ -270,7 +284,7 @@ class MemoryStore:
         max_live_streams: int | None = None,
         epoch: str | None = None,
     ) -> Claim | None:
-        session = self._incarnation(session_id, epoch)
+        session = self._open(session_id, epoch)
         return None if session is None else session.claim(request_keys, max_live_streams)
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
@@ -399,6 +413,22 @@ class MemoryStore:
             if owners.get(session_id, "") == owner
             for orphan in session.orphans()
         ]
+
+    async def take_over(self, owner: str, by: str) -> list[Orphan]:
+        owners = self._owners
+        taken = [sid for sid, holder in owners.items() if holder == owner]
+        for session_id in taken:
+            owners[session_id] = by
+        return [orphan for session_id in taken for orphan in self._sessions[session_id].orphans()]
+
+    async def lost_owners(self, now: float) -> list[str]:
+        live = {rid for rid, (_, expiry) in self._replicas.items() if expiry > now}
+        return sorted(set(self._owners.values()) - live)
+
+    async def retire(self, session_id: str, epoch: str) -> None:
+        session = self._incarnation(session_id, epoch)
+        if session is not None:
+            session.retired = True
 
     # -- housekeeping ------------------------------------------------------------------------------------
 
