@@ -334,16 +334,16 @@ class MemoryStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
-        session = self._sessions.get(session_id)
-        if session is None:
-            return NOT_APPENDED
-        if guard is not None:
-            blocked = session.blocked(len(events), sum(len(event.body) for event in events), guard)
-            if blocked is not None:
-                return Appended(Evicted(), blocked)
-        if upstream_cursor is not None:
-            session.pumped_at(stream, upstream_cursor)
-        return self._appended(session, lambda s: s.append(stream, events, now))
+        size = sum(len(event.body) for event in events)
+        return self._append(
+            session_id,
+            stream,
+            len(events),
+            size,
+            guard,
+            upstream_cursor,
+            lambda s: s.append(stream, events, now),
+        )
 
     async def append_run(
         self,
@@ -354,19 +354,37 @@ class MemoryStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
+        return self._append(
+            session_id,
+            stream,
+            len(run),
+            run.size,
+            guard,
+            upstream_cursor,
+            lambda s: s.append_run(stream, run, now),
+        )
+
+    def _append(
+        self,
+        session_id: str,
+        stream: int,
+        count: int,
+        size: int,
+        guard: Guard | None,
+        upstream_cursor: str | None,
+        append: Callable[[SessionState], Evicted],
+    ) -> Appended:
+        """An append of ``count`` events of ``size`` bytes, unless ``guard`` blocks it: the upstream's cursor
+        kept, then the byte total, the global cap, and the session's views woken."""
         session = self._sessions.get(session_id)
         if session is None:
             return NOT_APPENDED
         if guard is not None:
-            blocked = session.blocked(len(run), run.size, guard)
+            blocked = session.blocked(count, size, guard)
             if blocked is not None:
                 return Appended(Evicted(), blocked)
         if upstream_cursor is not None:
             session.pumped_at(stream, upstream_cursor)
-        return self._appended(session, lambda s: s.append_run(stream, run, now))
-
-    def _appended(self, session: SessionState, append: Callable[[SessionState], Evicted]) -> Appended:
-        """Run an append on the session, then the global cap, and wake its views."""
         evicted = self._mutate(session, append)
         evicted.merge(self._enforce_total())
         self._notify(session)
