@@ -160,8 +160,25 @@ class Processes:
         wait_port(child.port, 10, child.proc)
         return child
 
-    def start_mcpresume(self, upstream: Child, name: str = "mcpresume", **settings: object) -> Child:
+    def start_redis(self, name: str = "redis") -> Child | None:
+        """A redis-server on a free loopback port, persisting nothing (None: not installed)."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            return None
         port = free_port()
+        workdir = self.tmp / name
+        workdir.mkdir(exist_ok=True)
+        argv = [binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(workdir), "--maxmemory-policy", "noeviction"]
+        child = self._spawn(name, argv, port)
+        wait_port(port, 30, child.proc)
+        return child
+
+    def start_mcpresume(self, upstream: Child, name: str = "mcpresume", **settings: object) -> Child:
+        """``advertise=True``: pass ``--advertise-url`` (this proxy's own URL), as a shared store needs."""
+        port = free_port()
+        if settings.pop("advertise", False):
+            settings["advertise_url"] = f"http://{LOOPBACK}:{port}/mcp"
         argv = [
             PYTHON,
             "-m",

@@ -19,8 +19,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from mcpresume.attach import DRAIN_GRACE
-from mcpresume.config import Settings
+from mcpresume.config import Settings, check_advertise_url
 from mcpresume.context import ProxyContext, log_id
+from mcpresume.hop import Hop, owner_head_timeout
+from mcpresume.lease import Lease
 from mcpresume.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.metrics import CONTENT_TYPE_LATEST, Metrics
 from mcpresume.proxy import Proxy
@@ -33,6 +35,7 @@ log = logging.getLogger("mcpresume")
 
 CONTEXT = web.AppKey("context", ProxyContext)
 PROXY = web.AppKey("proxy", Proxy)
+OWNS_STORE = web.AppKey("owns_store", bool)
 
 # How often idle sessions and expired events are reaped, at most. A tenth of the TTL keeps the overshoot
 # small; the cap keeps gauges fresh for scrapes.
@@ -92,7 +95,10 @@ def build_app(
     metrics: Metrics,
     *,
     clock: Callable[[], float] = time.time,
+    owns_store: bool = True,
 ) -> web.Application:
+    """The proxy's application. ``owns_store``: the store is this app's, closed when it stops (else it is
+    shared with other proxies of this process, as in tests, and closed by whoever made it)."""
     if settings.upstream is None:
         raise ValueError("upstream: required to serve")
     upstream = Upstream(
@@ -102,10 +108,25 @@ def build_app(
     )
     ctx = ProxyContext(settings, store, metrics, upstream, clock)
     store.set_news(ctx.local.news.changed)
+    check_advertise_url(settings.store, settings.advertise_url)
+    if settings.advertise_url is not None:  # several replicas over one store: owner routing
+        ctx.hop = Hop(
+            settings.replica,
+            metrics,
+            connect_timeout=settings.connect_timeout,
+            first_byte_timeout=owner_head_timeout(settings.connect_timeout, settings.first_byte_timeout),
+            stall_timeout=settings.stall_timeout,
+            keepalive_timeout=settings.header_timeout / 2,
+            reject=ctx.reject,
+        )
+        ctx.lease = Lease(
+            store, settings.replica, settings.advertise_url, settings.owner_lease_ttl, metrics, clock
+        )
     # client_max_size is enforced by the MCP handler itself (413 with a JSON-RPC body); aiohttp's own check
     # would answer in plain text, so it is set just above ours.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[CONTEXT] = ctx
+    app[OWNS_STORE] = owns_store
     proxy = app[PROXY] = Proxy(ctx)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
     app.cleanup_ctx.append(_lifecycle)
@@ -116,26 +137,37 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
     await ctx.store.start()
     await ctx.upstream.start()
+    if ctx.hop is not None and ctx.lease is not None:
+        await ctx.hop.start()
+        await ctx.lease.start()
     # Streams this replica's previous process was pumping when it died (a shared store kept them).
     app[PROXY].adopt(await ctx.store.orphans(ctx.settings.replica))
-    reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx))
+    reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx, app[PROXY]))
     yield
     ctx.start_draining()
     reaper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reaper
     # Whatever is left of the drain budget (client views had their share while aiohttp waited for them).
-    await ctx.pumps.drain(ctx.drain_remaining())
+    await ctx.pumps.drain(ctx.drain_remaining(), hand_over=ctx.lease is not None)
+    if ctx.hop is not None and ctx.lease is not None:
+        # Released once nothing here pumps: the other replicas take its sessions over at once, not after
+        # owner_lease_ttl.
+        await ctx.lease.stop()
+        await ctx.hop.close()
     await ctx.upstream.close()
-    await ctx.store.close()
+    if app[OWNS_STORE]:
+        await ctx.store.close()
 
 
-async def _reap_forever(ctx: ProxyContext) -> None:
+async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
     interval = min(REAP_INTERVAL_MAX, ctx.settings.session_ttl / 10, ctx.settings.window_ttl / 10)
     while True:
         await asyncio.sleep(interval)
         try:
             await reap_once(ctx)
+            if ctx.lease is not None:
+                await take_over_lost(ctx, proxy)
         except Exception:  # the reaper must outlive a store hiccup
             log.exception("reaping failed")
 
@@ -152,6 +184,13 @@ async def reap_once(ctx: ProxyContext) -> None:
     ctx.metrics.expired_sessions.inc(len(dropped))
     ctx.metrics.evicted(evicted)
     ctx.metrics.store_stats(await ctx.store.stats())
+
+
+async def take_over_lost(ctx: ProxyContext, proxy: Proxy) -> None:
+    """Take over the sessions of replicas whose lease is gone (one winner each, by the store)."""
+    for owner in await ctx.store.lost_owners(ctx.clock()):
+        if owner != ctx.settings.replica:
+            await proxy.take_over(owner)
 
 
 def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Application:
@@ -220,7 +259,9 @@ async def start_proxy(
     clock: Callable[[], float] = time.time,
 ) -> RunningProxy:
     metrics = metrics or Metrics()
-    app = build_app(settings, store or build_store(settings, metrics), metrics, clock=clock)
+    app = build_app(
+        settings, store or build_store(settings, metrics), metrics, clock=clock, owns_store=store is None
+    )
     metrics.max_sessions.set(settings.max_sessions)
     # handler_cancellation: a client that goes away cancels its handler, so its attachment ends at once
     # (pumps are separate tasks and are not affected).

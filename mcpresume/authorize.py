@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
@@ -157,6 +158,21 @@ async def _verify(
         status=status if 400 <= status < 500 else 403,
         challenges=challenges,
     )
+
+
+async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the upstream knows the session ``headers`` name (a ping in it is not answered 404): after a
+    takeover, this replica's upstream may never have seen it (the sidecar layout). ``headers``: a stream's
+    resume headers (its session id, protocol revision, the client's credentials)."""
+    ping = [*headers, ("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
+    try:
+        upstream = await ctx.upstream.request(
+            "POST", path_qs, ping, ping_body("mcpresume-probe"), decoded=True
+        )
+    except ProxyError:
+        return True  # not a verdict: the session is left as it is
+    upstream.release()
+    return upstream.status != 404
 
 
 async def remember_version(

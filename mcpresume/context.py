@@ -13,7 +13,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -26,6 +26,10 @@ from mcpresume.metrics import Metrics
 from mcpresume.pump import Pumps
 from mcpresume.store import SessionStore
 from mcpresume.upstream import Upstream
+
+if TYPE_CHECKING:  # both import this module
+    from mcpresume.hop import Hop
+    from mcpresume.lease import Lease
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -59,6 +63,10 @@ class ProxyContext:
     clock: Callable[[], float]
     pumps: Pumps = field(default_factory=Pumps)
     local: LocalSessions = field(default_factory=LocalSessions)  # this process's views and readers
+    # Owner routing (several replicas over one shared store: ``advertise_url`` set): the hop to the other
+    # replicas, and this replica's lease in the store's registry. None: one replica, nothing is routed.
+    hop: Hop | None = None
+    lease: Lease | None = None
     draining: bool = False
     drain_deadline: float = 0.0  # on the event loop's clock
     # What a drain ends (``end_views``): the tasks serving a client view or a relayed SSE stream, or waiting

@@ -124,6 +124,15 @@ class Metrics:
             "other replicas may take its sessions over).",
             registry=r,
         )
+        self.takeovers = Counter(
+            "mcpresume_takeovers",
+            "Takeovers of a replica whose lease was gone, by outcome: taken (its live streams are pumped "
+            "here now), nothing_left (another replica took them, or it had none).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("taken", "nothing_left"):
+            self.takeovers.labels(outcome)
         self.replicas = Gauge(
             "mcpresume_replicas", "Replicas with a live lease in the store, as this one last saw.", registry=r
         )

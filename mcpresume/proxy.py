@@ -36,8 +36,17 @@ import orjson
 from aiohttp import web
 
 from mcpresume.attach import ViewPlan, attach_view, release_view, reserve_view, serve_view
-from mcpresume.authorize import authorize, begins_with, credential_headers_of, remember_version, trusted
+from mcpresume.authorize import (
+    authorize,
+    begins_with,
+    credential_headers_of,
+    presented,
+    remember_version,
+    trusted,
+    upstream_knows,
+)
 from mcpresume.context import ProxyContext, log_id
+from mcpresume.credentials import Access, access
 from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
 from mcpresume.errors import (
     SERVER_ERROR,
@@ -71,9 +80,11 @@ from mcpresume.headers import (
     host_allowed,
     valid_session_id,
 )
+from mcpresume.hop import plan
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
+from mcpresume.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.session import (
     Claim,
     ClaimOutcome,
@@ -197,6 +208,9 @@ class Proxy:
     async def _mcp_post(self, request: web.Request) -> web.StreamResponse:
         body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         message = parse_client_body(body)
+        routed = await self._routed(request, body, message.first_id)
+        if routed is not None:
+            return routed
         session_id = request.headers.get(SESSION_HEADER)
         if self._is_modern(request, message):
             return await passthrough(self.ctx, request, body)
@@ -469,9 +483,9 @@ class Proxy:
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
         try:
-            epoch = await self.store.create_session(
-                session_id, self.ctx.clock(), credential, self.settings.replica
-            )
+            # The owner is recorded where sessions are routed (several replicas); one replica owns all.
+            owner = self.settings.replica if self.ctx.hop is not None else ""
+            epoch = await self.store.create_session(session_id, self.ctx.clock(), credential, owner)
         except ProxyError as error:
             log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
             return None
@@ -496,18 +510,82 @@ class Proxy:
     def _spawn_pump(self, job: PumpJob, upstream: UpstreamAnswer, *, standalone: bool = False) -> None:
         self.ctx.pumps.spawn(job.session_id, self._pump(job).run(upstream), standalone=standalone)
 
-    def adopt(self, orphans: Sequence[Orphan]) -> None:
-        """Pump the streams another process of this replica (before a restart) was pumping: each resumed
-        upstream from its last upstream id, or ended with an error for each pending request."""
+    def adopt(self, orphans: Sequence[Orphan], *, taken_from: str | None = None) -> None:
+        """Pump the streams another process was pumping (this replica's before a restart, or a dead
+        replica's: ``taken_from``): each resumed upstream from its last upstream id, or ended with an
+        error for each pending request. Where this replica's upstream does not know the session (a dead
+        replica's, in the sidecar layout), the session is then retired: its clients re-initialize."""
         for orphan in orphans:
-            pump = self._pump(
-                PumpJob.of(orphan.session_id, orphan.stream, orphan.pump, log_id(orphan.session_id))
-            )
+            job = PumpJob.of(orphan.session_id, orphan.stream, orphan.pump, log_id(orphan.session_id))
+            pump = self._pump(job)
             pump.restore(orphan.upstream_cursor, orphan.answered)
             standalone = orphan.origin is StreamOrigin.GET
-            self.ctx.pumps.spawn(orphan.session_id, pump.run(None), standalone=standalone)
+            self.ctx.pumps.spawn(orphan.session_id, self._adopted(pump, orphan), standalone=standalone)
         if orphans:
-            log.info("took over %d stream(s) left by this replica's previous process", len(orphans))
+            whose = "this replica's previous process" if taken_from is None else f"replica {taken_from}"
+            log.info("took over %d stream(s) left by %s", len(orphans), whose)
+
+    async def _adopted(self, pump: Pump, orphan: Orphan) -> None:
+        await pump.run(None)
+        if pump.upstream_forgot:
+            await self.store.retire(orphan.session_id, orphan.epoch)
+            log.info("session %s: its upstream does not know it; new requests get 404", pump.job.log_id)
+
+    # -- owner routing (several replicas over one store) ---------------------------------------------
+
+    async def _routed(
+        self, request: web.Request, body: bytes, request_id: str | int | None = None
+    ) -> web.StreamResponse | None:
+        """The answer to a request of a session another replica owns (forwarded there, or refused); None:
+        served here. Nothing is routed with one replica (no ``advertise_url``)."""
+        hop = self.ctx.hop
+        if hop is None:
+            return None
+        here, now = self.settings.replica, self.ctx.clock()
+        decision = await plan(
+            self.store, request, here, now, needs_upstream=await self._needs_upstream(request)
+        )
+        if isinstance(decision, TakeOver):
+            await self.take_over(decision.owner)
+            decision = await plan(self.store, request, here, self.ctx.clock(), takeover_tried=True)
+        match decision:
+            case Forward(url=url):
+                with self.ctx.upstream_wait(standalone=request.method == "GET"):
+                    return await hop.forward(request, body, url, request_id)
+            case Refuse(error=error):
+                return self.ctx.reject(request, error, request_id)
+            case Serve(owner_lost=True):
+                owner = await self.store.owner(request.headers.get(SESSION_HEADER, ""))
+                if owner:
+                    self.ctx.pumps.spawn("", self.take_over(owner))
+        return None
+
+    async def _needs_upstream(self, request: web.Request) -> bool:
+        """Whether serving a re-attach here would ask the upstream (a ping for credentials new to the
+        session): only the owner's upstream knows the session."""
+        session_id = request.headers.get(SESSION_HEADER)
+        if request.method != "GET" or session_id is None or LAST_EVENT_ID_HEADER not in request.headers:
+            return False
+        granted = await self.store.access(session_id)
+        return (
+            granted is not None and access(granted.credentials, presented(self.ctx, request)) is Access.VERIFY
+        )
+
+    async def take_over(self, owner: str) -> None:
+        """A replica's lease is gone: its sessions become this replica's (the store picks one winner),
+        and their live streams are pumped here."""
+        orphans = await self.store.take_over(owner, self.settings.replica)
+        self.metrics.takeovers.labels("taken" if orphans else "nothing_left").inc()
+        # Where this replica's upstream never saw a session (the sidecar layout), it is retired first: its
+        # streams end with an error each (their resumes get 404), and new requests get 404.
+        for orphan in {o.session_id: o for o in orphans}.values():
+            record = orphan.pump
+            if not await upstream_knows(self.ctx, record.path_qs, record.resume_headers):
+                await self.store.retire(orphan.session_id, orphan.epoch)
+                log.info(
+                    "session %s: this replica's upstream does not know it; retired", log_id(orphan.session_id)
+                )
+        self.adopt(orphans, taken_from=owner)
 
     async def _refuse_claim(
         self, request: web.Request, session_id: str, message: ClientMessage, claim: Claim
@@ -571,6 +649,9 @@ class Proxy:
         return preface
 
     async def _mcp_get(self, request: web.Request) -> web.StreamResponse:
+        routed = await self._routed(request, b"")
+        if routed is not None:
+            return routed
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None or self._is_modern(request, None):
             return await passthrough(self.ctx, request, None)
@@ -813,6 +894,9 @@ class Proxy:
     # -- session end -------------------------------------------------------------------------------------
 
     async def _mcp_delete(self, request: web.Request) -> web.StreamResponse:
+        routed = await self._routed(request, b"")
+        if routed is not None:
+            return routed
         session_id = request.headers.get(SESSION_HEADER)
         with self.ctx.upstream_wait():
             upstream = await self.upstream.request(

@@ -87,6 +87,9 @@ class PumpSettings:
 # asyncio's numbered default, one string per task.
 PUMP = "mcpresume-pump"
 STANDALONE_PUMP = "mcpresume-standalone-pump"
+# The cancellation message of a drain that hands streams over to the other replicas (a shared store): the
+# pump stops without ending its stream, which another replica then takes over (``SessionStore.orphans``).
+HAND_OVER = "mcpresume-hand-over"
 
 
 class Pumps:
@@ -122,15 +125,16 @@ class Pumps:
     def __len__(self) -> int:
         return sum(len(t) for t in self._tasks.values())
 
-    async def drain(self, timeout: float) -> None:
+    async def drain(self, timeout: float, *, hand_over: bool = False) -> None:
         """Let running pumps finish for up to ``timeout`` seconds, then cancel what is left; standalone
-        pumps are not waited for (they never finish)."""
+        pumps are not waited for (they never finish). ``hand_over``: what is left stops without ending its
+        stream, for another replica to take over."""
         tasks = [t for ts in self._tasks.values() for t in ts]
         finite = [t for t in tasks if t.get_name() != STANDALONE_PUMP]
         if finite and timeout > 0:
             await asyncio.wait(finite, timeout=timeout)
         for task in tasks:
-            task.cancel()
+            task.cancel(HAND_OVER if hand_over else None)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -154,6 +158,7 @@ class Pump:
         "step",
         "store",
         "upstream",
+        "upstream_forgot",
     )
 
     def __init__(
@@ -180,6 +185,7 @@ class Pump:
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self._duplicates = 0  # of events.duplicates, those already counted in the metrics
         self._cursor_of: bytes | None = None  # the upstream id last handed to the store
+        self.upstream_forgot = False  # a resume GET got 404: the upstream does not know the session
         self.failure = "the upstream closed the stream before the response"
 
     @property
@@ -199,7 +205,9 @@ class Pump:
                 if not self.events.resumable(end):
                     break
                 current = await self._resume()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if exc.args == (HAND_OVER,):
+                raise  # left live in the store: another replica resumes it upstream
             self.failure = "the proxy stopped reading the stream (shutdown or session end)"
             await self._finish(wait=False)
             raise
@@ -356,6 +364,7 @@ class Pump:
                 return response
             status = response.status
             response.release()
+            self.upstream_forgot = status == 404
             self.failure = f"the upstream answered {status} to resuming its stream"
             if refuses_resume(status):
                 outcomes.labels("refused").inc()

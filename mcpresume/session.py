@@ -247,6 +247,7 @@ class SessionState:
         "next_seq",
         "next_stream",
         "protocol_version",
+        "retired",
         "retry_ms",
         "session_id",
         "standalone",
@@ -299,6 +300,8 @@ class SessionState:
         # MCP-Protocol-Version its requests carried: what a verifying ping says.
         self.credentials: tuple[bytes, ...] = () if credential is None else (credential,)
         self.protocol_version: str | None = None
+        # The upstream does not know the session (store.retire): new requests find it unknown.
+        self.retired = False
 
     # -- streams -----------------------------------------------------------------------------------------
 

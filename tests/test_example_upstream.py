@@ -28,7 +28,7 @@ from tests.support.sdk import HANDSHAKE_VERSION, NotificationLog, count_slowly, 
 
 TIMEOUT = 20.0  # generous: a loaded 2-core CI box must never trip it; nothing here waits on it when healthy
 
-EXAMPLE_TOOLS = {"echo", "add", "count_slowly", "poll_me"}
+EXAMPLE_TOOLS = {"echo", "add", "tally", "count_slowly", "poll_me"}
 
 INITIALIZE = {
     "jsonrpc": "2.0",

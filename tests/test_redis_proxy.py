@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 import aiohttp
 import orjson
@@ -23,6 +24,12 @@ def free_port() -> int:
         return port
 
 
+def on_redis(url: str, **settings: Any) -> dict[str, Any]:
+    """The settings of a proxy on the Redis store: a free port, and the URL the other replicas reach it at."""
+    port = free_port()
+    return {"store": url, "port": port, "advertise_url": f"http://127.0.0.1:{port}/mcp", **settings}
+
+
 def _results(events: list) -> list[object]:  # type: ignore[type-arg]
     return [orjson.loads(e.data).get("result") for e in events if e.data]
 
@@ -31,7 +38,7 @@ async def test_a_stopped_redis_is_503_store_unavailable_and_the_proxy_recovers(
     example_upstream: str, own_redis: RedisProcess
 ) -> None:
     async with (
-        running_proxy(example_upstream, store=own_redis.url, metrics_port=0) as proxy,
+        running_proxy(example_upstream, **on_redis(own_redis.url, metrics_port=0)) as proxy,
         aiohttp.ClientSession() as http,
     ):
         client = ScriptedClient(http, proxy.url)
@@ -60,7 +67,7 @@ async def test_a_stopped_redis_is_503_store_unavailable_and_the_proxy_recovers(
 
 async def test_readyz_is_503_while_redis_is_stopped(example_upstream: str, own_redis: RedisProcess) -> None:
     async with (
-        running_proxy(example_upstream, store=own_redis.url, metrics_port=free_port()) as proxy,
+        running_proxy(example_upstream, **on_redis(own_redis.url, metrics_port=free_port())) as proxy,
         aiohttp.ClientSession() as http,
     ):
         async with http.get(f"{proxy.admin_url}/readyz") as ready:
@@ -81,7 +88,7 @@ async def test_a_session_outlives_the_proxy_process_that_began_it(
     """A re-attach on another proxy process (a restart, or another replica) on the same Redis: exactly the
     events after the cursor, from the window in Redis."""
     async with aiohttp.ClientSession() as http:
-        async with running_proxy(example_upstream, store=own_redis.url) as first:
+        async with running_proxy(example_upstream, **on_redis(own_redis.url)) as first:
             client = ScriptedClient(http, first.url)
             await client.initialize()
             _, body = client.tool_call("count_slowly", {"n": 3, "delay": 0.01})
@@ -89,7 +96,7 @@ async def test_a_session_outlives_the_proxy_process_that_began_it(
                 sent = await collect(response)
         cursors = [e.id.decode() for e in sent if e.id]
         assert len(cursors) >= 4  # priming, three progress notifications, the result
-        async with running_proxy(example_upstream, store=own_redis.url) as second:
+        async with running_proxy(example_upstream, **on_redis(own_redis.url)) as second:
             client.url = second.url
             headers = client.headers(**{"Last-Event-ID": cursors[1]})
             async with http.get(client.url, headers=headers) as response:

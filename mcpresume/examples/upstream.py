@@ -100,6 +100,13 @@ def build_example_server(*, name: str = "mcpresume-example") -> MCPServer[Any]:
     async def add(a: int, b: int) -> int:
         return a + b
 
+    calls = {"tally": 0}
+
+    @server.tool(description="Count this call (a side effect) and return how many this server has run.")
+    async def tally() -> int:
+        calls["tally"] += 1
+        return calls["tally"]
+
     @server.tool(description="Send n progress notifications, `delay` seconds apart, then return.")
     async def count_slowly(ctx: Context[Any, Any], n: int = 5, delay: float = 0.05) -> str:
         for i in range(1, n + 1):

@@ -49,7 +49,8 @@ class SessionStore(Protocol):
     async def ready(self) -> bool: ...
 
     def set_news(self, news: Callable[[str, int], None]) -> None:
-        """Call ``news(session_id, version)`` after every change a reader may wait for."""
+        """Call ``news(session_id, version)`` after every change a reader may wait for (each listener set:
+        several proxies may share one store in a process)."""
         ...
 
     async def create_session(
@@ -190,6 +191,21 @@ class SessionStore(Protocol):
     async def orphans(self, owner: str) -> list[Orphan]:
         """The live streams (with a pump record) of the sessions ``owner`` owns: after that replica restarted,
         or its lease expired, nobody may be pumping them."""
+        ...
+
+    async def take_over(self, owner: str, by: str) -> list[Orphan]:
+        """Make ``by`` the owner of every session ``owner`` owns, atomically (of replicas racing to take a
+        dead one's sessions over, one wins each), and return their orphans (``orphans``) to pump."""
+        ...
+
+    async def lost_owners(self, now: float) -> list[str]:
+        """The replicas that own sessions and hold no live lease (dead, or released it on a drain)."""
+        ...
+
+    async def retire(self, session_id: str, epoch: str) -> None:
+        """The session's upstream does not know it (after a takeover, in the sidecar layout): its request ids
+        are claimed no more (``claim``: None, so a request is answered 404 ``unknown_session``), while
+        re-attaches still read what the window keeps, to the streams' ends."""
         ...
 
     async def reap(self, now: float) -> tuple[list[str], Evicted]:

@@ -130,7 +130,16 @@ class MemoryStore:
         return True
 
     def set_news(self, news: Callable[[str, int], None]) -> None:
-        self._news = news
+        previous = self._news
+        if previous is _no_news:
+            self._news = news  # the usual case: one listener, called directly
+            return
+
+        def both(session_id: str, version: int) -> None:  # several proxies over one store (tests)
+            previous(session_id, version)
+            news(session_id, version)
+
+        self._news = both
 
     # -- wake-ups ----------------------------------------------------------------------------------------
 
@@ -258,6 +267,11 @@ class MemoryStore:
             return None
         return session
 
+    def _open(self, session_id: str, epoch: str | None) -> SessionState | None:
+        """``_incarnation``, unless retired: what new requests may use."""
+        session = self._incarnation(session_id, epoch)
+        return None if session is None or session.retired else session
+
     async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
         if self._incarnation(session_id, epoch) is None:
             return False
@@ -270,7 +284,7 @@ class MemoryStore:
         max_live_streams: int | None = None,
         epoch: str | None = None,
     ) -> Claim | None:
-        session = self._incarnation(session_id, epoch)
+        session = self._open(session_id, epoch)
         return None if session is None else session.claim(request_keys, max_live_streams)
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
@@ -320,16 +334,16 @@ class MemoryStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
-        session = self._sessions.get(session_id)
-        if session is None:
-            return NOT_APPENDED
-        if guard is not None:
-            blocked = session.blocked(len(events), sum(len(event.body) for event in events), guard)
-            if blocked is not None:
-                return Appended(Evicted(), blocked)
-        if upstream_cursor is not None:
-            session.pumped_at(stream, upstream_cursor)
-        return self._appended(session, lambda s: s.append(stream, events, now))
+        size = sum(len(event.body) for event in events)
+        return self._append(
+            session_id,
+            stream,
+            len(events),
+            size,
+            guard,
+            upstream_cursor,
+            lambda s: s.append(stream, events, now),
+        )
 
     async def append_run(
         self,
@@ -340,19 +354,37 @@ class MemoryStore:
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
     ) -> Appended:
+        return self._append(
+            session_id,
+            stream,
+            len(run),
+            run.size,
+            guard,
+            upstream_cursor,
+            lambda s: s.append_run(stream, run, now),
+        )
+
+    def _append(
+        self,
+        session_id: str,
+        stream: int,
+        count: int,
+        size: int,
+        guard: Guard | None,
+        upstream_cursor: str | None,
+        append: Callable[[SessionState], Evicted],
+    ) -> Appended:
+        """An append of ``count`` events of ``size`` bytes, unless ``guard`` blocks it: the upstream's cursor
+        kept, then the byte total, the global cap, and the session's views woken."""
         session = self._sessions.get(session_id)
         if session is None:
             return NOT_APPENDED
         if guard is not None:
-            blocked = session.blocked(len(run), run.size, guard)
+            blocked = session.blocked(count, size, guard)
             if blocked is not None:
                 return Appended(Evicted(), blocked)
         if upstream_cursor is not None:
             session.pumped_at(stream, upstream_cursor)
-        return self._appended(session, lambda s: s.append_run(stream, run, now))
-
-    def _appended(self, session: SessionState, append: Callable[[SessionState], Evicted]) -> Appended:
-        """Run an append on the session, then the global cap, and wake its views."""
         evicted = self._mutate(session, append)
         evicted.merge(self._enforce_total())
         self._notify(session)
@@ -399,6 +431,22 @@ class MemoryStore:
             if owners.get(session_id, "") == owner
             for orphan in session.orphans()
         ]
+
+    async def take_over(self, owner: str, by: str) -> list[Orphan]:
+        owners = self._owners
+        taken = [sid for sid, holder in owners.items() if holder == owner]
+        for session_id in taken:
+            owners[session_id] = by
+        return [orphan for session_id in taken for orphan in self._sessions[session_id].orphans()]
+
+    async def lost_owners(self, now: float) -> list[str]:
+        live = {rid for rid, (_, expiry) in self._replicas.items() if expiry > now}
+        return sorted(set(self._owners.values()) - live)
+
+    async def retire(self, session_id: str, epoch: str) -> None:
+        session = self._incarnation(session_id, epoch)
+        if session is not None:
+            session.retired = True
 
     # -- housekeeping ------------------------------------------------------------------------------------
 

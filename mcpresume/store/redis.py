@@ -99,6 +99,8 @@ _SCRIPTS: Final = (
     "orphans",
     "read",
     "release",
+    "retire",
+    "takeover",
     "touch",
     "view",
 )
@@ -178,6 +180,7 @@ class RedisStore:
         self._pubsub_client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._news: Callable[[str, int], None] | None = None
+        self._listeners: list[Callable[[str, int], None]] = []
         self._listener: asyncio.Task[None] | None = None
         self._up = False
         # (session id, stream) -> the stream's last seq as this process last saw it (the append guard
@@ -246,7 +249,18 @@ class RedisStore:
         return True
 
     def set_news(self, callback: Callable[[str, int], None]) -> None:
-        self._news = callback
+        """Each listener set is called (several proxies may share one store in a process)."""
+        self._listeners.append(callback)
+        listeners = self._listeners
+        if len(listeners) == 1:
+            self._news = callback  # the usual case: one listener, called directly
+            return
+
+        def every(session_id: str, version: int) -> None:
+            for listener in listeners:
+                listener(session_id, version)
+
+        self._news = every
 
     async def _listen(self) -> None:
         """The one subscription of this process: other processes' changes, to the news callback. Reconnects
@@ -652,9 +666,16 @@ class RedisStore:
         return StoreStats(sessions=sessions, window_events=events, window_bytes=size)
 
     async def orphans(self, owner: str) -> list[Orphan]:
+        return await self._orphans("orphans", "orphans", owner)
+
+    async def take_over(self, owner: str, by: str) -> list[Orphan]:
+        return await self._orphans("take_over", "takeover", owner, by)
+
+    async def _orphans(self, op: str, script: str, owner: str, *args: str) -> list[Orphan]:
+        """Each session's ``script`` (orphans, takeover: atomic per session) for the sessions of ``owner``."""
         found: list[Orphan] = []
-        for sid in await self._session_ids("orphans"):
-            raw = await self._script("orphans", "orphans", sid, owner)
+        for sid in await self._session_ids(op):
+            raw = await self._script(op, script, sid, owner, *args)
             if raw is None:
                 continue
             record = orjson.loads(raw)
@@ -671,6 +692,27 @@ class RedisStore:
                     )
                 )
         return found
+
+    async def lost_owners(self, now: float) -> list[str]:
+        ids = await self._session_ids("lost_owners")
+
+        async def owners(chunk: list[str]) -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for sid in chunk:
+                    pipe.hget(session_keys(sid)[0], "own")
+                return list(await pipe.execute())
+
+        found: set[str] = set()
+        for start in range(0, len(ids), 512):
+            found.update(
+                _text(o) or "" for o in await self._call("lost_owners", owners(ids[start : start + 512]))
+            )
+        found.discard("")  # no owner recorded: nobody to take over from
+        live = await self._call("lost_owners", self._client.zrangebyscore(REPLICAS, f"({now!r}", "+inf"))
+        return sorted(found - {_text(r) or "" for r in live})
+
+    async def retire(self, session_id: str, epoch: str) -> None:
+        await self._script("retire", "retire", session_id, epoch)
 
     # -- replicas (the owner registry) ---------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 -- claim (ARGV: epoch or '', most live streams or '', request keys...): {outcome, stream} or false.
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
+if meta.rt == '1' then return false end  -- retired: new requests find the session unknown
 local limit = ARGV[A + 1]
 local keys = {}
 for i = A + 2, #ARGV do keys[#keys + 1] = ARGV[i] end
