@@ -19,7 +19,7 @@ from mcpresume.errors import ForeignCursor, TooManySessions
 from mcpresume.flow import Guard
 from mcpresume.local import News
 from mcpresume.resume import ReAttach, StreamView, decide
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, StreamOrigin
+from mcpresume.session import Claim, ClaimOutcome, NewEvent, PumpRecord, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store import OpenedStream, SessionStore, StoreStats
 from mcpresume.store.memory import MemoryStore
@@ -739,3 +739,45 @@ async def test_close_drops_everything_and_wakes_waiters(
     await store.close()
     assert await asyncio.wait_for(waiter, LONG) is True
     assert not await store.has_session(sid)
+
+
+# -- takeover -----------------------------------------------------------------------------------------------
+
+
+async def test_the_sessions_of_a_lost_owner_are_taken_over_once(store: SessionStore) -> None:
+    """A replica whose lease is gone owns sessions: ``lost_owners`` names it, and of two replicas taking it
+    over, the first gets its sessions (and their orphans to pump), the second nothing."""
+    pumped, quiet, others = new_id(), new_id(), new_id()
+    epoch = await store.create_session(pumped, now=0.0, owner="a")
+    await store.create_session(quiet, now=0.0, owner="a")
+    await store.create_session(others, now=0.0, owner="b")
+    pump = PumpRecord((7,), "/mcp", (("mcp-session-id", "up-7"),))
+    opened = await store.open_stream(pumped, StreamOrigin.POST, ["n:7"], now=0.0, pump=pump)
+    assert opened is not None
+    await store.register_replica("b", "http://127.0.0.1:1/mcp", ttl=10.0, now=0.0)
+    assert await store.lost_owners(now=1.0) == ["a"]
+    taken = await store.take_over("a", by="c")
+    assert [(o.session_id, o.epoch, o.stream, o.pump) for o in taken] == [
+        (pumped, epoch, opened.number, pump)
+    ]
+    assert (await store.owner(pumped), await store.owner(quiet), await store.owner(others)) == ("c", "c", "b")
+    assert await store.take_over("a", by="d") == []  # the race's loser: nothing left
+    await store.register_replica("c", "http://127.0.0.1:2/mcp", ttl=10.0, now=0.0)
+    assert await store.lost_owners(now=1.0) == []
+    assert await store.lost_owners(now=11.0) == ["b", "c"]  # both leases ran out
+
+
+async def test_a_retired_session_takes_no_new_request_and_still_reads(store: SessionStore) -> None:
+    sid = new_id()
+    epoch = await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg()], now=0.0)
+    await store.retire(sid, "x" * EPOCH_LEN)  # not this incarnation: nothing
+    assert await store.claim(sid, ["n:2"]) == Claim(ClaimOutcome.NEW)
+    await store.retire(sid, epoch)
+    assert await store.claim(sid, ["n:3"]) is None  # answered 404 unknown_session
+    result = await store.read(sid, [opened.number], 0)
+    assert result is not None and [e.seq for e in result.events] == [1, 2]
+    view = await store.view(sid, opened.number)
+    assert view is not None and view.epoch == epoch
