@@ -8,9 +8,12 @@ they share a slot and the store works on Redis Cluster unchanged:
   TTL (``meta_ttl``) is at least ``session_ttl`` and longer than the events', so a session whose window is
   gone is still known (409), and a session whose meta is missing is unknown (404): after a Redis flush or
   restart, old cursors get 404, never a replay.
-* ``…:ev`` (stream): the window's events, entry id ``<seq>-0``: the proxy's own sequence numbers, so a read
-  after a position is one XRANGE. Fields: the stream number, the append time (wall clock), the body as
-  appended (the SSE event without its id line; ``ReadResult.body`` writes the cursors).
+* ``…:ev`` (stream): the window's events as runs, one entry per append (the window's segments), entry id
+  ``<seq of its first event>-0``: the proxy's own sequence numbers, so a read after a position is one
+  XRANGE. Fields: the stream number, the append time (wall clock), the count, each event's size, the
+  bodies as appended (SSE events without their id lines; ``ReadResult.body`` writes the cursors). The
+  oldest entry may be cut: the meta keeps how many of its events are evicted. One entry per run, not per
+  event: an upstream read of a hundred events is one XADD.
 * ``…:st`` (hash): stream number -> its state (JSON).
 * ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
 
@@ -505,7 +508,9 @@ class RedisStore:
             upstream_cursor or "",
             guard_arg,
             orjson.dumps(answered) if answered else b"",
-            *bodies,
+            str(len(bodies)),
+            ",".join([str(len(body)) for body in bodies]),
+            b"".join(bodies),
         )
         status = _text(result[0])
         if status == "ok":
@@ -589,21 +594,15 @@ class RedisStore:
             return ReadResult((), complete=False, gap=True, version=int(version))
         segments: list[Segment] = []
         items = result[5:]
-        current: Segment | None = None
-        for index in range(0, len(items), 4):
-            number, seq, at, body = (
-                int(items[index]),
-                int(items[index + 1]),
-                float(items[index + 2]),
-                items[index + 3],
-            )
-            if current is not None and current.stream == number and current.seq + len(current.blocks) == seq:
-                current.blocks.append(body)
-                current.times.append(at)
-                current.size += len(body)
-            else:
-                current = Segment.of(number, seq, [body], at, len(body))
-                segments.append(current)
+        for index in range(0, len(items), 5):  # per run: stream, first seq, time, sizes, bodies
+            number, seq, at = int(items[index]), int(items[index + 1]), float(items[index + 2])
+            blob = items[index + 4]
+            blocks: list[bytes] = []
+            offset = 0
+            for length in map(int, items[index + 3].split(b",")):
+                blocks.append(blob[offset : offset + length])
+                offset += length
+            segments.append(Segment.of(number, seq, blocks, at, len(blob)))
         epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
         return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
 

@@ -1,15 +1,14 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
--- answered request keys JSON or '', bodies...): {'ok', version, last seq, counts...} | {'gone'} |
--- {'noop'} | {'stale', last seq} | {'blocked', reader indexes...}.
+-- answered request keys JSON or '', event count, their sizes (comma-separated), their bodies (concatenated)):
+-- {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
+-- {'blocked', reader indexes...}.
 if not load_meta() then return {'gone'} end
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
-local first_body = A + 6
-local count = #ARGV - first_body + 1
+local count, lengths, blob = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8]
 local s = stream(n)
 if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return {'stale', s.l} end
-local size = 0
-for i = first_body, #ARGV do size = size + #ARGV[i] end
+local size = #blob
 local counts, touched = new_counts(), {}
 sync_expired(counts, touched)
 if guard ~= '' then
@@ -21,27 +20,31 @@ if guard ~= '' then
     local blocked, keep_blocked = {}, false
     local from = '-'
     local done = false
-    local want = math.min(128, math.max(1, events - MAX_EVENTS) + 1)
+    local skip = num('hc')  -- the oldest entry's events evicted already
+    local want = 2
     while not done do
       local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
       for i = 1, #batch do
-        if events <= MAX_EVENTS and held <= MAX_BYTES then done = true; break end
-        local f = batch[i][2]
-        local sn, seq = tonumber(f[2]), seq_of(batch[i][1])
-        if keep then
-          local other = stream(sn)
+        local e = entry(batch[i])
+        local z = sizes(e)
+        local other = keep and stream(e.s) or nil
+        for k = skip + 1, e.c do
+          if events <= MAX_EVENTS and held <= MAX_BYTES then done = true; break end
+          local seq = e.first + k - 1
           if other and seq > (other.d or 0) then keep_blocked = true end
-        end
-        for index, reader in ipairs(readers) do
-          if not blocked[index] and seq > reader[2] then
-            for _, followed in ipairs(reader[1]) do
-              if followed == sn then blocked[index] = true; break end
+          for index, reader in ipairs(readers) do
+            if not blocked[index] and seq > reader[2] then
+              for _, followed in ipairs(reader[1]) do
+                if followed == e.s then blocked[index] = true; break end
+              end
             end
           end
+          events = events - 1; held = held - z[k]
         end
-        events = events - 1; held = held - #f[6]
+        skip = 0
+        if done then break end
       end
-      if #batch < want then done = true else from = '(' .. batch[#batch][1]; want = math.min(128, want * 2) end
+      if done or #batch < want then done = true else from = '(' .. batch[#batch][1]; want = math.min(16, want * 2) end
     end
     local out = {'blocked'}
     for index = 1, #readers do if blocked[index] then out[#out + 1] = index - 1 end end
@@ -58,10 +61,8 @@ if answered ~= '' then
   for _, key in ipairs(cjson.decode(answered)) do s.a[#s.a + 1] = key end
 end
 local seq = num('nseq')
-for i = first_body, #ARGV do
-  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'b', ARGV[i])
-  seq = seq + 1
-end
+redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'c', count, 'z', lengths, 'b', blob)
+seq = seq + count
 set('nseq', seq)
 s.l = seq - 1
 mark(n)

@@ -72,6 +72,23 @@ end
 
 local function seq_of(id) return tonumber(string.match(id, '^(%d+)')) end
 
+-- Events are kept as runs (segments): one entry per append, id '<seq of its first event>-0', fields s (stream),
+-- t (append time), c (count), z (each event's bytes, comma-separated), b (the bodies, concatenated). The
+-- oldest entry may be cut: meta hc/hb = how many of its first events (bytes) are evicted already.
+local function entry(raw)
+  local f = raw[2]
+  return {id = raw[1], first = seq_of(raw[1]), s = tonumber(f[2]), t = tonumber(f[4]), c = tonumber(f[6]),
+    z = f[8], b = f[10], ts = f[4]}
+end
+local function sizes(e)
+  if not e.sz then
+    local t = {}
+    for n in string.gmatch(e.z, '%d+') do t[#t + 1] = tonumber(n) end
+    e.sz = t
+  end
+  return e.sz
+end
+
 -- The events key expired (its TTL outlived every event's age) while the meta stayed: all evicted by age.
 local function sync_expired(counts, touched)
   if num('ne') > 0 and redis.call('EXISTS', EV) == 0 then
@@ -80,7 +97,7 @@ local function sync_expired(counts, touched)
       local s = stream(tonumber(n))
       if s and s.l >= s.f then s.e = s.l; mark(tonumber(n)); touched[tonumber(n)] = true end
     end
-    set('ne', 0); set('nb', 0)
+    set('ne', 0); set('nb', 0); set('hc', 0); set('hb', 0)
     return true
   end
   return false
@@ -89,49 +106,60 @@ end
 -- Evict oldest first until the window's limits hold (mcpresume/window.py, Window._enforce, event by event):
 -- expired events first, then by count, then by bytes; the newest event never by count or bytes.
 local function evict(now, counts, touched)
-  local max_events, max_bytes, ttl = MAX_EVENTS, MAX_BYTES, WINDOW_TTL
   local ne, nb = num('ne'), num('nb')
   if ne == 0 then return false end
-  local deadline = now - ttl
-  if ne <= max_events and nb <= max_bytes then
+  local deadline = now - WINDOW_TTL
+  local hc, hb = num('hc'), num('hb')
+  if ne <= MAX_EVENTS and nb <= MAX_BYTES then
     local first = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
     if first == nil or tonumber(first[2][4]) > deadline then return false end
   end
-  local last = nil
+  local gone_through = nil  -- the first seq of the last entry wholly evicted
+  local any = false
   local from = '-'
-  -- Batches sized to what must go (each entry comes with its body): the one event over the count limit,
-  -- and the next one to look at, in the common case; doubling when bytes or age take more.
-  local want = math.min(128, math.max(1, ne - max_events) + 1)
-  while true do
+  local stop = false
+  local want = 2  -- entries come whole (their bodies too): fetched a few at a time, more as they go
+  while not stop do
     local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
-    local stop = false
     for i = 1, #batch do
-      local id, f = batch[i][1], batch[i][2]
-      local s, t, size = tonumber(f[2]), tonumber(f[4]), #f[6]
-      local reason
-      if t <= deadline then reason = 'ttl'
-      elseif ne <= 1 then stop = true
-      elseif ne > max_events then reason = 'count'
-      elseif nb > max_bytes then reason = 'bytes'
-      else stop = true end
-      if stop then break end
-      local seq = seq_of(id)
-      local tally = counts[reason]
-      tally[1] = tally[1] + 1; tally[2] = tally[2] + size
-      local st = stream(s)
-      if st then
-        if seq > (st.d or 0) then counts.und[1] = counts.und[1] + 1; counts.und[2] = counts.und[2] + size end
-        st.e = seq; mark(s); touched[s] = true
+      local e = entry(batch[i])
+      local st = stream(e.s)
+      local z = sizes(e)
+      local k = hc + 1  -- the first event of the entry still retained
+      local expired = e.t <= deadline
+      while k <= e.c do
+        local reason
+        if expired then reason = 'ttl'
+        elseif ne <= 1 then break
+        elseif ne > MAX_EVENTS then reason = 'count'
+        elseif nb > MAX_BYTES then reason = 'bytes'
+        else break end
+        local seq, size = e.first + k - 1, z[k]
+        local tally = counts[reason]
+        tally[1] = tally[1] + 1; tally[2] = tally[2] + size
+        if st then
+          if seq > (st.d or 0) then counts.und[1] = counts.und[1] + 1; counts.und[2] = counts.und[2] + size end
+          st.e = seq
+        end
+        ne = ne - 1; nb = nb - size; hb = hb + size; k = k + 1
+        any = true
       end
-      ne = ne - 1; nb = nb - size; last = seq
+      if st and k > hc + 1 then mark(e.s); touched[e.s] = true end
+      if k > e.c then
+        gone_through = e.first; hc = 0; hb = 0  -- wholly evicted: the next entry is the oldest
+      else
+        hc = k - 1
+        stop = true
+        break
+      end
     end
     if stop or #batch < want then break end
     from = '(' .. batch[#batch][1]
-    want = math.min(128, want * 2)
+    want = math.min(16, want * 2)
   end
-  if last == nil then return false end
-  redis.call('XTRIM', EV, 'MINID', '=', (last + 1) .. '-0')
-  set('ne', ne); set('nb', nb)
+  if not any then return false end
+  if gone_through ~= nil then redis.call('XTRIM', EV, 'MINID', '=', (gone_through + 1) .. '-0') end
+  set('ne', ne); set('nb', nb); set('hc', hc); set('hb', hb)
   return true
 end
 

@@ -18,7 +18,7 @@ set('ver', num('ver') + 1)
 if primed then
   local counts, touched = new_counts(), {}
   sync_expired(counts, touched)
-  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'b', block)
+  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'c', 1, 'z', #block, 'b', block)
   s.l = seq
   set('nseq', seq + 1)
   set('ne', num('ne') + 1); set('nb', num('nb') + #block)

@@ -1,5 +1,5 @@
 -- read (ARGV: after, most events, most bytes, streams...): {version, epoch, gap, complete, more,
--- stream, seq, time, body, ...}, or false.
+-- (stream, first seq, time, sizes, bodies) per run of events, ...}, or false.
 if not load_meta() then return false end
 -- The events key expired (every event older than the window's age limit): evicted, as reap would have.
 do
@@ -30,21 +30,37 @@ for i = A + 3, #ARGV do
 end
 local out = {tonumber(meta.ver), meta.epoch, 0, 0, 0}
 local events, size, more = 0, 0, false
+-- The entry holding seq after + 1 may begin before it: the last entry whose first seq is at most that.
+local batch = redis.call('XREVRANGE', EV, (after + 1) .. '-0', '-', 'COUNT', 1)
 local from = (after + 1) .. '-0'
+if #batch == 1 then from = batch[1][1] end
+local want = 4
 while true do
-  local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', 256)
+  batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
   for i = 1, #batch do
-    local f = batch[i][2]
-    local sn = tonumber(f[2])
-    if wanted[sn] then
-      local body = f[6]
-      if events >= most or (events > 0 and size + #body > most_bytes) then more = true; break end
-      out[#out + 1] = sn; out[#out + 1] = seq_of(batch[i][1]); out[#out + 1] = f[4]; out[#out + 1] = body
-      events = events + 1; size = size + #body
+    local e = entry(batch[i])
+    if wanted[e.s] and e.first + e.c - 1 > after then
+      local z = sizes(e)
+      local k = math.max(1, after - e.first + 2)
+      local offset = 0
+      for j = 1, k - 1 do offset = offset + z[j] end
+      local taken, taken_bytes, lens = 0, 0, {}
+      for j = k, e.c do
+        if events >= most or (events > 0 and size + z[j] > most_bytes) then more = true; break end
+        taken = taken + 1; taken_bytes = taken_bytes + z[j]; lens[#lens + 1] = z[j]
+        events = events + 1; size = size + z[j]
+      end
+      if taken > 0 then
+        out[#out + 1] = e.s; out[#out + 1] = e.first + k - 1; out[#out + 1] = e.ts
+        out[#out + 1] = table.concat(lens, ',')
+        out[#out + 1] = string.sub(e.b, offset + 1, offset + taken_bytes)
+      end
+      if more then break end
     end
   end
-  if more or #batch < 256 then break end
+  if more or #batch < want then break end
   from = '(' .. batch[#batch][1]
+  want = math.min(64, want * 2)
 end
 if more then out[5] = 1 elseif all_ended then out[4] = 1 end
 return out
