@@ -138,7 +138,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            if self.ctx.draining:
+            if self.ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
@@ -360,7 +360,7 @@ class Proxy:
         deadline ends the wait (503 shutting_down) but not the forward."""
         forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, granted))
         try:
-            with self.ctx.upstream_wait():
+            with self.ctx.drain.upstream_wait():
                 return await asyncio.shield(forward)
         except ShuttingDown as refusal:
             forward.add_done_callback(self._abandoned)
@@ -550,7 +550,7 @@ class Proxy:
             decision = await plan(self.store, request, here, self.ctx.clock(), takeover_tried=True)
         match decision:
             case Forward(url=url):
-                with self.ctx.upstream_wait(standalone=request.method == "GET"):
+                with self.ctx.drain.upstream_wait(standalone=request.method == "GET"):
                     return await hop.forward(request, body, url, request_id)
             case Refuse(error=error):
                 return self.ctx.reject(request, error, request_id)
@@ -752,7 +752,7 @@ class Proxy:
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
-            with self.ctx.upstream_wait(standalone=True):
+            with self.ctx.drain.upstream_wait(standalone=True):
                 upstream = answer = await self.upstream.open_get(
                     request.path_qs, upstream_headers(request), on_sent
                 )
@@ -898,7 +898,7 @@ class Proxy:
         if routed is not None:
             return routed
         session_id = request.headers.get(SESSION_HEADER)
-        with self.ctx.upstream_wait():
+        with self.ctx.drain.upstream_wait():
             upstream = await self.upstream.request(
                 "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
             )
