@@ -43,6 +43,14 @@ log = logging.getLogger("mcpresume")
 DRAIN_GRACE = 2.0
 
 
+# The one cancellation message: a drain that hands its streams over to the other replicas (a shared store,
+# step 5) cancels each pump with it, and the pump stops without ending its stream, which another replica then
+# resumes upstream (``SessionStore.orphans``). A pump's upstream read can only be interrupted by a
+# cancellation, and the pump must tell this one from the others (the session ended, the shutdown of a lone
+# replica), which end its stream.
+HAND_OVER = "mcpresume-hand-over"
+
+
 class Interrupted(Exception):
     """The drain ended the ``Drain.interruptible`` block this is raised out of."""
 
