@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from mcpresume.config import Settings, check_advertise_url
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.drain import DRAIN_GRACE
+from mcpresume.errors import StoreUnavailable
 from mcpresume.hop import Hop, owner_head_timeout
 from mcpresume.lease import Lease
 from mcpresume.listener import CappedSite, ConnectionCap, connection_budget
@@ -159,6 +160,8 @@ async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
             await reap_once(ctx)
             if ctx.lease is not None:
                 await take_over_lost(ctx, proxy)
+        except (StoreUnavailable, TimeoutError) as error:  # the store is down: the next round retries
+            log.warning("housekeeping skipped: the store is unavailable (%s)", error)
         except Exception:  # the reaper must outlive a store hiccup
             log.exception("reaping failed")
 

@@ -29,7 +29,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from mcpresume.context import ProxyContext, log_id
 from mcpresume.drain import DRAIN_GRACE, View
-from mcpresume.errors import TooManyAttachments
+from mcpresume.errors import StoreUnavailable, TooManyAttachments
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.local import LocalSessions
 from mcpresume.store import SessionStore
@@ -55,6 +55,7 @@ class ViewEnd(enum.Enum):
     STALLED = "stalled"  # the client took no write within stall_timeout
     CLIENT_GONE = "client_gone"  # the client's connection closed
     DRAINING = "draining"  # a drain ended it
+    STORE_UNAVAILABLE = "store_unavailable"  # the shared store did not answer: its client retries
 
 
 class Finish(enum.Enum):
@@ -83,6 +84,9 @@ VIEW_ENDINGS: Final[Mapping[ViewEnd, ViewEnding]] = {
     ViewEnd.STALLED: ViewEnding(Finish.CUT, detach=True),
     ViewEnd.CLIENT_GONE: ViewEnding(Finish.LEAVE),
     ViewEnd.DRAINING: ViewEnding(Finish.DRAIN),
+    # Ended cleanly (not cut): its client re-attaches with its cursor, on this replica or another, and the
+    # window (in the store) still holds what it has not read.
+    ViewEnd.STORE_UNAVAILABLE: ViewEnding(Finish.DRAIN),
 }
 
 
@@ -215,6 +219,9 @@ async def follow(
         raise
     except ConnectionError:
         outcome.reason = ViewEnd.CLIENT_GONE
+        return outcome
+    except StoreUnavailable:
+        outcome.reason = ViewEnd.STORE_UNAVAILABLE
         return outcome
     finally:
         local.remove_reader(session_id, reader)

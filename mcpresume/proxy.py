@@ -146,6 +146,7 @@ class Proxy:
             resume_attempts=settings.upstream_resume_attempts,
             pause=settings.overflow == "pause",
             session_ttl=settings.session_ttl,
+            store_outage_grace=settings.store_outage_grace,
         )
 
     # -- entry -------------------------------------------------------------------------------------------

@@ -27,12 +27,12 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import aiohttp
 
 from mcpresume.drain import HAND_OVER
-from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
+from mcpresume.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable
 from mcpresume.flow import Appended, Guard
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.local import LocalSessions
@@ -44,11 +44,15 @@ from mcpresume.upstream import Upstream, UpstreamAnswer
 from mcpresume.upstream_events import Batch, End, UpstreamEvents, refuses_resume, resume_delay
 
 log = logging.getLogger("mcpresume.pump")
+T = TypeVar("T")
 
 # Events appended per store call, at most (and never more than half the window). An upstream read can hold
 # hundreds of small events; appending them in slices lets a pump wait for a reading client between slices
 # instead of evicting under it.
 APPEND_SLICE: Final = 256
+# Retries of an append while the shared store is down: from this many seconds, doubling, to the second.
+OUTAGE_RETRY_MIN: Final = 0.05
+OUTAGE_RETRY_MAX: Final = 1.0
 _SSE: Final = "text/event-stream"
 
 
@@ -81,6 +85,7 @@ class PumpSettings:
     resume_attempts: int
     pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
+    store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -142,6 +147,7 @@ class Pump:
 
     # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
     __slots__ = (
+        "_connection",
         "_cursor_of",
         "_duplicates",
         "_paused_out",
@@ -183,6 +189,7 @@ class Pump:
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self._duplicates = 0  # of events.duplicates, those already counted in the metrics
         self._cursor_of: bytes | None = None  # the upstream id last handed to the store
+        self._connection: UpstreamAnswer | None = None  # the upstream connection being read
         self.upstream_forgot = False  # a resume GET got 404: the upstream does not know the session
         self.failure = "the upstream closed the stream before the response"
 
@@ -217,6 +224,7 @@ class Pump:
         parser = SSEParser(self.settings.max_event_bytes)
         events = self.events
         feed = events.feed
+        self._connection = response
         try:
             content = response.content
             while chunk := await content.readany():  # not iter_any(): no iterator object per stream
@@ -241,6 +249,7 @@ class Pump:
             self.metrics.upstream_errors.labels("stream_dropped").inc()
             return End.DROPPED
         finally:
+            self._connection = None
             response.release()
 
     async def _append(self, batches: list[Batch]) -> None:
@@ -270,7 +279,7 @@ class Pump:
         passes (then it evicts from now on)."""
         local, sid, settings = self.local, self.job.session_id, self.settings
         pausing = settings.pause and not self._paused_out
-        put = self._put_last if last else self._put
+        put = self._through_outage(self._put_last if last else self._put)
         appended = await put(events, local.guard(sid, keep_undelivered=pausing))
         if appended.blocked is not None:
             loop = asyncio.get_running_loop()
@@ -286,6 +295,56 @@ class Pump:
                     self._drop_lagging(appended.blocked, local.guard(sid))
                     appended = await put(events, None)
         self.metrics.evicted(appended.evicted)
+
+    def _through_outage(
+        self, put: Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]]
+    ) -> Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]]:
+        """``put``, held through an outage of the shared store (``_outlast``)."""
+
+        def held(events: SSERun | list[NewEvent], guard: Guard | None) -> Awaitable[Appended]:
+            return self._outlast(lambda: put(events, guard), f"holding {len(events)} event(s) read upstream")
+
+        return held
+
+    async def _outlast(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``call``, through an outage of the shared store: what was read from the upstream is never
+        dropped. The pump stops reading meanwhile (TCP backpressure holds the upstream) and retries, backing
+        off; after ``store_outage_grace`` it lets go of the upstream connection (the stream is resumed
+        upstream from its last id once the events held are in), and after ``session_ttl`` it gives up."""
+        try:
+            return await call()
+        except StoreUnavailable as error:
+            first = error
+        loop = asyncio.get_running_loop()
+        started, delay = loop.time(), OUTAGE_RETRY_MIN
+        job = self.job
+        log.warning(
+            "session %s stream %d: the store is unavailable (%s); %s",
+            job.log_id,
+            job.stream,
+            first.message,
+            what,
+        )
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, OUTAGE_RETRY_MAX)
+            waited = loop.time() - started
+            if self._connection is not None and waited >= self.settings.store_outage_grace:
+                log.warning(
+                    "session %s stream %d: the store is still down after %.0f s; letting go of the upstream "
+                    "connection (resumed upstream from its last id once the store is back)",
+                    job.log_id,
+                    job.stream,
+                    waited,
+                )
+                self._connection.release()
+                self._connection = None
+            if waited >= self.settings.session_ttl:
+                raise first
+            try:
+                return await call()
+            except StoreUnavailable:
+                continue
 
     def restore(self, upstream_cursor: str | None, answered: tuple[str, ...]) -> None:
         """Take over a stream another pump read (``SessionStore.orphans``): ``run(None)`` then resumes it."""
@@ -397,4 +456,5 @@ class Pump:
         finally:
             if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
                 await self._put(items, None)
-            await self.store.end_stream(job.session_id, job.stream, self.clock())
+            end = functools.partial(self.store.end_stream, job.session_id, job.stream, self.clock())
+            await (self._outlast(end, "ending the stream") if wait else end())
