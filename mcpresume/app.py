@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from mcpresume.attach import DRAIN_GRACE
 from mcpresume.config import Settings, check_advertise_url
 from mcpresume.context import ProxyContext, log_id
+from mcpresume.drain import DRAIN_GRACE
 from mcpresume.hop import Hop, owner_head_timeout
 from mcpresume.lease import Lease
 from mcpresume.listener import CappedSite, ConnectionCap, connection_budget
@@ -118,6 +118,7 @@ def build_app(
             stall_timeout=settings.stall_timeout,
             keepalive_timeout=settings.header_timeout / 2,
             reject=ctx.reject,
+            drain=ctx.drain,
         )
         ctx.lease = Lease(
             store, settings.replica, settings.advertise_url, settings.owner_lease_ttl, metrics, clock
@@ -144,20 +145,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[PROXY].adopt(await ctx.store.orphans(ctx.settings.replica))
     reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx, app[PROXY]))
     yield
-    ctx.start_draining()
+    # The handlers are done (step 3 of Drain.run, which goes on with the pumps, the lease, the closes).
     reaper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reaper
-    # Whatever is left of the drain budget (client views had their share while aiohttp waited for them).
-    await ctx.pumps.drain(ctx.drain_remaining(), hand_over=ctx.lease is not None)
-    if ctx.hop is not None and ctx.lease is not None:
-        # Released once nothing here pumps: the other replicas take its sessions over at once, not after
-        # owner_lease_ttl.
-        await ctx.lease.stop()
-        await ctx.hop.close()
-    await ctx.upstream.close()
-    if app[OWNS_STORE]:
-        await ctx.store.close()
 
 
 async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
@@ -202,7 +193,7 @@ def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Applica
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        ok = ready() and not ctx.draining and await ctx.store.ready()
+        ok = ready() and not ctx.drain.started and await ctx.store.ready()
         return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
 
     admin = web.Application()
@@ -228,27 +219,17 @@ class RunningProxy:
         return self.app[CONTEXT]
 
     async def stop(self) -> None:
-        """Graceful drain: refuse new work (readyz turns 503), end standalone views at once (they never
-        complete), let the other open streams finish within drain_timeout and end the ones still open then,
-        then stop. Views end cleanly: their clients re-attach with their cursors. The admin listener goes
-        last, so metrics and health stay scrapeable while draining."""
-        ctx = self.ctx
-        ctx.start_draining()
-        ended = ctx.end_views(standalone_only=True)
-        if ended:
-            log.info("draining: %d standalone views ended", ended)
-        deadline = asyncio.get_running_loop().call_later(ctx.settings.drain_timeout, self._end_the_rest)
+        """The graceful drain, ``Drain.run`` (its steps are the module docstring of ``drain.py``). The
+        admin listener goes last, so metrics and health stay scrapeable while draining."""
         runners, self.runners = self.runners, []  # idempotent: a second stop has nothing left to do
+        if not runners:
+            return
+        serving, *admin = runners
         try:
-            for runner in runners:
-                await runner.cleanup()
+            await self.ctx.drain.run(self.ctx, serving.cleanup, close_store=self.app[OWNS_STORE])
         finally:
-            deadline.cancel()
-
-    def _end_the_rest(self) -> None:
-        ended = self.ctx.end_views()
-        if ended:
-            log.info("drain_timeout: %d client views still open ended", ended)
+            for runner in admin:
+                await runner.cleanup()
 
 
 async def start_proxy(
@@ -290,7 +271,7 @@ async def start_proxy(
         # closed (slowloris). It is the keep-alive idle timeout as well.
         keepalive_timeout=settings.header_timeout,
         # aiohttp waits this long for handlers before it cancels them: the drain ends views cleanly at
-        # drain_timeout (RunningProxy.stop), so this comes after, for a write that cannot finish
+        # drain_timeout (Drain.run), so this comes after, for a write that cannot finish
         shutdown_timeout=settings.drain_timeout + DRAIN_GRACE,
         max_line_size=max(8190, header_limit),  # the request line too: never below aiohttp's own
         max_field_size=max(8190, header_limit),

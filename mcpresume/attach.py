@@ -8,8 +8,9 @@ the hand-off from history to live events has no gap to fall into (#6).
 
 It stops when the stream is complete (every event sent and the stream ended: a POST stream ends with its
 JSON-RPC response), when the client goes away or stalls past ``stall_timeout`` (the events stay in the
-window for a re-attach), or when its position falls out of the window (it closes; the client's re-attach
-then gets an honest 409, never a silent gap).
+window for a re-attach), when its position falls out of the window (it closes; the client's re-attach
+then gets an honest 409, never a silent gap), or when the drain ends it (``drain.View``: a flag the view
+checks each time it would wait, and the drain wakes that wait).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,8 @@ from typing import Final, assert_never
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from mcpresume.context import ProxyContext, ended_for_drain, log_id
+from mcpresume.context import ProxyContext, log_id
+from mcpresume.drain import DRAIN_GRACE, View
 from mcpresume.errors import TooManyAttachments
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.local import LocalSessions
@@ -37,9 +40,6 @@ log = logging.getLogger("mcpresume.proxy")
 # alive through load balancers (the design note's 60 s idle timeout) and shows a vanished client early.
 HEARTBEAT_SECONDS = 15.0
 HEARTBEAT = b": keepalive\n\n"
-
-# How long a view a drain ended may take to end its response (a client that takes nothing is cut then).
-DRAIN_GRACE = 2.0
 
 
 class Stalled(Exception):
@@ -162,12 +162,14 @@ async def follow(
     replay_through: int,
     reader: int | None = None,
     wait: bool = True,
+    view: View | None = None,
 ) -> AttachOutcome:
     """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves.
 
     ``reader``: a reader token already registered at ``after`` (a new stream registers its first reader
     before its pump starts, so not even the first burst can overrun it); registered here otherwise.
-    ``wait=False``: stop (``ViewEnd.DRAINING``) when everything retained is sent instead of waiting for more.
+    ``wait=False``, or ``view`` ending (the drain ended it): stop (``ViewEnd.DRAINING``) when everything
+    retained is sent instead of waiting for more. The drain wakes the wait when it ends the view.
     """
     outcome = AttachOutcome()
     position = after
@@ -198,7 +200,7 @@ async def follow(
                 # (during the write, say), else parks until it does.
             elif result.complete:
                 return outcome  # reason: COMPLETE
-            if not wait:
+            if not wait or (view is not None and view.ending):
                 outcome.reason = ViewEnd.DRAINING
                 return outcome
             version = result.version
@@ -208,12 +210,9 @@ async def follow(
     except Stalled:
         outcome.reason = ViewEnd.STALLED
         return outcome
-    except asyncio.CancelledError as exc:
-        if not ended_for_drain(exc):
-            outcome.reason = ViewEnd.CLIENT_GONE
-            raise
-        outcome.reason = ViewEnd.DRAINING
-        return outcome
+    except asyncio.CancelledError:
+        outcome.reason = ViewEnd.CLIENT_GONE
+        raise
     except ConnectionError:
         outcome.reason = ViewEnd.CLIENT_GONE
         return outcome
@@ -278,10 +277,10 @@ async def serve_view(
         return response
     metrics = ctx.metrics
     metrics.open_streams.inc()
-    # Opened after the drain ended such views: it sends what is there now, then ends as they did.
-    late = ctx.view_ends_at_once(plan.standalone)
+    # Opened after the drain ended such views, it is ending from the start: it sends what is there now,
+    # then ends as they did.
     try:
-        with ctx.drainable(plan.standalone, register=not late):
+        with ctx.drain.view(plan.standalone, functools.partial(ctx.local.news.wake, session_id)) as view:
             outcome = await follow(
                 writer,
                 ctx.store,
@@ -291,12 +290,8 @@ async def serve_view(
                 plan.after,
                 replay_through=plan.replay_through,
                 reader=plan.reader,
-                wait=not late,
+                view=view,
             )
-    except asyncio.CancelledError as exc:
-        if not ended_for_drain(exc):  # ended after follow was done with it: the drain's cancel lands here
-            raise
-        outcome = AttachOutcome(reason=ViewEnd.DRAINING)
     finally:
         metrics.open_streams.dec()
     metrics.replayed_events.inc(outcome.replayed)

@@ -119,7 +119,7 @@ async def _verify(
     ]
     if granted.protocol_version is not None:
         headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
-    with ctx.upstream_wait():  # to the endpoint as the client named it (its query string too)
+    with ctx.drain.upstream_wait():  # to the endpoint as the client named it (its query string too)
         upstream = await ctx.upstream.request(
             "POST", request.path_qs, headers, ping_body(ping_id), decoded=True
         )

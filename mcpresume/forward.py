@@ -17,7 +17,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 
 from mcpresume.attach import ClientWriter, Stalled, end_for_drain
-from mcpresume.context import ProxyContext, ended_for_drain
+from mcpresume.context import ProxyContext
+from mcpresume.drain import Interrupted
 from mcpresume.errors import (
     BodyTimeout,
     BodyTooLarge,
@@ -122,7 +123,7 @@ async def passthrough(
         headers.append(("Content-Length", str(request.content_length)))
     # A GET on the MCP endpoint opens a stream that may never end: the drain's start ends the wait for it.
     stream_get = request.method == "GET" and request.path == ctx.upstream.mcp_path
-    with ctx.upstream_wait(standalone=stream_get):
+    with ctx.drain.upstream_wait(standalone=stream_get):
         upstream = await ctx.upstream.request(request.method, request.path_qs, headers, body)
     if isinstance(body, StreamedBody):
         body.answer = upstream
@@ -199,16 +200,15 @@ async def relay(
         writer = ClientWriter(response, request.transport, ctx.settings.stall_timeout, request.writer)
         standalone = request.method == "GET"  # a GET stream may never end: the drain ends it first
         try:
-            with ctx.drainable(standalone, register=is_sse):  # a stream the drain ends, as a view
-                if is_sse and ctx.view_ends_at_once(standalone):  # begun after the drain ended its kind
+            # A stream the drain ends, as a view; its reads off the upstream's socket are interrupted.
+            with ctx.drain.interruptible(standalone, register=is_sse):
+                if is_sse and ctx.drain.ends_at_once(standalone):  # begun after the drain ended its kind
                     await end_for_drain(request, response)
                     return response
                 async for chunk in upstream.content.iter_any():
                     await writer.write(chunk)
                 await response.write_eof()
-        except asyncio.CancelledError as exc:
-            if not ended_for_drain(exc):
-                raise
+        except Interrupted:
             await end_for_drain(request, response)
         except (aiohttp.ClientError, OSError) as exc:
             log.info("relay of %s %s ended early: %s", request.method, request.path, type(exc).__name__)

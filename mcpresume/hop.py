@@ -24,7 +24,7 @@ from aiohttp import web
 from yarl import URL
 
 from mcpresume.attach import end_for_drain
-from mcpresume.context import ended_for_drain
+from mcpresume.drain import Drain, Interrupted
 from mcpresume.errors import OwnerUnreachable, ProxyError, jsonrpc_error_body
 from mcpresume.headers import (
     HOP_HEADER,
@@ -138,6 +138,7 @@ class Hop:
         stall_timeout: float,
         keepalive_timeout: float = 5.0,
         reject: Reject = refusal,
+        drain: Drain | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.metrics = metrics
@@ -145,6 +146,7 @@ class Hop:
         self.first_byte_timeout = first_byte_timeout
         self.stall_timeout = stall_timeout
         self.reject = reject
+        self.drain = drain if drain is not None else Drain()  # the replica's: it ends a relayed answer
         # An idle pooled connection to an owner is dropped before the owner's own idle timeout
         # (header_timeout, 10 s by default, on every replica alike) can close it under a request just sent
         # on it: that request would fail, and a POST is never re-sent (it might have run).
@@ -173,8 +175,8 @@ class Hop:
         registry, and stream the answer back. An owner that cannot be reached, or sends no answer head
         within ``first_byte_timeout``, is 502 ``owner_unreachable`` (``request_id``: the id in its body).
 
-        Under ``ProxyContext.drainable``, a drain's cancellation while the answer is relayed ends it
-        cleanly; before the answer's head it propagates (``ProxyContext.upstream_wait`` makes it 503)."""
+        The drain ends an answer being relayed cleanly (``Drain.interruptible``); before the answer's head,
+        the caller's ``Drain.upstream_wait`` makes it 503."""
         assert self._session is not None, "Hop.start() was not awaited"
         target = URL(url)
         query = request.rel_url.raw_query_string  # as the client sent it: never decoded and encoded again
@@ -210,12 +212,11 @@ class Hop:
             except (aiohttp.ClientError, OSError):  # the client's connection is gone
                 return response
             try:
-                outcome = await self._relay(request, response, answer)
-            except asyncio.CancelledError as exc:
-                # The drain ends a relayed stream as it ends a view (ProxyContext.drainable around the
-                # call): the hop first, then the client's response, cleanly; it re-attaches elsewhere.
-                if not ended_for_drain(exc):
-                    raise
+                with self.drain.interruptible(request.method == "GET"):  # a GET stream may never end
+                    outcome = await self._relay(request, response, answer)
+            except Interrupted:
+                # The drain ends a relayed stream as it ends a view: the hop first, then the client's
+                # response, cleanly; it re-attaches elsewhere.
                 outcome = HopOutcome.DRAINED
                 answer.close()
                 await end_for_drain(request, response)

@@ -103,6 +103,10 @@ class News:
         self._heard[session_id] = version
         self._parking.wake(session_id)
 
+    def wake(self, session_id: str) -> None:
+        """Wake the session's waiters though nothing changed (the drain, ending a view: it looks again)."""
+        self._parking.wake(session_id)
+
     def forget_gone(self) -> None:
         """Forget the sessions heard dropped (a housekeeping round: their views have read the end)."""
         heard = self._heard

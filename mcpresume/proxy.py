@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, replace
+from typing import Final, assert_never
 
 import aiohttp
 import orjson
@@ -70,6 +70,20 @@ from mcpresume.forward import (
     relay,
     upstream_headers,
 )
+from mcpresume.get_plan import (
+    GetFacts,
+    Join,
+    Need,
+    Open,
+    Reject,
+    Relay,
+    Resumed,
+    ServeWindow,
+    Standalone,
+    WaitForOpening,
+    plan_get,
+    plan_standalone,
+)
 from mcpresume.headers import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
@@ -83,7 +97,7 @@ from mcpresume.headers import (
 from mcpresume.hop import plan
 from mcpresume.jsonrpc import MODERN_VERSIONS, ClientMessage, error_response, parse_client_body, primes
 from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.resume import ReAttach, StreamView, decide, outcome_label
+from mcpresume.resume import decide, outcome_label
 from mcpresume.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.session import (
     Claim,
@@ -138,7 +152,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            if self.ctx.draining:
+            if self.ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
             self._admit(request)
             if request.path != self.upstream.mcp_path:
@@ -360,7 +374,7 @@ class Proxy:
         deadline ends the wait (503 shutting_down) but not the forward."""
         forward = asyncio.ensure_future(self._forward_and_open(request, body, message, session_id, granted))
         try:
-            with self.ctx.upstream_wait():
+            with self.ctx.drain.upstream_wait():
                 return await asyncio.shield(forward)
         except ShuttingDown as refusal:
             forward.add_done_callback(self._abandoned)
@@ -550,7 +564,7 @@ class Proxy:
             decision = await plan(self.store, request, here, self.ctx.clock(), takeover_tried=True)
         match decision:
             case Forward(url=url):
-                with self.ctx.upstream_wait(standalone=request.method == "GET"):
+                with self.ctx.drain.upstream_wait(standalone=request.method == "GET"):
                     return await hop.forward(request, body, url, request_id)
             case Refuse(error=error):
                 return self.ctx.reject(request, error, request_id)
@@ -617,7 +631,7 @@ class Proxy:
 
     async def _decide(
         self, session_id: str, cursor_header: str, granted: SessionAccess | None
-    ) -> tuple[ReAttach, StreamView, int] | ProxyError:
+    ) -> Resumed | ProxyError:
         """The resume decision: a re-attach with its stream as the decision saw it (retained, or the last
         standalone stream gone) and the session's newest seq then; or the rejection. ``granted``: the
         incarnation the request's credentials were checked in; another one is as good as unknown."""
@@ -630,7 +644,7 @@ class Proxy:
         if isinstance(decision, ProxyError):
             return decision
         assert view is not None and view.stream is not None  # decide re-attaches only to a stream it saw
-        return decision, view.stream, view.newest_seq
+        return Resumed(decision, view.stream, view.newest_seq)
 
     def _resume_preface(self, request: web.Request, epoch_cursor: str, stream: int) -> bytes:
         # The retry hint only where a priming event would carry it: a client of an earlier revision may
@@ -652,49 +666,62 @@ class Proxy:
         routed = await self._routed(request, b"")
         if routed is not None:
             return routed
+        # Decided by get_plan.plan_get (its tables), carried out here: fetch what it needs, then do it.
         session_id = request.headers.get(SESSION_HEADER)
-        if session_id is None or self._is_modern(request, None):
-            return await passthrough(self.ctx, request, None)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
-        granted = await self.store.access(session_id)
-        if granted is not None:  # history, live events and a 409's facts: only to accepted credentials
-            refused = await authorize(self.ctx, request, session_id, granted)
-            if refused is not None:
-                return refused
-        if cursor_header is not None:
-            decided = await self._decide(session_id, cursor_header, granted)
-            if isinstance(decided, ProxyError):
-                return self.ctx.reject(request, decided, None)
-            assert granted is not None  # _decide found the session, in the incarnation checked
-            decision, stream, newest = decided
-            if stream.standalone and not stream.live and decision.after >= stream.last_seq:
-                # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
-                # client has all of it: the session's server-to-client channel goes on in a new standalone
-                # stream, as a client connected to the upstream directly would get (a re-attach to the ended
-                # one would answer an empty stream to every retry, and no server message would arrive again).
-                log.info(
-                    "session %s: standalone stream %d ended; a new one", log_id(session_id), stream.number
-                )
+        facts = GetFacts(session_id is not None, self._is_modern(request, None), cursor_header is not None)
+        granted: SessionAccess | None = None
+        while isinstance(step := plan_get(facts), Need):
+            assert session_id is not None  # plan_get relays a request without one
+            match step:
+                case Need.ACCESS:
+                    granted = await self.store.access(session_id)
+                    if granted is not None:  # history, live events, a 409's facts: to accepted credentials
+                        refused = await authorize(self.ctx, request, session_id, granted)
+                        if refused is not None:
+                            return refused
+                    facts = replace(facts, asked=True, known=granted is not None)
+                case Need.RESUME:
+                    assert cursor_header is not None
+                    facts = replace(facts, resumed=await self._decide(session_id, cursor_header, granted))
+                case _:  # pragma: no cover
+                    assert_never(step)
+        match step:
+            case Relay():
+                return await passthrough(self.ctx, request, None)
+            case Reject(error=error):
+                return self.ctx.reject(request, error, None)
+            case Standalone(replaces=replaced):
+                assert session_id is not None and granted is not None  # planned for a known session
+                if replaced is not None:
+                    # The upstream's standalone GET ended (it closed it, or it could not be resumed) and the
+                    # client has all of it: the session's server-to-client channel goes on in a new one, as a
+                    # client connected to the upstream directly would get (a re-attach to the ended one would
+                    # answer an empty stream to every retry, and no server message would arrive again).
+                    log.info(
+                        "session %s: standalone stream %d ended; a new one", log_id(session_id), replaced
+                    )
                 return await self._standalone(request, session_id, granted)
-            log.info(
-                "session %s re-attaches to stream %d after %d",
-                log_id(session_id),
-                decision.stream,
-                decision.after,
-            )
-            preface = self._resume_preface(request, cursor_header, decision.stream)
-            plan = ViewPlan(
-                (decision.stream, *stream.group),
-                decision.after,
-                _SSE_HEADERS,
-                preface,
-                replay_through=newest,
-                standalone=stream.standalone,
-            )
-            return await attach_view(self.ctx, request, session_id, plan)
-        if granted is None:  # not tracked: gone (see _mcp_post)
-            return self.ctx.reject(request, UnknownSession(), None)
-        return await self._standalone(request, session_id, granted)
+            case ServeWindow():
+                assert session_id is not None and cursor_header is not None
+                log.info(
+                    "session %s re-attaches to stream %d after %d",
+                    log_id(session_id),
+                    step.streams[0],
+                    step.after,
+                )
+                preface = self._resume_preface(request, cursor_header, step.streams[0])
+                plan = ViewPlan(
+                    step.streams,
+                    step.after,
+                    _SSE_HEADERS,
+                    preface,
+                    replay_through=step.replay_through,
+                    standalone=step.standalone,
+                )
+                return await attach_view(self.ctx, request, session_id, plan)
+            case _:  # pragma: no cover
+                assert_never(step)
 
     async def _standalone(
         self, request: web.Request, session_id: str, granted: SessionAccess
@@ -717,26 +744,30 @@ class Proxy:
     ) -> ViewPlan | UpstreamAnswer:
         """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
         and its pump); the upstream's response when that GET did not open an SSE stream."""
-        while True:
-            stream = await self.store.standalone_stream(session_id)
-            if stream is not None:
-                view = await self.store.view(session_id, stream)
-                if view is not None and view.epoch != granted.epoch:  # re-issued since it was checked
-                    raise UnknownSession(SessionGone.ENDED_WHILE_JOINING)
-                if view is not None and view.stream is not None:
-                    # One upstream GET per session: a second client view joins the live stream at its head,
-                    # and (2025-11-25) first gets a priming event whose cursor is that head, so a client
-                    # that drops before the next message can re-attach without missing it.
-                    head = view.stream.last_seq
+        while True:  # join, wait or open: get_plan.plan_standalone decides, each time the store is read
+            live = await self.store.standalone_stream(session_id)
+            view = None if live is None else await self.store.view(session_id, live)
+            opening = self._opening_standalone.get(session_id)
+            planned = plan_standalone(
+                live, view, granted.epoch, opening=opening is not None, primes=_primes(request)
+            )
+            match planned:
+                case Join(stream=stream, head=head, primed=primed):
+                    # One upstream GET per session: a second client view joins the live stream at its head.
                     preface = b""
-                    if _primes(request) and head >= view.stream.first_seq:
-                        cursor = encode_cursor(view.epoch, stream, head)
+                    if primed:
+                        cursor = encode_cursor(granted.epoch, stream, head)
                         preface = encode_frame(cursor, priming_block(self.settings.retry_ms))
                     return ViewPlan((stream,), head, _SSE_HEADERS, preface, standalone=True)
-            opening = self._opening_standalone.get(session_id)
-            if opening is None:
-                break
-            await asyncio.shield(opening)  # then look again: joined, or that open failed and this one tries
+                case Reject(error=error):
+                    raise error
+                case WaitForOpening():
+                    assert opening is not None
+                    await asyncio.shield(opening)  # then look again: joined, or that open failed
+                case Open():
+                    break
+                case _:  # pragma: no cover
+                    assert_never(planned)
         loop = asyncio.get_running_loop()
         opened_here: asyncio.Future[None] = loop.create_future()
         self._opening_standalone[session_id] = opened_here
@@ -752,7 +783,7 @@ class Proxy:
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
-            with self.ctx.upstream_wait(standalone=True):
+            with self.ctx.drain.upstream_wait(standalone=True):
                 upstream = answer = await self.upstream.open_get(
                     request.path_qs, upstream_headers(request), on_sent
                 )
@@ -814,7 +845,7 @@ class Proxy:
         if isinstance(decided, ProxyError):
             return self.ctx.reject(request, decided, message.first_id)
         assert granted is not None  # _decide found the session, in the incarnation checked
-        decision, stream, newest = decided
+        decision, stream, newest = decided.decision, decided.stream, decided.newest
         # A standalone stream never ends and this response must: its events stay for a GET re-attach.
         followed = [] if stream.standalone else [decision.stream, *stream.group]
         claimed = await self._claim_and_reserve(
@@ -898,7 +929,7 @@ class Proxy:
         if routed is not None:
             return routed
         session_id = request.headers.get(SESSION_HEADER)
-        with self.ctx.upstream_wait():
+        with self.ctx.drain.upstream_wait():
             upstream = await self.upstream.request(
                 "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
             )

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import aiohttp
 
+from mcpresume.drain import HAND_OVER
 from mcpresume.errors import BadRequest, EventTooLarge, ProxyError
 from mcpresume.flow import Appended, Guard
 from mcpresume.headers import LAST_EVENT_ID_HEADER
@@ -87,9 +88,6 @@ class PumpSettings:
 # asyncio's numbered default, one string per task.
 PUMP = "mcpresume-pump"
 STANDALONE_PUMP = "mcpresume-standalone-pump"
-# The cancellation message of a drain that hands streams over to the other replicas (a shared store): the
-# pump stops without ending its stream, which another replica then takes over (``SessionStore.orphans``).
-HAND_OVER = "mcpresume-hand-over"
 
 
 class Pumps:

@@ -15,8 +15,22 @@ The session is the durable object; an SSE connection is an ephemeral view of one
   position can no longer be served (``gap``) or that everything has been sent (``complete``).
 * ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once.
 
-Stream states: ``live`` -> ``ended`` -> gone (ended and no event left in the window: its bookkeeping is
-dropped, so nothing grows with the number of streams ever opened).
+Stream states (``StreamPhase``, the table ``STREAM_STEPS``: every phase x input has a row):
+
+==========  ========  ==========  ==========  ===========  ==========
+phase       open      append      end         evicted-all  forgotten
+==========  ========  ==========  ==========  ===========  ==========
+unknown     live      (dropped)   (ignored)   (ignored)    (ignored)
+live        --        live        ended       (stays live) (ignored)
+ended       --        (dropped)   (ignored)   gone         (ignored)
+gone        --        (dropped)   (ignored)   (ignored)    unknown
+==========  ========  ==========  ==========  ===========  ==========
+
+``--``: impossible (a stream number is given once). ``evicted-all``: the window holds none of the stream's
+events any more (a stream that never had one is so as soon as it ends). Gone, only a tombstone is kept,
+(number, last seq) in ``SessionState.gone``, so a view that had sent the whole stream finds it complete;
+``forgotten``: ``MAX_GONE_STREAMS`` newer tombstones pushed it out. Nothing grows with the number of streams
+ever opened.
 
 ``version`` increases on every change a reader could be waiting for (append, end, drop), which lets a
 store implement "wait for news after what I last read" without a lost wake-up.
@@ -48,6 +62,77 @@ MAX_REQUEST_IDS: Final = 4096
 # whose client never reads holds at most about twice that (attach.ClientWriter), whatever the window holds.
 READ_MAX_EVENTS: Final = 512
 READ_MAX_BYTES: Final = 64 << 10
+
+
+class StreamPhase(enum.Enum):
+    """Where a stream is in its life (the module docstring's table)."""
+
+    UNKNOWN = "unknown"  # no record: not opened yet, or its tombstone was forgotten
+    LIVE = "live"  # being pumped: appends go to it
+    ENDED = "ended"  # no more appends; some of its events are still in the window
+    GONE = "gone"  # ended, every event left the window: only its tombstone (number, last seq) is kept
+
+
+class StreamInput(enum.Enum):
+    OPEN = "open"
+    APPEND = "append"
+    END = "end"
+    EVICTED_ALL = "evicted_all"  # the window holds none of its events any more
+    FORGOTTEN = "forgotten"  # MAX_GONE_STREAMS newer tombstones pushed its out
+
+
+class StreamEffect(enum.Enum):
+    CHANGE = "change"  # the input takes effect
+    IGNORE = "ignore"  # nothing happens (an append to an ended stream is dropped)
+    IMPOSSIBLE = "impossible"  # cannot happen: a stream number is given once
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStep:
+    effect: StreamEffect
+    phase: StreamPhase  # the phase after
+
+
+# A stream's lifecycle, phase x input (the module docstring's table; tests/test_session.py checks that
+# every pair has a row and that SessionState follows it).
+_LIVE, _ENDED, _GONE, _UNKNOWN = StreamPhase.LIVE, StreamPhase.ENDED, StreamPhase.GONE, StreamPhase.UNKNOWN
+_CHANGE, _IGNORE, _IMPOSSIBLE = StreamEffect.CHANGE, StreamEffect.IGNORE, StreamEffect.IMPOSSIBLE
+STREAM_STEPS: Final[Mapping[tuple[StreamPhase, StreamInput], StreamStep]] = {
+    (_UNKNOWN, StreamInput.OPEN): StreamStep(_CHANGE, _LIVE),
+    (_UNKNOWN, StreamInput.APPEND): StreamStep(_IGNORE, _UNKNOWN),
+    (_UNKNOWN, StreamInput.END): StreamStep(_IGNORE, _UNKNOWN),
+    (_UNKNOWN, StreamInput.EVICTED_ALL): StreamStep(_IGNORE, _UNKNOWN),
+    (_UNKNOWN, StreamInput.FORGOTTEN): StreamStep(_IGNORE, _UNKNOWN),
+    (_LIVE, StreamInput.OPEN): StreamStep(_IMPOSSIBLE, _LIVE),
+    (_LIVE, StreamInput.APPEND): StreamStep(_CHANGE, _LIVE),
+    (_LIVE, StreamInput.END): StreamStep(_CHANGE, _ENDED),
+    (_LIVE, StreamInput.EVICTED_ALL): StreamStep(_IGNORE, _LIVE),  # more may come: it stays
+    (_LIVE, StreamInput.FORGOTTEN): StreamStep(_IGNORE, _LIVE),
+    (_ENDED, StreamInput.OPEN): StreamStep(_IMPOSSIBLE, _ENDED),
+    (_ENDED, StreamInput.APPEND): StreamStep(_IGNORE, _ENDED),
+    (_ENDED, StreamInput.END): StreamStep(_IGNORE, _ENDED),
+    (_ENDED, StreamInput.EVICTED_ALL): StreamStep(_CHANGE, _GONE),
+    (_ENDED, StreamInput.FORGOTTEN): StreamStep(_IGNORE, _ENDED),
+    (_GONE, StreamInput.OPEN): StreamStep(_IMPOSSIBLE, _GONE),
+    (_GONE, StreamInput.APPEND): StreamStep(_IGNORE, _GONE),
+    (_GONE, StreamInput.END): StreamStep(_IGNORE, _GONE),
+    (_GONE, StreamInput.EVICTED_ALL): StreamStep(_IGNORE, _GONE),
+    (_GONE, StreamInput.FORGOTTEN): StreamStep(_CHANGE, _UNKNOWN),
+}
+
+
+def _changes(given: StreamInput) -> tuple[bool, bool]:
+    """Whether ``given`` changes a stream with a record, indexed by its ``live`` flag: (ended, live). What
+    ``SessionState`` consults where it decides, at the cost of a tuple index (the append hot path)."""
+    return (
+        STREAM_STEPS[StreamPhase.ENDED, given].effect is StreamEffect.CHANGE,
+        STREAM_STEPS[StreamPhase.LIVE, given].effect is StreamEffect.CHANGE,
+    )
+
+
+_APPENDS: Final = _changes(StreamInput.APPEND)  # (False, True): only a live stream takes appends
+_ENDS: Final = _changes(StreamInput.END)  # (False, True)
+_GOES_WHEN_EMPTIED: Final = _changes(StreamInput.EVICTED_ALL)  # (True, False): only an ended stream goes
 
 
 class StreamOrigin(enum.Enum):
@@ -339,7 +424,7 @@ class SessionState:
         """Append upstream events to a live stream (events for an ended stream are dropped): the next seqs,
         the window's limits enforced once for them all."""
         state = self.streams.get(stream)
-        if state is None or not state.live or not items:
+        if state is None or not _APPENDS[state.live] or not items:
             return Evicted()
         answered = [item.response_key for item in items if item.response_key is not None]
         if answered:
@@ -350,7 +435,7 @@ class SessionState:
         """Append a run of upstream message events (the hot path: their blocks kept as they came, one
         segment in all)."""
         state = self.streams.get(stream)
-        if state is None or not state.live or not run.blocks:
+        if state is None or not _APPENDS[state.live] or not run.blocks:
             return Evicted()
         return self._add(Segment.of(stream, self.next_seq, list(run.blocks), now, run.size), now)
 
@@ -367,9 +452,9 @@ class SessionState:
 
     def end_stream(self, stream: int, now: float) -> None:
         state = self.streams.get(stream)
-        if state is None or not state.live:
+        if state is None or not _ENDS[state.live]:
             return
-        state.live = False
+        state.live = False  # ended
         if self.standalone == stream:
             self.standalone = None
         self.version += 1
@@ -413,7 +498,8 @@ class SessionState:
         gone = [
             n
             for n, s in self.streams.items()
-            if not s.live and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
+            if _GOES_WHEN_EMPTIED[s.live]
+            and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
         ]
         if not gone:
             return  # the common case (every append to a full window gets here)
@@ -429,6 +515,15 @@ class SessionState:
                 if other is not None:
                     other.group = tuple(n for n in other.group if n != number)
                     other.group_lost = max(other.group_lost, state.last_seq)
+
+    def phase(self, stream: int) -> StreamPhase:
+        """Where stream ``stream`` is in its life (``STREAM_STEPS``)."""
+        state = self.streams.get(stream)
+        if state is not None:
+            return StreamPhase.LIVE if state.live else StreamPhase.ENDED
+        if any(number == stream for number, _ in self.gone):
+            return StreamPhase.GONE
+        return StreamPhase.UNKNOWN
 
     def pumped_at(self, stream: int, upstream_cursor: str) -> None:
         """The stream's upstream events are appended through ``upstream_cursor`` (its last event id)."""

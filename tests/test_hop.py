@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
-from mcpresume.context import DRAIN
+from mcpresume.drain import Drain
 from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
 from mcpresume.hop import Hop, owner_head_timeout, plan
 from mcpresume.metrics import Metrics
@@ -128,6 +128,7 @@ class Front:
     registry: dict[str, str]  # replica id -> live URL: what the store's replica_url answers
     owners: FakeOwners
     handlers: list[asyncio.Task[Any]]
+    drain: Drain
 
 
 @pytest.fixture
@@ -140,7 +141,8 @@ async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]
     """This replica: every session is owned by ``OWNER``, whose URL the registry has as ``owner_url``."""
     metrics = Metrics()
     registry = {OWNER: owner_url}
-    hop = Hop(HERE, metrics, connect_timeout=5.0, first_byte_timeout=1.0, stall_timeout=5.0)
+    drain = Drain()  # the replica's drain, as app.build_app gives it to its hop
+    hop = Hop(HERE, metrics, connect_timeout=5.0, first_byte_timeout=1.0, stall_timeout=5.0, drain=drain)
     await hop.start()
     owners = FakeOwners(registry)
     handlers: list[asyncio.Task[Any]] = []
@@ -148,7 +150,7 @@ async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]
     async def handler(request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None
-        handlers.append(task)  # what the proxy's drain would end (ProxyContext.drainable)
+        handlers.append(task)
         body = await request.read()
         owners.path = request.query.get("path")  # a test's pick among the owner's paths
         decision = await plan(owners, request, HERE, now=0.0)
@@ -167,7 +169,7 @@ async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]
     app.router.add_route("*", "/mcp", handler)
     url = await serve(app)
     try:
-        yield Front(url, metrics, registry, owners, handlers)
+        yield Front(url, metrics, registry, owners, handlers, drain)
     finally:
         await hop.close()
 
@@ -360,8 +362,8 @@ async def test_a_drain_ends_a_forwarded_stream_cleanly_and_closes_the_hop(front:
         http.get(front.url, headers={SESSION_HEADER: SESSION}) as resp,
     ):
         assert await _first_event(resp) == b"id: 1\ndata: first\n\n"
-        (handler,) = front.handlers
-        handler.cancel(DRAIN)  # what ProxyContext.end_views does to a view
+        assert len(front.handlers) == 1  # the one stream being relayed
+        assert front.drain.end_views() == 1  # what the drain does at its deadline (Drain.run, step 4)
         # The client's stream ends cleanly (it re-attaches with its cursor elsewhere); nothing more comes.
         assert await asyncio.wait_for(resp.content.read(), HANG_GUARD) == b""
         await asyncio.wait_for(owner.stream_closed.wait(), HANG_GUARD)

@@ -30,6 +30,7 @@ CORE_MODULES = (
     "upstream_events",
     "flow",
     "route",
+    "get_plan",
 )
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.

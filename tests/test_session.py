@@ -20,15 +20,20 @@ from mcpresume.flow import Guard, Readers
 from mcpresume.resume import ReAttach, StreamView, decide
 from mcpresume.session import (
     CLAIM_OF_STATE,
+    MAX_GONE_STREAMS,
     MAX_REQUEST_IDS,
     READ_MAX_BYTES,
     READ_MAX_EVENTS,
+    STREAM_STEPS,
     Claim,
     ClaimOutcome,
     ClaimState,
     NewEvent,
     SessionState,
+    StreamEffect,
+    StreamInput,
     StreamOrigin,
+    StreamPhase,
     claim_refusal,
 )
 from mcpresume.sse import SSEParser, SSERun, frame_body
@@ -437,6 +442,77 @@ def test_claim_gone_once_the_stream_lost_an_event_or_was_forgotten() -> None:
     session.append(other, [msg()], now=0.0)  # evicts the response: `stream` is forgotten
     assert stream not in session.streams
     assert session.claim(["n:1"]) == Claim(ClaimOutcome.GONE, stream)
+
+
+def test_every_stream_phase_and_input_has_a_row() -> None:
+    assert set(STREAM_STEPS) == {(phase, given) for phase in StreamPhase for given in StreamInput}
+    changes = {key: step.phase for key, step in STREAM_STEPS.items() if step.effect is StreamEffect.CHANGE}
+    assert changes == {
+        (StreamPhase.UNKNOWN, StreamInput.OPEN): StreamPhase.LIVE,
+        (StreamPhase.LIVE, StreamInput.APPEND): StreamPhase.LIVE,
+        (StreamPhase.LIVE, StreamInput.END): StreamPhase.ENDED,
+        (StreamPhase.ENDED, StreamInput.EVICTED_ALL): StreamPhase.GONE,
+        (StreamPhase.GONE, StreamInput.FORGOTTEN): StreamPhase.UNKNOWN,
+    }
+    # A row that changes nothing leaves the phase; only an open of a number given already cannot happen.
+    for (phase, happening), step in STREAM_STEPS.items():
+        if step.effect is not StreamEffect.CHANGE:
+            assert step.phase is phase, (phase, happening)
+            assert (step.effect is StreamEffect.IMPOSSIBLE) == (
+                happening is StreamInput.OPEN and phase is not StreamPhase.UNKNOWN
+            )
+
+
+def _stream_in(phase: StreamPhase, opening: bool) -> tuple[SessionState, int]:
+    """A session and the number of a stream of it in ``phase``. UNKNOWN: the number it gives next if
+    ``opening``, else one forgotten (opened, gone, its tombstone pushed out)."""
+    session = make_session()
+    if phase is StreamPhase.UNKNOWN and opening:
+        return session, session.next_stream
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    session.append(stream, [msg()], now=0.0)
+    if phase is not StreamPhase.LIVE:
+        session.end_stream(stream, now=0.0)
+    if phase in (StreamPhase.GONE, StreamPhase.UNKNOWN):
+        session.shed(0)
+    if phase is StreamPhase.UNKNOWN:
+        _apply(session, stream, StreamInput.FORGOTTEN)
+    return session, stream
+
+
+def _apply(session: SessionState, stream: int, happening: StreamInput) -> None:
+    match happening:
+        case StreamInput.OPEN:
+            assert session.open_stream(StreamOrigin.POST, [], now=0.0).stream == stream
+        case StreamInput.APPEND:
+            session.append(stream, [msg()], now=0.0)
+        case StreamInput.END:
+            session.end_stream(stream, now=0.0)
+        case StreamInput.EVICTED_ALL:
+            session.shed(0)  # the window keeps nothing
+        case StreamInput.FORGOTTEN:
+            for _ in range(MAX_GONE_STREAMS):  # newer tombstones, of streams that never had an event
+                other = session.open_stream(StreamOrigin.POST, [], now=0.0, priming=False).stream
+                session.end_stream(other, now=0.0)
+
+
+@pytest.mark.parametrize(
+    ("phase", "happening"),
+    [key for key, step in STREAM_STEPS.items() if step.effect is not StreamEffect.IMPOSSIBLE],
+)
+def test_a_stream_follows_its_table(phase: StreamPhase, happening: StreamInput) -> None:
+    session, stream = _stream_in(phase, opening=happening is StreamInput.OPEN)
+    assert session.phase(stream) is phase
+
+    def seen() -> tuple[StreamPhase, int | None]:
+        state = session.streams.get(stream)
+        return session.phase(stream), None if state is None else state.last_seq
+
+    before = seen()
+    _apply(session, stream, happening)
+    step = STREAM_STEPS[phase, happening]
+    assert session.phase(stream) is step.phase
+    assert (seen() != before) == (step.effect is StreamEffect.CHANGE)
 
 
 def test_every_claim_state_has_an_outcome_and_none_forwards() -> None:

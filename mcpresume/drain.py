@@ -1,0 +1,187 @@
+"""The drain: how a replica stops, in one method (``Drain.run``), against one deadline.
+
+The steps, in order (the docs' shutdown timeline is this list):
+
+1. Refuse new work: ``/readyz`` answers 503, every new request 503 ``shutting_down``.
+2. End the standalone views at once (a GET stream may never complete: it would hold the drain to its end).
+3. Let the others finish (a POST stream ends with its response) until the deadline, ``drain_timeout`` after
+   step 1. Meanwhile the listener closes and aiohttp waits for the handlers (``serving``).
+4. End what is left. A view's response ends cleanly, within ``DRAIN_GRACE`` or cut after it (its client
+   re-attaches elsewhere with its cursor); a wait for the upstream's answer ends with 503 ``shutting_down``.
+5. The pumps: those of POST streams get what is left of the deadline, then every pump is cancelled (its
+   pending requests answered with an error) or, with a shared store (owner routing), handed over: stopped
+   without ending its stream, which another replica resumes upstream.
+6. Release the lease, so the other replicas take the sessions over at once, not a lease TTL later.
+7. Close the hop, the upstream client and the store (the store only if this app made it).
+
+What steps 2 and 4 end is registered with the drain while it runs, in one of two ways:
+
+* A view (``attach.follow``) holds a ``View``: the drain sets its flag, ``View.ending``, and wakes the
+  view's wait; the view sees the flag and ends. No cancellation.
+* An await that only a cancellation can interrupt (the upstream's answer head, a body relayed off a
+  socket) runs inside ``Drain.interruptible``: the drain cancels its task, and the block raises
+  ``Interrupted`` instead of ``CancelledError`` (the cancellation taken back). A cancellation that is not
+  the drain's (the client left) goes through as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
+
+from mcpresume.errors import ShuttingDown
+
+if TYPE_CHECKING:  # context.py holds a Drain
+    from mcpresume.context import ProxyContext
+
+log = logging.getLogger("mcpresume")
+
+# How long a view a drain ended may take to end its response (a client that takes nothing is cut then).
+DRAIN_GRACE = 2.0
+
+
+# The one cancellation message: a drain that hands its streams over to the other replicas (a shared store,
+# step 5) cancels each pump with it, and the pump stops without ending its stream, which another replica then
+# resumes upstream (``SessionStore.orphans``). A pump's upstream read can only be interrupted by a
+# cancellation, and the pump must tell this one from the others (the session ended, the shutdown of a lone
+# replica), which end its stream.
+HAND_OVER = "mcpresume-hand-over"
+
+
+class Interrupted(Exception):
+    """The drain ended the ``Drain.interruptible`` block this is raised out of."""
+
+
+class View:
+    """One thing a drain ends: ``standalone`` (a GET stream: ended at the drain's start) or not (ended at
+    its deadline). ``ending``: the drain ended it. ``wake``: how the drain wakes its wait (None: its task is
+    cancelled, ``Drain.interruptible``)."""
+
+    __slots__ = ("ending", "standalone", "wake")
+
+    def __init__(self, standalone: bool, wake: Callable[[], None] | None = None) -> None:
+        self.standalone = standalone
+        self.wake = wake
+        self.ending = False
+
+
+class Drain:
+    """A replica's drain: whether it began, its deadline, and what it ends (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.deadline = 0.0  # on the event loop's clock
+        self.deadline_came = False  # step 4 ran: a view opening now ends at once
+        self._views: dict[View, None] = {}  # flagged and woken
+        self._tasks: dict[asyncio.Task[object], View] = {}  # interrupted: their task cancelled
+
+    # -- the steps ---------------------------------------------------------------------------------------
+
+    async def run(
+        self, ctx: ProxyContext, serving: Callable[[], Awaitable[None]], *, close_store: bool
+    ) -> None:
+        """The shutdown. ``serving``: closes the listener and waits for aiohttp's handlers (they end as
+        their views are ended; aiohttp's own ``shutdown_timeout`` comes after the deadline, a hang guard)."""
+        self.begin(ctx.settings.drain_timeout)  # 1. refuse new work
+        if ended := self.end_views(standalone_only=True):  # 2. standalone views end at once
+            log.info("draining: %d standalone views ended", ended)
+        handlers = asyncio.ensure_future(serving())
+        await asyncio.wait([handlers], timeout=self.remaining())  # 3. the others finish, until the deadline
+        if not handlers.done() and (ended := self.end_views()):  # 4. what is left ends
+            log.info("drain_timeout: %d client views still open ended", ended)
+        await handlers
+        # 5. the pumps: POST streams' within what is left, then cancelled, or handed over (a shared store)
+        await ctx.pumps.drain(self.remaining(), hand_over=ctx.lease is not None)
+        if ctx.lease is not None:  # 6. the lease, released once nothing here pumps
+            await ctx.lease.stop()
+        if ctx.hop is not None:  # 7. close what the replica holds open
+            await ctx.hop.close()
+        await ctx.upstream.close()
+        if close_store:
+            await ctx.store.close()
+
+    def begin(self, timeout: float) -> None:
+        if not self.started:
+            self.started = True
+            self.deadline = asyncio.get_running_loop().time() + timeout
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - asyncio.get_running_loop().time())
+
+    def end_views(self, *, standalone_only: bool = False) -> int:
+        """End the registered views: the standalone ones (step 2), or all (step 4). Each is ended once;
+        returns how many were."""
+        if not standalone_only:
+            self.deadline_came = True
+        views = [view for view in self._views if view.standalone or not standalone_only]
+        tasks = [task for task, view in self._tasks.items() if view.standalone or not standalone_only]
+        for view in views:
+            del self._views[view]
+            view.ending = True
+            if view.wake is not None:
+                view.wake()
+        for task in tasks:
+            self._tasks.pop(task).ending = True
+            task.cancel()  # the only interruption there is: Drain.interruptible takes it back
+        return len(views) + len(tasks)
+
+    # -- what a drain ends -------------------------------------------------------------------------------
+
+    def ends_at_once(self, standalone: bool) -> bool:
+        """A view opening now has nothing to wait for: it is standalone and the drain began, or the
+        deadline came (step 4 ended the ones open then; this one came after)."""
+        return self.started and (standalone or self.deadline_came)
+
+    @contextlib.contextmanager
+    def view(self, standalone: bool, wake: Callable[[], None]) -> Iterator[View]:
+        """While inside, the drain ends the view by setting ``View.ending`` and calling ``wake``. A view
+        opened after the drain ended its kind is ending from the start."""
+        view = View(standalone, wake)
+        if self.ends_at_once(standalone):
+            view.ending = True
+            yield view
+            return
+        self._views[view] = None
+        try:
+            yield view
+        finally:
+            self._views.pop(view, None)
+
+    @contextlib.contextmanager
+    def interruptible(self, standalone: bool, *, register: bool = True) -> Iterator[None]:
+        """While inside (and ``register``), the drain ends the block by cancelling its task: the block
+        raises ``Interrupted``. Nested in another block of the same task, the inner one is interrupted;
+        the outer one counts as ended with it (a task is interrupted once)."""
+        task = asyncio.current_task()
+        if task is None or not register:
+            yield
+            return
+        outer = self._tasks.get(task)
+        view = self._tasks[task] = View(standalone)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not view.ending:
+                raise  # not the drain's: the client left
+            task.uncancel()
+            raise Interrupted from None
+        finally:
+            if self._tasks.get(task) is view:
+                del self._tasks[task]
+            if outer is not None and not view.ending and self._tasks.get(task) is None:
+                self._tasks[task] = outer
+
+    @contextlib.contextmanager
+    def upstream_wait(self, *, standalone: bool = False) -> Iterator[None]:
+        """Around a wait for the upstream's answer: the drain ends it (at its start if ``standalone``,
+        else at its deadline) with 503 ``shutting_down``, so it does not hold the drain."""
+        try:
+            with self.interruptible(standalone):
+                yield
+        except Interrupted:
+            raise ShuttingDown(
+                "the proxy shut down before the upstream answered; the request may still run"
+            ) from None

@@ -1,0 +1,231 @@
+"""The drain (``mcpresume.drain``): a view ended by its flag, an await interrupted, the order of its steps.
+
+The drain as an operator sees it (SIGTERM, readyz, streams that finish or re-attach) is tested over real
+HTTP in ``tests/test_lifecycle.py``, ``tests/test_routing.py`` and ``tests/test_hop.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import types
+from typing import Any
+
+import pytest
+
+from mcpresume.attach import ClientWriter, ViewEnd, follow
+from mcpresume.drain import Drain, Interrupted
+from mcpresume.errors import ShuttingDown
+from mcpresume.local import LocalSessions
+from mcpresume.session import NewEvent, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.store.memory import MemoryStore
+from mcpresume.window import EventKind, WindowLimits
+from tests.support.transport import BufferedTransport
+
+HANG_GUARD = 10.0  # a drain that fails to end something hangs: this turns it into a failure
+
+
+class _Client:
+    """A client response that takes every write at once."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.wrote = asyncio.Event()
+
+    async def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.wrote.set()
+
+
+async def _parked_view(drain: Drain, *, standalone: bool) -> tuple[asyncio.Task[Any], LocalSessions]:
+    """A view (``follow``) of a stream with one event, under ``drain``: it sent the event and waits."""
+    store = MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+    local = LocalSessions()
+    store.set_news(local.news.changed)
+    await store.create_session("s", now=0.0)
+    opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    body = frame_body(b'{"jsonrpc":"2.0","method":"m"}')
+    await store.append("s", opened.number, [NewEvent(body, EventKind.MESSAGE)], now=0.0)
+    client = _Client()
+    writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
+
+    async def view() -> Any:
+        with drain.view(standalone, functools.partial(local.news.wake, "s")) as flag:
+            return await follow(
+                writer,
+                store,
+                local,
+                "s",
+                [opened.number],
+                opened.priming_seq,  # after the priming event: the message is sent
+                replay_through=0,
+                view=flag,
+            )
+
+    task = asyncio.ensure_future(view())
+    async with asyncio.timeout(HANG_GUARD):
+        await client.wrote.wait()
+        while len(local.news) == 0:  # until it parks for news
+            await asyncio.sleep(0)
+    return task, local
+
+
+async def test_a_drain_ends_a_waiting_view_by_its_flag_not_by_cancelling_it() -> None:
+    drain = Drain()
+    task, _ = await _parked_view(drain, standalone=False)
+    assert drain.end_views(standalone_only=True) == 0  # not standalone: it waits for the deadline
+    assert drain.end_views() == 1
+    async with asyncio.timeout(HANG_GUARD):
+        outcome = await task
+    assert (outcome.reason, outcome.sent) == (ViewEnd.DRAINING, 1)
+    assert task.cancelling() == 0  # never cancelled: woken, it saw its flag
+    assert drain.end_views() == 0  # ended once
+
+
+async def test_a_standalone_view_ends_at_the_drains_start() -> None:
+    drain = Drain()
+    task, _ = await _parked_view(drain, standalone=True)
+    assert drain.end_views(standalone_only=True) == 1
+    async with asyncio.timeout(HANG_GUARD):
+        assert (await task).reason is ViewEnd.DRAINING
+
+
+async def test_a_view_opened_after_the_deadline_sends_what_is_there_then_ends() -> None:
+    drain = Drain()
+    drain.begin(0.0)
+    drain.end_views()  # the deadline came
+    assert drain.ends_at_once(standalone=False)
+    with drain.view(False, lambda: None) as view:
+        assert view.ending
+    assert drain.end_views() == 0  # it was never registered: nothing to end
+
+
+async def test_an_interrupted_block_raises_interrupted_and_takes_the_cancellation_back() -> None:
+    drain = Drain()
+    entered = asyncio.Event()
+
+    async def waiting() -> str:
+        try:
+            with drain.interruptible(standalone=True):
+                entered.set()
+                await asyncio.get_running_loop().create_future()  # an answer that never comes
+        except Interrupted:
+            return "interrupted"
+        return "finished"
+
+    task = asyncio.ensure_future(waiting())
+    await entered.wait()
+    assert drain.end_views(standalone_only=True) == 1
+    async with asyncio.timeout(HANG_GUARD):
+        assert await task == "interrupted"
+    assert task.cancelling() == 0
+
+
+async def test_a_cancellation_that_is_not_the_drains_goes_through() -> None:
+    drain = Drain()
+    entered = asyncio.Event()
+
+    async def waiting() -> None:
+        with drain.interruptible(standalone=False):
+            entered.set()
+            await asyncio.get_running_loop().create_future()
+
+    task = asyncio.ensure_future(waiting())
+    await entered.wait()
+    task.cancel()  # the client left
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert drain.end_views() == 0  # it left the drain's registry with its block
+
+
+async def test_nested_blocks_are_interrupted_once_the_inner_one() -> None:
+    drain = Drain()
+    entered = asyncio.Event()
+    seen: list[str] = []
+
+    async def waiting() -> None:
+        with drain.interruptible(standalone=False):  # as Drain.upstream_wait around a hop
+            try:
+                with drain.interruptible(standalone=False):  # the hop's relay
+                    entered.set()
+                    await asyncio.get_running_loop().create_future()
+            except Interrupted:
+                seen.append("inner")
+            assert drain.end_views() == 0  # the outer block ended with the inner one
+            seen.append("outer goes on")
+
+    task = asyncio.ensure_future(waiting())
+    await entered.wait()
+    assert drain.end_views() == 1
+    async with asyncio.timeout(HANG_GUARD):
+        await task
+    assert seen == ["inner", "outer goes on"]
+
+
+async def test_an_upstream_wait_the_drain_ends_is_shutting_down() -> None:
+    drain = Drain()
+    entered = asyncio.Event()
+
+    async def waiting() -> None:
+        with drain.upstream_wait():
+            entered.set()
+            await asyncio.get_running_loop().create_future()
+
+    task = asyncio.ensure_future(waiting())
+    await entered.wait()
+    drain.end_views()
+    with pytest.raises(ShuttingDown):
+        await asyncio.wait_for(task, HANG_GUARD)
+
+
+class _Recorder:
+    """What ``Drain.run`` drives, each part noting when it was called."""
+
+    def __init__(self, steps: list[str], drain: Drain, *, lease: bool) -> None:
+        async def note(step: str, *_: Any, **__: Any) -> None:
+            steps.append(step)
+
+        self.settings = types.SimpleNamespace(drain_timeout=0.0)
+        self.pumps = types.SimpleNamespace(
+            drain=lambda timeout, *, hand_over: note(f"pumps (hand over: {hand_over})")
+        )
+        self.lease = types.SimpleNamespace(stop=lambda: note("lease released")) if lease else None
+        self.hop = types.SimpleNamespace(close=lambda: note("hop closed")) if lease else None
+        self.upstream = types.SimpleNamespace(close=lambda: note("upstream closed"))
+        self.store = types.SimpleNamespace(close=lambda: note("store closed"))
+        self.drain = drain
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_the_steps_run_in_order(shared: bool) -> None:
+    drain = Drain()
+    steps: list[str] = []
+    ctx = _Recorder(steps, drain, lease=shared)
+    entered = asyncio.Event()
+
+    async def waiting(standalone: bool) -> None:
+        try:
+            with drain.interruptible(standalone):
+                entered.set()
+                await asyncio.get_running_loop().create_future()
+        except Interrupted:
+            steps.append("standalone ended" if standalone else "the rest ended")
+
+    views = [asyncio.ensure_future(waiting(standalone)) for standalone in (True, False)]
+    await entered.wait()
+    await asyncio.sleep(0)  # both are inside
+
+    async def serving() -> None:
+        assert drain.started  # new work is refused before the listener closes
+        steps.append("serving")
+        await asyncio.gather(*views)  # aiohttp waits for its handlers
+
+    async with asyncio.timeout(HANG_GUARD):
+        await drain.run(ctx, serving, close_store=True)  # type: ignore[arg-type]
+    expected = ["standalone ended", "serving", "the rest ended"]
+    expected += [f"pumps (hand over: {shared})"]
+    expected += ["lease released", "hop closed"] if shared else []
+    expected += ["upstream closed", "store closed"]
+    assert steps == expected
