@@ -509,7 +509,7 @@ class RedisStore:
             guard_arg,
             orjson.dumps(answered) if answered else b"",
             str(len(bodies)),
-            ",".join([str(len(body)) for body in bodies]),
+            ",".join(map(str, map(len, bodies))),
             b"".join(bodies),
         )
         status = _text(result[0])

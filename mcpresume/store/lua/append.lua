@@ -26,8 +26,25 @@ if guard ~= '' then
       local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
       for i = 1, #batch do
         local e = entry(batch[i])
-        local z = sizes(e)
         local other = keep and stream(e.s) or nil
+        local avail = e.c - skip
+        if events <= MAX_EVENTS and held <= MAX_BYTES then done = true; break end
+        if events - avail >= MAX_EVENTS then
+          -- all of it would go (by count alone): what its last event says holds for it all
+          local last = e.first + e.c - 1
+          if other and last > (other.d or 0) then keep_blocked = true end
+          for index, reader in ipairs(readers) do
+            if not blocked[index] and last > reader[2] then
+              for _, followed in ipairs(reader[1]) do
+                if followed == e.s then blocked[index] = true; break end
+              end
+            end
+          end
+          events = events - avail
+          held = held - (skip == 0 and #e.b or #e.b - num('hb'))
+          skip = e.c
+        end
+        local z = skip < e.c and sizes(e) or nil
         for k = skip + 1, e.c do
           if events <= MAX_EVENTS and held <= MAX_BYTES then done = true; break end
           local seq = e.first + k - 1

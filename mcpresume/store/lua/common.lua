@@ -124,9 +124,33 @@ local function evict(now, counts, touched)
     for i = 1, #batch do
       local e = entry(batch[i])
       local st = stream(e.s)
-      local z = sizes(e)
       local k = hc + 1  -- the first event of the entry still retained
       local expired = e.t <= deadline
+      local avail = e.c - hc
+      if expired or ne - avail >= MAX_EVENTS then
+        -- The usual case, in one step: all of it goes, by age or by count alone (and never the newest:
+        -- MAX_EVENTS >= 1 events stay after it).
+        local bytes = #e.b - hb
+        local tally = counts[expired and 'ttl' or 'count']
+        tally[1] = tally[1] + avail; tally[2] = tally[2] + bytes
+        local last = e.first + e.c - 1
+        if st then
+          local sent = math.max(0, math.min(avail, (st.d or 0) - (e.first + hc) + 1))
+          if sent < avail then
+            local lost = bytes
+            if sent > 0 then
+              local z = sizes(e)
+              lost = 0
+              for j = hc + sent + 1, e.c do lost = lost + z[j] end
+            end
+            counts.und[1] = counts.und[1] + avail - sent; counts.und[2] = counts.und[2] + lost
+          end
+          st.e = last
+        end
+        ne = ne - avail; nb = nb - bytes; k = e.c + 1
+        any = true
+      end
+      local z = k <= e.c and sizes(e) or nil
       while k <= e.c do
         local reason
         if expired then reason = 'ttl'
