@@ -220,7 +220,71 @@ def targets_table(results: dict[str, Any]) -> tuple[list[list[str]], dict[str, b
                 _status(verdicts["attached_stream"]),
             ]
         )
+    _redis_targets(results, t, rows, verdicts)
     return rows, verdicts
+
+
+def _redis_targets(
+    results: dict[str, Any], t: dict[str, Any], rows: list[list[str]], verdicts: dict[str, bool | None]
+) -> None:
+    """The Redis store's rows: each against the memory store measured in the same run."""
+    redis = results.get("redis")
+    if not isinstance(redis, dict):
+        return
+    configs = redis["throughput"]["configs"]
+    for key, goal_key in (
+        ("1x256", "redis_throughput_1x256_vs_memory"),
+        ("1x4096", "redis_throughput_1x4096_vs_memory"),
+    ):
+        row = configs.get(key, {})
+        if "mcpresume" in row and "mcpresume-redis" in row:
+            ratio = row["mcpresume-redis"]["rate"] / row["mcpresume"]["rate"]
+            verdicts[goal_key] = ratio >= t[goal_key]
+            rows.append(
+                [
+                    f"Redis store throughput, {key.replace('x', ' stream(s) of ')} B events",
+                    f">= {t[goal_key]:.0%} of the memory store",
+                    f"{ratio:.1%} ({_fmt_rate(row['mcpresume-redis']['rate'])} vs "
+                    f"{_fmt_rate(row['mcpresume']['rate'])} ev/s)",
+                    _status(verdicts[goal_key]),
+                ]
+            )
+    lat = redis["latency"].get("1000", {})
+    if "added_ms" in lat.get("mcpresume-redis", {}) and "added_ms" in lat.get("mcpresume", {}):
+        on_redis, on_memory = lat["mcpresume-redis"]["added_ms"]["p99"], lat["mcpresume"]["added_ms"]["p99"]
+        goal = t["redis_added_latency_p99_1k_over_memory_ms"]
+        verdicts["redis_latency"] = on_redis <= on_memory + goal
+        rows.append(
+            [
+                "Redis store added latency p99 at 1k events/s",
+                f"<= the memory store's + {goal} ms",
+                f"{on_redis:.3f} ms (memory store {on_memory:.3f} ms)",
+                _status(verdicts["redis_latency"]),
+            ]
+        )
+    res = redis["resume"].get("first_event_ms", {})
+    if "p99" in res:
+        verdicts["redis_resume"] = res["p99"] <= t["redis_resume_p99_ms"] and redis["resume"]["failures"] == 0
+        rows.append(
+            [
+                "Redis store resume p99",
+                f"<= {t['redis_resume_p99_ms']} ms",
+                f"{res['p99']:.3f} ms (p50 {res['p50']:.3f} ms)",
+                _status(verdicts["redis_resume"]),
+            ]
+        )
+    mem = redis.get("memory", {})
+    if mem.get("ratio") is not None:
+        verdicts["redis_memory"] = mem["ratio"] <= t["redis_memory_per_payload"]
+        rows.append(
+            [
+                "Redis memory per payload byte (INFO used_memory growth / window payload)",
+                f"<= {t['redis_memory_per_payload']}x",
+                f"{mem['ratio']:.2f}x ({mem['used_memory_growth'] / MiB:.1f} MiB for "
+                f"{mem['window_payload_bytes'] / MiB:.1f} MiB)",
+                _status(verdicts["redis_memory"]),
+            ]
+        )
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -457,7 +521,26 @@ def write(results: dict[str, Any], out: Path) -> Path:
         if "memory" in plots:
             parts += [f"![memory]({plots['memory']})", ""]
 
-    parts += ["## Redis store", "", results.get("redis", "not available yet"), ""]
+    redis = results.get("redis")
+    parts += ["## Redis store", ""]
+    if isinstance(redis, dict):
+        rows = [
+            [
+                key,
+                _fmt_rate(row["mcpresume"]["rate"]),
+                _fmt_rate(row["mcpresume-redis"]["rate"]),
+                f"{row['mcpresume-redis']['rate'] / row['mcpresume']['rate']:.2f}",
+            ]
+            for key, row in redis["throughput"]["configs"].items()
+        ]
+        parts += [
+            "The same proxy with the Redis store (a local `redis-server`) beside the memory store, same run.",
+            "",
+            _table(["events/s", "memory store", "Redis store", "ratio"], rows),
+            "",
+        ]
+    else:
+        parts += [str(redis or "not run"), ""]
     path = out / "latest.md"
     path.write_text("\n".join(parts))
     return path
