@@ -40,7 +40,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['redis']))" \
         > /tmp/requirements.txt \
     && pip wheel --only-binary=:all: --wheel-dir /wheels -r /tmp/requirements.txt
 
@@ -85,10 +85,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
-# The project's wheel and its runtime dependencies (no extras: the Redis store and the demo are not needed
-# to serve). The wheels are bind-mounted, so they take no layer; --no-index: nothing is downloaded here.
+# The project's wheel and its runtime dependencies, with the redis extra (the Redis store: several replicas;
+# the demo's extra is not needed to serve). The wheels are bind-mounted, so they take no layer; --no-index:
+# nothing is downloaded here.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels /wheels/mcpresume-*.whl
+    pip install --no-index --find-links=/wheels "$(ls /wheels/mcpresume-*.whl)[redis]"
 
 RUN groupadd --system --gid 10001 mcpresume \
     && useradd --system --uid 10001 --gid mcpresume --no-create-home --home-dir /nonexistent \

@@ -181,6 +181,11 @@ set -e
     || die "demo without the demo extra: exit $demo_rc, $demo_err"
 say "demo without the extra: exit 2, '$demo_err'"
 
+# The Redis store's client is in the image (several replicas need no image of their own).
+"$DOCKER" run --rm --network=none --entrypoint python "$IMAGE" -c 'import redis.asyncio, hiredis' \
+    || die "the image lacks the redis extra (redis-py, hiredis)"
+say "the redis extra is installed"
+
 # A stream the drain cannot finish (a tool call far longer than the drain timeout): it is ended at the
 # deadline, cleanly, and the container still exits 0 within docker stop's grace.
 "$PYTHON" "$here/image_smoke.py" hold "http://127.0.0.1:$port/mcp" "$work/held" &

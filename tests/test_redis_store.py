@@ -22,7 +22,7 @@ from redis.crc import key_slot
 from mcpresume.cursor import Cursor
 from mcpresume.errors import CursorOutOfWindow, StoreUnavailable
 from mcpresume.flow import Guard
-from mcpresume.local import GONE
+from mcpresume.local import GONE, News
 from mcpresume.metrics import Metrics
 from mcpresume.resume import decide
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
@@ -432,6 +432,44 @@ async def test_news_of_another_process_arrives_by_the_subscription(redis_db: str
     await writer.delete_session(sid)
     while (await asyncio.wait_for(heard.get(), HANG_GUARD)) != (sid, -1):
         pass
+
+
+@pytest.mark.parametrize("appends_at", ["before_the_read", "between_the_read_and_the_wait", "after_the_wait"])
+async def test_a_view_on_another_process_misses_no_append_racing_its_history_read(
+    redis_db: str, make_store: Make, appends_at: str
+) -> None:
+    """The replay-to-live race, across processes: a view on one replica reads the history (by position,
+    at a version), then waits for news; the owner's pump appends on another replica before the read,
+    between the read and the wait, or after the wait began. In each case the view's next read has the
+    append: no gap, no duplicate, no reorder, and the wait never sleeps through it."""
+    owner, other = await make_store(redis_db), await make_store(redis_db)
+    news = News()
+    other.set_news(news.changed)
+    sid = new_id()
+    await owner.create_session(sid, now=0.0)
+    opened = await owner.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    stream = opened.number
+    sent = [opened.priming_seq]  # the view has sent the priming event
+    if appends_at == "before_the_read":
+        await owner.append(sid, stream, [msg()], now=0.0)
+    history = await other.read(sid, [stream], sent[-1])
+    assert history is not None
+    sent += [e.seq for e in history.events]
+    if appends_at == "between_the_read_and_the_wait":
+        await owner.append(sid, stream, [msg()], now=0.0)
+    if appends_at == "after_the_wait":
+        waiting = asyncio.ensure_future(news.wait(sid, history.version, HANG_GUARD))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await owner.append(sid, stream, [msg()], now=0.0)
+        assert await asyncio.wait_for(waiting, HANG_GUARD) is True
+    elif not history.events:  # nothing read yet: the wait must return once the append's news arrives
+        assert await asyncio.wait_for(news.wait(sid, history.version, HANG_GUARD), HANG_GUARD) is True
+    live = await other.read(sid, [stream], sent[-1])
+    assert live is not None
+    sent += [e.seq for e in live.events]
+    assert sent == list(range(opened.priming_seq, opened.priming_seq + 2))  # the priming event, the append
 
 
 # -- outage ----------------------------------------------------------------------------------------------

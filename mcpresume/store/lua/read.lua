@@ -34,7 +34,7 @@ local events, size, more = 0, 0, false
 local batch = redis.call('XREVRANGE', EV, (after + 1) .. '-0', '-', 'COUNT', 1)
 local from = (after + 1) .. '-0'
 if #batch == 1 then from = batch[1][1] end
-local want = 4
+local want = 1  -- one entry can hold a whole upstream read (64 KiB): fetch no more than needed
 while true do
   batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
   for i = 1, #batch do
