@@ -159,6 +159,7 @@ def test_view_end_values_are_the_words_the_log_lines_say() -> None:
         "stalled",
         "client_gone",
         "draining",
+        "store_unavailable",
     }
 
 
