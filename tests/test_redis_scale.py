@@ -13,6 +13,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,8 @@ import pytest
 from mcpresume.examples.upstream import serve_example_upstream
 from tests.support.pods import free_port
 from tests.support.proxy import ScriptedClient, collect, error_of
+from tests.support.sdk import count_slowly, sdk_session
+from tests.test_deploy_scale import _running_nginx
 
 LEASE_TTL = 2.0
 
@@ -200,3 +203,44 @@ async def test_sigterm_of_the_owner_mid_call_hands_it_to_b_which_completes_it(
         assert [m["result"]["structuredContent"]["result"] for m in tail if "result" in m] == [
             "counted to 12"
         ]
+
+
+async def test_the_official_sdk_client_through_round_robin_nginx_over_two_pods_succeeds_every_time(
+    redis_server: str, tmp_path: Path
+) -> None:
+    """The layout end to end: the shipped deploy/nginx/scale.conf (round-robin, no affinity) in front of two
+    pods, and the official SDK client following the spec: every request succeeds, and each call runs once on
+    the owner's upstream (the tally counts 1, 2, 3, ... whichever pod each request landed on)."""
+    async with sidecars(redis_server, 2) as (a, b), _running_nginx(tmp_path, [a.port, b.port]) as port:
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with sdk_session(url, read_timeout_seconds=30) as session:
+            tallies = [(await session.call_tool("tally", {})).structured_content for _ in range(6)]
+            assert tallies == [{"result": n} for n in range(1, 7)]
+            counted = await count_slowly(session, n=5, delay=0.02)
+            assert counted.text == "counted to 5"
+            assert [p for p, _, _ in counted.progress] == [1, 2, 3, 4, 5]
+
+
+async def test_kill_9_of_the_proxy_and_a_restart_with_its_replica_id_lose_nothing(
+    redis_server: str, http: aiohttp.ClientSession, example_upstream_with_event_store: str
+) -> None:
+    """Issue 15's restart: the proxy is killed mid-call and started again with the same replica_id (its
+    upstream, with an event store, alive): the session is known, the stream its previous process pumped is
+    resumed upstream from the last upstream id in Redis, and the client's re-attach gets exactly the events
+    after its cursor, the result once."""
+    async with sidecars(redis_server, 1, shared_upstream=example_upstream_with_event_store) as (a,):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        _, body = client.tool_call("count_slowly", {"n": 20, "delay": 0.05})
+        async with http.post(a.url, data=body, headers=client.headers()) as response:
+            head = await collect(response, limit=3)
+            a.signal(signal.SIGKILL)
+        await a.wait()
+        await a.start()  # same port, same replica_id
+        assert head[-1].id is not None
+        async with asyncio.timeout(30):
+            tail = await reattach(http, client, a.url, head[-1].id)
+        progress = [m["params"]["progress"] for m in tail if m.get("method") == "notifications/progress"]
+        assert progress == list(range(4, 21))  # no gap, no duplicate
+        results = [m["result"]["structuredContent"]["result"] for m in tail if "result" in m]
+        assert results == ["counted to 20"]
