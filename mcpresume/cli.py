@@ -192,7 +192,8 @@ async def serve(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
     try:
         proxy = await start_proxy(settings)
-    except (ListenError, NotImplementedError) as exc:  # a port in use, a store not in this release
+    except (ListenError, SettingsError, NotImplementedError) as exc:  # a port in use; settings that
+        # cannot serve together; the Redis store without its extra installed
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
     freeze_long_lived()

@@ -148,6 +148,15 @@ def _clean_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("MCPRESUME_")}
 
 
+def test_a_redis_store_without_advertise_url_is_one_line_naming_it_and_exit_2() -> None:
+    done = _run(
+        "serve", "--upstream", "http://127.0.0.1:1/mcp", "--store", "redis://127.0.0.1:1/0", "--port", "0"
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("mcpresume: advertise_url: required when store is a Redis URL")
+
+
 @pytest.mark.parametrize("which", ["port", "metrics_port"])
 def test_a_port_in_use_is_one_line_naming_it_and_exit_2(busy_port: int, which: str) -> None:
     ports = {"port": "0", "metrics_port": "0", which: str(busy_port)}
