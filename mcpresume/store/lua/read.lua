@@ -39,9 +39,15 @@ while true do
   batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
   for i = 1, #batch do
     local e = entry(batch[i])
-    if wanted[e.s] and e.first + e.c - 1 > after then
+    local k = math.max(1, after - e.first + 2)
+    if wanted[e.s] and k == 1 and events + e.c <= most
+        and (size + #e.b <= most_bytes or (events == 0 and e.c == 1)) then
+      -- The usual case: the whole entry, as it is (no sizes parsed, no body cut).
+      out[#out + 1] = e.s; out[#out + 1] = e.first; out[#out + 1] = e.ts
+      out[#out + 1] = e.z; out[#out + 1] = e.b
+      events = events + e.c; size = size + #e.b
+    elseif wanted[e.s] and e.first + e.c - 1 > after then
       local z = sizes(e)
-      local k = math.max(1, after - e.first + 2)
       local offset = 0
       for j = 1, k - 1 do offset = offset + z[j] end
       local taken, taken_bytes, lens = 0, 0, {}
