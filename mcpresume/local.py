@@ -100,7 +100,12 @@ class News:
         self._parking = Parking()
 
     def changed(self, session_id: str, version: int) -> None:
-        self._heard[session_id] = version
+        # Never backwards: news can arrive out of order (a shared store's subscription delivers this
+        # process's own changes again, after it was told of them directly), and a view that read a newer
+        # version must not park on it as if it were news.
+        heard = self._heard.get(session_id)
+        if version == GONE or heard is None or version > heard:
+            self._heard[session_id] = version
         self._parking.wake(session_id)
 
     def wake(self, session_id: str) -> None:

@@ -280,13 +280,18 @@ class Pump:
         local, sid, settings = self.local, self.job.session_id, self.settings
         pausing = settings.pause and not self._paused_out
         put = self._through_outage(self._put_last if last else self._put)
-        appended = await put(events, local.guard(sid, keep_undelivered=pausing))
+        guard = local.guard(sid, keep_undelivered=pausing)
+        appended = await put(events, guard)
         if appended.blocked is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + (settings.session_ttl if pausing else settings.stall_timeout)
             while appended.blocked is not None and (remaining := deadline - loop.time()) > 0:
-                await local.readers_moved(sid, remaining)
-                appended = await put(events, local.guard(sid, keep_undelivered=pausing))
+                # Parked only if no reader moved since the guard was taken: with a shared store the append
+                # is a round trip, and a reader that moved meanwhile woke nobody (no lost wake-up).
+                if local.guard(sid, keep_undelivered=pausing) == guard:
+                    await local.readers_moved(sid, remaining)
+                guard = local.guard(sid, keep_undelivered=pausing)
+                appended = await put(events, guard)
             if appended.blocked is not None:
                 if pausing:
                     self._paused_out = True  # paused for session_ttl with nobody reading
