@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mcpresume.local import TICK, Parking, _Waiters
+from mcpresume.local import GONE, TICK, News, Parking, _Waiters
 
 
 async def test_waiters_parked_together_share_one_timer_and_all_time_out() -> None:
@@ -72,3 +72,17 @@ async def test_a_list_of_mostly_live_waiters_is_not_swept_at_every_park() -> Non
         waiters.add(done)  # a busy view, woken at once each time
     assert waiters.sweep_at == 2 * 1023  # swept once, at 1,024 (taking the one done future then held)
     assert len(waiters) == 1023 + 999  # and not since: not until 2,046
+
+
+async def test_news_never_goes_backwards() -> None:
+    """A shared store's subscription may deliver this process's own change after a newer one it was told of
+    directly: a view that read the newer version must not then park as if nothing had changed (it parks
+    until the next change, which is right), nor return at once forever."""
+    news = News()
+    news.changed("s", 7)
+    news.changed("s", 6)  # late, out of order
+    parked = news.wait("s", 7, 30.0)
+    assert not parked.done()  # 7 is current: it parks
+    assert news.wait("s", 6, 30.0).done()  # a view that read 6 has news
+    news.changed("s", GONE)
+    assert parked.done() and news.wait("s", 7, 30.0).done()  # dropped: every wait returns
