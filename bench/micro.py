@@ -138,7 +138,7 @@ async def _one_event_per_chunk(events: int, framing: Framing) -> float:
     opened = await store.open_stream("s", StreamOrigin.POST, ["n:7"], now=0.0)
     assert opened is not None
     local = LocalSessions()
-    store.set_news(local.news.changed)
+    store.set_news(local.changed)
     after = opened.priming_seq - 1
     reader = local.add_reader("s", [opened.number], after)
     done = frame_body(orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))

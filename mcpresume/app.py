@@ -108,7 +108,7 @@ def build_app(
         first_byte_timeout=settings.first_byte_timeout,
     )
     ctx = ProxyContext(settings, store, metrics, upstream, clock)
-    store.set_news(ctx.local.news.changed)
+    store.set_news(ctx.local.changed)
     check_advertise_url(settings.store, settings.advertise_url)
     if settings.advertise_url is not None:  # several replicas over one store: owner routing
         ctx.hop = Hop(

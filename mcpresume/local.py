@@ -218,6 +218,9 @@ class LocalSessions:
         """Resolves at the next move or removal of a reader of the session (True), or after ``timeout``."""
         return self._moved.park(session_id, timeout)
 
-    def forget(self, session_id: str) -> None:
-        """The session is gone: wake whoever waits on it."""
-        self._moved.wake(session_id)
+    def changed(self, session_id: str, version: int) -> None:
+        """The store's news (``SessionStore.set_news``): views waiting on the session are woken, and when it
+        was dropped (``GONE``) so are its pumps waiting for a reader to move (nothing will move)."""
+        self.news.changed(session_id, version)
+        if version == GONE:
+            self._moved.wake(session_id)

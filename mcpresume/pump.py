@@ -66,11 +66,6 @@ class PumpJob:
     # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
     resume_headers: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def record(self) -> PumpRecord:
-        """What the store keeps of it, so another pump can take the stream over (``SessionStore.orphans``)."""
-        return PumpRecord(self.request_ids, self.path_qs, self.resume_headers)
-
     @classmethod
     def of(cls, session_id: str, stream: int, record: PumpRecord, log_id: str) -> PumpJob:
         return cls(session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers)

@@ -42,7 +42,7 @@ async def _parked_view(drain: Drain, *, standalone: bool) -> tuple[asyncio.Task[
     """A view (``follow``) of a stream with one event, under ``drain``: it sent the event and waits."""
     store = MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
     local = LocalSessions()
-    store.set_news(local.news.changed)
+    store.set_news(local.changed)
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
     assert opened is not None

@@ -43,7 +43,7 @@ class SlowStore(MemoryStore):
 async def test_a_reader_that_moved_during_a_blocked_append_is_not_waited_for() -> None:
     store = SlowStore(WindowLimits(4, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
     local = LocalSessions()
-    store.set_news(local.news.changed)
+    store.set_news(local.changed)
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -62,3 +62,16 @@ async def test_a_reader_that_moved_during_a_blocked_append_is_not_waited_for() -
         await pump._store(run)
     read = await store.read("s", [opened.number], 4)
     assert read is not None and read.count == 1  # appended, once the pump saw the reader had moved
+
+
+async def test_a_pump_waiting_for_a_reader_is_woken_when_the_session_is_dropped() -> None:
+    store = MemoryStore(WindowLimits(4, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
+    local = LocalSessions()
+    store.set_news(local.changed)
+    await store.create_session("s", now=0.0)
+    waiting = asyncio.ensure_future(local.readers_moved("s", 30.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await store.delete_session("s")  # no reader will move again: the pump stops waiting at once
+    async with asyncio.timeout(5):
+        assert await waiting is True

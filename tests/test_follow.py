@@ -47,7 +47,7 @@ async def _store_with_stream() -> tuple[MemoryStore, int, int]:
         WindowLimits(4096, 64 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None
     )
     local = LOCAL[id(store)] = LocalSessions()
-    store.set_news(local.news.changed)
+    store.set_news(local.changed)
     await store.create_session("s", now=0.0)
     opened = await store.open_stream("s", StreamOrigin.GET, [], now=0.0)
     assert opened is not None
