@@ -22,7 +22,7 @@ import pytest
 
 from mcpresume.examples.upstream import serve_example_upstream
 from tests.support.pods import free_port
-from tests.support.proxy import ScriptedClient, collect, error_of
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach
 from tests.support.sdk import count_slowly, sdk_session
 from tests.test_deploy_scale import _running_nginx
 
@@ -105,13 +105,6 @@ async def call(http: aiohttp.ClientSession, client: ScriptedClient, url: str, to
         messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
     (answer,) = [m for m in messages if "result" in m]
     return answer["result"]["structuredContent"]["result"]
-
-
-async def reattach(http: aiohttp.ClientSession, client: ScriptedClient, url: str, cursor: bytes) -> list[Any]:
-    headers = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
-    async with http.get(url, headers=headers) as response:
-        assert response.status == 200, await response.text()
-        return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.window import WindowLimits
 from tests.support.metrics import sample
 from tests.support.pods import Pod, kill, pods
-from tests.support.proxy import ScriptedClient, collect, error_of
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach
 
 
 def shared_store() -> MemoryStore:
@@ -120,15 +120,6 @@ async def http() -> Any:
         yield session
 
 
-async def _reattach(
-    http: aiohttp.ClientSession, client: ScriptedClient, url: str, cursor: bytes
-) -> list[Any]:
-    headers = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
-    async with http.get(url, headers=headers) as response:
-        assert response.status == 200, await response.text()
-        return [orjson.loads(e.data) for e in await collect(response) if e.data]
-
-
 async def test_the_owner_killed_mid_call_a_client_on_b_gets_the_tail_then_the_error_then_404(
     http: aiohttp.ClientSession,
 ) -> None:
@@ -147,7 +138,7 @@ async def test_the_owner_killed_mid_call_a_client_on_b_gets_the_tail_then_the_er
         loop = asyncio.get_running_loop()
         killed = loop.time()
         async with asyncio.timeout(1.0 + 10):  # owner_lease_ttl + 10 s: nothing hangs
-            tail = await _reattach(http, client, b.url, cursor)
+            tail = await reattach(http, client, b.url, cursor)
         assert loop.time() - killed < 11
         progress = [m["params"]["progress"] for m in tail if m.get("method") == "notifications/progress"]
         assert progress == list(range(4, 4 + len(progress)))  # the retained tail, in order, no gap
@@ -176,7 +167,7 @@ async def test_a_drained_owner_hands_its_call_over_to_b_which_completes_it(
         assert cursor is not None
         await a.proxy.stop()  # graceful: drains, hands its pumps over, releases its lease
         async with asyncio.timeout(20):
-            tail = await _reattach(http, client, b.url, cursor)
+            tail = await reattach(http, client, b.url, cursor)
         progress = [m["params"]["progress"] for m in tail if m.get("method") == "notifications/progress"]
         assert progress == list(range(4, 13))
         assert result_of(tail) == "counted to 12"

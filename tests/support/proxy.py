@@ -14,7 +14,7 @@ from mcpresume.config import load_settings
 from mcpresume.demo import ScriptedClient, sse_events
 from mcpresume.sse import SSEEvent
 
-__all__ = ["ManualClock", "ScriptedClient", "collect", "error_of", "running_proxy", "sse_events"]
+__all__ = ["ManualClock", "ScriptedClient", "collect", "error_of", "reattach", "running_proxy", "sse_events"]
 
 
 class ManualClock:
@@ -55,6 +55,17 @@ async def collect(response: aiohttp.ClientResponse, limit: int | None = None) ->
         if limit is not None and messages >= limit:
             break
     return events
+
+
+async def reattach(
+    http: aiohttp.ClientSession, client: ScriptedClient, url: str, cursor: bytes
+) -> list[dict[str, Any]]:
+    """A re-attach of ``client``'s session at ``cursor`` (GET + Last-Event-ID) to ``url``: the JSON-RPC
+    messages of the stream, to its end."""
+    headers = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
+    async with http.get(url, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
 
 async def error_of(response: aiohttp.ClientResponse) -> dict[str, Any]:
