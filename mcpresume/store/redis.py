@@ -10,10 +10,17 @@ they share a slot and the store works on Redis Cluster unchanged:
   restart, old cursors get 404, never a replay.
 * ``…:ev`` (stream): the window's events as runs, one entry per append (the window's segments), entry id
   ``<seq of its first event>-0``: the proxy's own sequence numbers, so a read after a position is one
-  XRANGE. Fields: the stream number, the append time (wall clock), the count, each event's size, the
-  bodies as appended (SSE events without their id lines; ``ReadResult.body`` writes the cursors). The
-  oldest entry may be cut: the meta keeps how many of its events are evicted. One entry per run, not per
-  event: an upstream read of a hundred events is one XADD.
+  XRANGE. Fields: the stream number, the append time (wall clock), the count, each event's size, the field
+  of ``…:bd`` holding their bodies, and the bodies' bytes. The oldest entry may be cut: the meta keeps how
+  many of its events are evicted. One entry per run, not per event: an upstream read of a hundred events is
+  one XADD.
+* ``…:bd`` (hash): field -> the bodies of one entry as appended (SSE events without their id lines;
+  ``ReadResult.body`` writes the cursors). Bodies never pass through a script: a 64 KiB string costs a Lua
+  script about 90 us to take in or hand out, a plain command about 10 (measured, docs/performance.md). An
+  append is ``MULTI; HSET …:bd <field> <bodies>; EVALSHA append …; EXEC``, the script refusing deletes the
+  field; a read is the read script (which runs to return, per run, its field and offset) then one HMGET for
+  the fields this process holds no copy of (``bodies.py``: a field is written once, so a copy is never
+  stale; the views of the process that pumps a stream read it without that second call).
 * ``…:st`` (hash): stream number -> its state (JSON).
 * ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
 
@@ -39,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -50,7 +58,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from mcpresume.credentials import MAX_CREDENTIALS
 from mcpresume.cursor import new_epoch
@@ -74,6 +82,7 @@ from mcpresume.session import (
 )
 from mcpresume.sse import SSERun, priming_block
 from mcpresume.store import OpenedStream, StoreStats
+from mcpresume.store.bodies import Bodies
 from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
 
 if TYPE_CHECKING:
@@ -119,7 +128,7 @@ def session_tag(session_id: str) -> str:
 
 def session_keys(session_id: str) -> list[str]:
     prefix = "mcpresume:{" + session_tag(session_id) + "}:"
-    return [prefix + part for part in ("meta", "ev", "st", "rq", "ro")]
+    return [prefix + part for part in ("meta", "ev", "st", "rq", "ro", "bd")]
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -189,6 +198,8 @@ class RedisStore:
         # (session id, stream) -> the stream's last seq as this process last saw it (the append guard
         # against a repeated call); bounded by the streams this process pumps.
         self._tails: dict[tuple[str, int], int] = {}
+        self._bodies = Bodies()
+        self._fields = itertools.count()
         # The settings every script needs, as Lua constants in front of it (not arguments of every call).
         self._constants = (
             f"local META_TTL, EV_TTL = {self.meta_ttl_ms}, {self.events_ttl_ms}\n"
@@ -498,9 +509,10 @@ class RedisStore:
         guard_arg = b""
         if guard is not None:
             guard_arg = orjson.dumps({"r": guard.readers, "k": guard.keep_undelivered})
-        result = await self._script(
-            "append",
-            "append",
+        blob = b"".join(bodies)
+        field = f"{self.token}:{next(self._fields):x}".encode() if bodies else b""
+        args = (
+            self.token,
             session_id,
             "" if expected is None else str(expected),
             str(stream),
@@ -510,12 +522,16 @@ class RedisStore:
             orjson.dumps(answered) if answered else b"",
             str(len(bodies)),
             ",".join(map(str, map(len, bodies))),
-            b"".join(bodies),
+            field,
+            str(len(blob)),
         )
+        result = await self._call("append", self._append_call(session_id, field, blob, args))
         status = _text(result[0])
         if status == "ok":
             version, last = int(result[1]), int(result[2])
             self._tails[key] = last
+            if field:
+                self._bodies.put(field, blob)
             self._notify(session_id, version)
             return Appended(_evicted(result[3:11]))
         if status == "blocked":
@@ -526,6 +542,29 @@ class RedisStore:
         elif status in ("gone", "noop"):
             self._tails.pop(key, None)
         return NOT_APPENDED
+
+    async def _append_call(
+        self, session_id: str, field: bytes, blob: bytes, args: tuple[str | bytes, ...]
+    ) -> Any:
+        """The append script, after the bodies are written under ``field``, in one MULTI (one round trip)."""
+        keys = session_keys(session_id)
+        script = self._scripts["append"]
+        if not field:
+            return await script(keys=keys, args=list(args))
+        for attempt in (1, 2):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hset(keys[5], field, blob)
+                pipe.pexpire(keys[5], self.events_ttl_ms)  # the script refreshes it; this, if it failed
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+            result = results[-1]
+            if isinstance(result, NoScriptError) and attempt == 1:
+                await self._client.script_load(script.script)  # a Redis restarted, or flushed its scripts
+                continue
+            if isinstance(result, Exception):
+                raise result
+            return result
+        raise AssertionError("unreachable")
 
     async def end_stream(self, session_id: str, stream: int, now: float) -> None:
         self._tails.pop((session_id, stream), None)
@@ -592,19 +631,39 @@ class RedisStore:
         version, epoch, gap, complete, more = result[:5]
         if gap:
             return ReadResult((), complete=False, gap=True, version=int(version))
-        segments: list[Segment] = []
         items = result[5:]
-        for index in range(0, len(items), 5):  # per run: stream, first seq, time, sizes, bodies
+        runs = range(0, len(items), 6)  # per run: stream, first seq, time, sizes, bodies' field, offset
+        bodies = await self._bodies_of(session_id, [items[index + 4] for index in runs])
+        if bodies is None:  # evicted since the script ran (a field goes only with its events)
+            return ReadResult((), complete=False, gap=True, version=int(version))
+        segments: list[Segment] = []
+        for index, blob in zip(runs, bodies, strict=True):
             number, seq, at = int(items[index]), int(items[index + 1]), float(items[index + 2])
-            blob = items[index + 4]
+            offset = int(items[index + 5])
             blocks: list[bytes] = []
-            offset = 0
             for length in map(int, items[index + 3].split(b",")):
                 blocks.append(blob[offset : offset + length])
                 offset += length
-            segments.append(Segment.of(number, seq, blocks, at, len(blob)))
+            segments.append(Segment.of(number, seq, blocks, at, offset - int(items[index + 5])))
         epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
         return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
+
+    async def _bodies_of(self, session_id: str, fields: list[bytes]) -> list[bytes] | None:
+        """The bodies under ``fields``: this process's copies, the others in one HMGET (None: one is gone)."""
+        cache = self._bodies
+        found = [cache.get(field) for field in fields]
+        missing = [field for field, body in zip(fields, found, strict=True) if body is None]
+        if not missing:
+            return found  # type: ignore[return-value]
+        fetched = await self._call("read", self._client.hmget(session_keys(session_id)[5], missing))
+        if any(body is None for body in fetched):
+            return None
+        by_field = dict(zip(missing, fetched, strict=True))
+        for field, body in by_field.items():
+            cache.put(field, body)
+        return [
+            body if body is not None else by_field[field] for field, body in zip(fields, found, strict=True)
+        ]
 
     # -- housekeeping --------------------------------------------------------------------------------------
 

@@ -1,14 +1,18 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
--- answered request keys JSON or '', event count, their sizes (comma-separated), their bodies (concatenated)):
+-- answered request keys JSON or '', event count, their sizes (comma-separated), the BD field the client set
+-- to their bodies (concatenated) in the same MULTI, their bytes):
 -- {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
--- {'blocked', reader indexes...}.
-if not load_meta() then return {'gone'} end
+-- {'blocked', reader indexes...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
-local count, lengths, blob = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8]
+local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])
+if not load_meta() then redis.call('DEL', BD); return {'gone'} end
+local function refused(reply)
+  if body ~= '' then redis.call('HDEL', BD, body) end
+  return reply
+end
 local s = stream(n)
-if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return {'stale', s.l} end
-local size = #blob
+if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return refused({'stale', s.l}) end
 local counts, touched = new_counts(), {}
 sync_expired(counts, touched)
 if guard ~= '' then
@@ -41,7 +45,7 @@ if guard ~= '' then
             end
           end
           events = events - avail
-          held = held - (skip == 0 and #e.b or #e.b - num('hb'))
+          held = held - (skip == 0 and e.n or e.n - num('hb'))
           skip = e.c
         end
         local z = skip < e.c and sizes(e) or nil
@@ -65,20 +69,20 @@ if guard ~= '' then
     end
     local out = {'blocked'}
     for index = 1, #readers do if blocked[index] then out[#out + 1] = index - 1 end end
-    if #out > 1 or keep_blocked then return out end
+    if #out > 1 or keep_blocked then return refused(out) end
   end
 end
 if s and s.v == 1 and upstream_cursor ~= '' then s.u = upstream_cursor; mark(n) end
 if not s or s.v == 0 or count <= 0 then
   save_streams()
-  return {'noop'}
+  return refused({'noop'})
 end
 if answered ~= '' then
   if type(s.a) ~= 'table' then s.a = {} end
   for _, key in ipairs(cjson.decode(answered)) do s.a[#s.a + 1] = key end
 end
 local seq = num('nseq')
-redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'c', count, 'z', lengths, 'b', blob)
+add_entry(seq, n, now, count, lengths, body, size)
 seq = seq + count
 set('nseq', seq)
 s.l = seq - 1

@@ -1,9 +1,9 @@
 -- Shared by every script of the Redis store (mcpresume/store/redis.py prepends it to each one, after the
 -- store's settings as Lua constants: META_TTL and EV_TTL (ms), MAX_EVENTS, MAX_BYTES, WINDOW_TTL (s),
 -- MAX_IDS, MAX_GONE). KEYS: the session's meta hash, events stream, stream-state hash, request-id hash,
--- request-id order zset (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id;
+-- request-id order zset, event-bodies hash (one hash tag: one slot). ARGV[1]: this process's token, ARGV[2]: the session id;
 -- the op's own arguments start at ARGV[3].
-local META, EV, ST, RQ, RO = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local META, EV, ST, RQ, RO, BD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local TOKEN, SID = ARGV[1], ARGV[2]
 local A = 3
 local CHANNEL = 'mcpresume:news'
@@ -55,13 +55,14 @@ end
 local function refresh()
   for _, key in ipairs({META, ST, RQ, RO}) do redis.call('PEXPIRE', key, META_TTL) end
   redis.call('PEXPIRE', EV, EV_TTL)
+  redis.call('PEXPIRE', BD, EV_TTL)
 end
 
 local function publish(version)
   redis.call('PUBLISH', CHANNEL, TOKEN .. ' ' .. version .. ' ' .. SID)
 end
 
-local function drop_all() redis.call('DEL', META, EV, ST, RQ, RO) end
+local function drop_all() redis.call('DEL', META, EV, ST, RQ, RO, BD) end
 
 local function new_counts()
   return {count = {0, 0}, bytes = {0, 0}, ttl = {0, 0}, und = {0, 0}}
@@ -73,12 +74,18 @@ end
 local function seq_of(id) return tonumber(string.match(id, '^(%d+)')) end
 
 -- Events are kept as runs (segments): one entry per append, id '<seq of its first event>-0', fields s (stream),
--- t (append time), c (count), z (each event's bytes, comma-separated), b (the bodies, concatenated). The
--- oldest entry may be cut: meta hc/hb = how many of its first events (bytes) are evicted already.
+-- t (append time), c (count), z (each event's bytes, comma-separated), k (the field of BD that holds the
+-- bodies, concatenated), n (their bytes). The bodies never pass through Lua (a 64 KiB string costs a script
+-- about 90 us to take in or hand out, a plain command about 10): the client writes them (HSET, in the same
+-- MULTI as the append) and reads them (HMGET). The oldest entry may be cut: meta hc/hb = how many of its
+-- first events (bytes) are evicted already.
 local function entry(raw)
   local f = raw[2]
   return {id = raw[1], first = seq_of(raw[1]), s = tonumber(f[2]), t = tonumber(f[4]), c = tonumber(f[6]),
-    z = f[8], b = f[10], ts = f[4]}
+    z = f[8], k = f[10], n = tonumber(f[12]), ts = f[4]}
+end
+local function add_entry(seq, n, now, count, lengths, key, size)
+  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'c', count, 'z', lengths, 'k', key, 'n', size)
 end
 local function sizes(e)
   if not e.sz then
@@ -98,6 +105,7 @@ local function sync_expired(counts, touched)
       if s and s.l >= s.f then s.e = s.l; mark(tonumber(n)); touched[tonumber(n)] = true end
     end
     set('ne', 0); set('nb', 0); set('hc', 0); set('hb', 0)
+    redis.call('DEL', BD)
     return true
   end
   return false
@@ -115,10 +123,11 @@ local function evict(now, counts, touched)
     if first == nil or tonumber(first[2][4]) > deadline then return false end
   end
   local gone_through = nil  -- the first seq of the last entry wholly evicted
+  local bodies = {}  -- the BD fields of the entries wholly evicted
   local any = false
   local from = '-'
   local stop = false
-  local want = 2  -- entries come whole (their bodies too): fetched a few at a time, more as they go
+  local want = 2  -- fetched a few at a time, more as they go
   while not stop do
     local batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
     for i = 1, #batch do
@@ -130,7 +139,7 @@ local function evict(now, counts, touched)
       if expired or ne - avail >= MAX_EVENTS then
         -- The usual case, in one step: all of it goes, by age or by count alone (and never the newest:
         -- MAX_EVENTS >= 1 events stay after it).
-        local bytes = #e.b - hb
+        local bytes = e.n - hb
         local tally = counts[expired and 'ttl' or 'count']
         tally[1] = tally[1] + avail; tally[2] = tally[2] + bytes
         local last = e.first + e.c - 1
@@ -171,6 +180,7 @@ local function evict(now, counts, touched)
       if st and k > hc + 1 then mark(e.s); touched[e.s] = true end
       if k > e.c then
         gone_through = e.first; hc = 0; hb = 0  -- wholly evicted: the next entry is the oldest
+        bodies[#bodies + 1] = e.k
       else
         hc = k - 1
         stop = true
@@ -182,7 +192,10 @@ local function evict(now, counts, touched)
     want = math.min(16, want * 2)
   end
   if not any then return false end
-  if gone_through ~= nil then redis.call('XTRIM', EV, 'MINID', '=', (gone_through + 1) .. '-0') end
+  if gone_through ~= nil then
+    redis.call('XTRIM', EV, 'MINID', '=', (gone_through + 1) .. '-0')
+    for i = 1, #bodies, 1000 do redis.call('HDEL', BD, unpack(bodies, i, math.min(i + 999, #bodies))) end
+  end
   set('ne', ne); set('nb', nb); set('hc', hc); set('hb', hb)
   return true
 end

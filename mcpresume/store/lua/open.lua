@@ -18,7 +18,9 @@ set('ver', num('ver') + 1)
 if primed then
   local counts, touched = new_counts(), {}
   sync_expired(counts, touched)
-  redis.call('XADD', EV, seq .. '-0', 's', n, 't', now, 'c', 1, 'z', #block, 'b', block)
+  local field = meta.epoch .. ':' .. seq  -- unique: the epoch is random (mcpresume/store/bodies.py)
+  redis.call('HSET', BD, field, block)  -- a few bytes: through Lua is cheap
+  add_entry(seq, n, now, 1, #block, field, #block)
   s.l = seq
   set('nseq', seq + 1)
   set('ne', num('ne') + 1); set('nb', num('nb') + #block)

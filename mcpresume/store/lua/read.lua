@@ -1,5 +1,7 @@
 -- read (ARGV: after, most events, most bytes, streams...): {version, epoch, gap, complete, more,
--- (stream, first seq, time, sizes, bodies) per run of events, ...}, or false.
+-- (stream, first seq, time, sizes, BD field, offset) per run of events, ...}, or false. The bodies are not
+-- returned: the client takes the run's bytes from offset (0-based), as many as its sizes add up to, of the
+-- field's value (HMGET, or its own copy: a field is written once).
 if not load_meta() then return false end
 -- The events key expired (every event older than the window's age limit): evicted, as reap would have.
 do
@@ -34,32 +36,32 @@ local events, size, more = 0, 0, false
 local batch = redis.call('XREVRANGE', EV, (after + 1) .. '-0', '-', 'COUNT', 1)
 local from = (after + 1) .. '-0'
 if #batch == 1 then from = batch[1][1] end
-local want = 1  -- one entry can hold a whole upstream read (64 KiB): fetch no more than needed
+local want = 4
 while true do
   batch = redis.call('XRANGE', EV, from, '+', 'COUNT', want)
   for i = 1, #batch do
     local e = entry(batch[i])
     local k = math.max(1, after - e.first + 2)
     if wanted[e.s] and k == 1 and events + e.c <= most
-        and (size + #e.b <= most_bytes or (events == 0 and e.c == 1)) then
-      -- The usual case: the whole entry, as it is (no sizes parsed, no body cut).
+        and (size + e.n <= most_bytes or (events == 0 and e.c == 1)) then
+      -- The usual case: the whole entry, as it is (no sizes parsed).
       out[#out + 1] = e.s; out[#out + 1] = e.first; out[#out + 1] = e.ts
-      out[#out + 1] = e.z; out[#out + 1] = e.b
-      events = events + e.c; size = size + #e.b
+      out[#out + 1] = e.z; out[#out + 1] = e.k; out[#out + 1] = 0
+      events = events + e.c; size = size + e.n
     elseif wanted[e.s] and e.first + e.c - 1 > after then
       local z = sizes(e)
       local offset = 0
       for j = 1, k - 1 do offset = offset + z[j] end
-      local taken, taken_bytes, lens = 0, 0, {}
+      local taken, lens = 0, {}
       for j = k, e.c do
         if events >= most or (events > 0 and size + z[j] > most_bytes) then more = true; break end
-        taken = taken + 1; taken_bytes = taken_bytes + z[j]; lens[#lens + 1] = z[j]
+        taken = taken + 1; lens[#lens + 1] = z[j]
         events = events + 1; size = size + z[j]
       end
       if taken > 0 then
         out[#out + 1] = e.s; out[#out + 1] = e.first + k - 1; out[#out + 1] = e.ts
         out[#out + 1] = table.concat(lens, ',')
-        out[#out + 1] = string.sub(e.b, offset + 1, offset + taken_bytes)
+        out[#out + 1] = e.k; out[#out + 1] = offset
       end
       if more then break end
     end
