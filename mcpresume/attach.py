@@ -130,8 +130,9 @@ class ClientWriter:
 
     Any other write first waits for the transport's buffer to drain under its low-water mark (``drainer``,
     the request's payload writer), then writes: what a client that does not read makes the proxy hold is
-    the buffer's high-water mark plus one write (a read is at most ``session.READ_MAX_BYTES``), not every
-    write the view was handed (aiohttp writes to the transport first and waits after)."""
+    the buffer's high-water mark plus one write (a read is at most ``session.READ_MAX_BYTES``, through the
+    Redis store ``store.redis.READ_BYTES``), not every write the view was handed (aiohttp writes to the
+    transport first and waits after)."""
 
     response: web.StreamResponse
     transport: asyncio.Transport | None  # the client connection (request.transport)

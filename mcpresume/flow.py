@@ -11,8 +11,10 @@ each has sent is known only to the process that serves them. So the two meet in 
 ``Guard`` from this process's readers (``Readers.guard``) and hands it to the store's append, which appends
 only if nothing guarded would be evicted, atomically (no check-then-act race between pumps), and otherwise
 says which readers are in the way (``Appended.blocked``). The pump then waits for a reader to move and tries
-again, or, after ``stall_timeout``, drops the readers in the way: their views end at their next read, which
-finds the gap, and their clients re-attach from their cursors.
+again (a shared store also says how far each reader in the way must get first, ``Appended.needs``, so a
+retry that cannot pass costs no round trip: ``may_pass``), or, after ``stall_timeout``, drops the readers in
+the way: their views end at their next read, which finds the gap, and their clients re-attach from their
+cursors.
 
 ``keep_undelivered`` (overflow = pause) guards, besides, every event no client of the session was ever sent
 (each stream's ``delivered`` mark, which the store keeps: it is shared).
@@ -46,10 +48,12 @@ class Guard:
 class Appended:
     """The outcome of an append. ``blocked`` is None when the events were appended, else nothing was and it
     holds the indexes (into ``Guard.readers``) of every reader that would have lost an event (empty when
-    only ``keep_undelivered`` was in the way)."""
+    only ``keep_undelivered`` was in the way). ``needs``, when the store says (a shared store, whose every
+    retry is a round trip): per reader in ``blocked``, the seq it must have sent before a retry can pass."""
 
     evicted: Evicted
     blocked: tuple[int, ...] | None = None
+    needs: tuple[int, ...] = ()
 
 
 NOT_APPENDED: Final = Appended(Evicted())
@@ -76,6 +80,20 @@ def blocked_by(
     if guard.keep_undelivered and any(last > delivered.get(stream, 0) for stream, last in lost.items()):
         return ()
     return None
+
+
+def may_pass(appended: Appended, taken: Guard, current: Guard | None) -> bool:
+    """Whether a retry of an append ``appended`` refused (guarded by ``taken``) can pass now that the readers
+    are as in ``current``: every reader in the way has sent what ``Appended.needs`` says, or is gone. True
+    when the store said nothing of what it needs (any move may be enough)."""
+    if not appended.needs or current is None:
+        return True
+    positions = dict(zip(current.tokens, (position for _, position in current.readers), strict=True))
+    blocked = appended.blocked or ()
+    return all(
+        positions.get(taken.tokens[index], need) >= need
+        for index, need in zip(blocked, appended.needs, strict=True)
+    )
 
 
 class Readers:

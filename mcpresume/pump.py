@@ -33,7 +33,7 @@ import aiohttp
 
 from mcpresume.drain import HAND_OVER
 from mcpresume.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable
-from mcpresume.flow import Appended, Guard
+from mcpresume.flow import Appended, Guard, may_pass
 from mcpresume.headers import LAST_EVENT_ID_HEADER
 from mcpresume.local import LocalSessions
 from mcpresume.metrics import Metrics
@@ -277,22 +277,28 @@ class Pump:
         put = self._through_outage(self._put_last if last else self._put)
         guard = local.guard(sid, keep_undelivered=pausing)
         appended = await put(events, guard)
+        refused_with = seen = guard  # the guard the append was refused with; the readers as last seen
         if appended.blocked is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + (settings.session_ttl if pausing else settings.stall_timeout)
             while appended.blocked is not None and (remaining := deadline - loop.time()) > 0:
                 # Parked only if no reader moved since the guard was taken: with a shared store the append
                 # is a round trip, and a reader that moved meanwhile woke nobody (no lost wake-up).
-                if local.guard(sid, keep_undelivered=pausing) == guard:
+                before = seen
+                if local.guard(sid, keep_undelivered=pausing) == seen:
                     await local.readers_moved(sid, remaining)
-                guard = local.guard(sid, keep_undelivered=pausing)
-                appended = await put(events, guard)
+                seen = local.guard(sid, keep_undelivered=pausing)
+                if seen != before and refused_with is not None and not may_pass(appended, refused_with, seen):
+                    continue  # a reader moved, not yet far enough for the append to pass: no round trip
+                refused_with = seen
+                appended = await put(events, seen)
             if appended.blocked is not None:
                 if pausing:
                     self._paused_out = True  # paused for session_ttl with nobody reading
-                    appended = await put(events, local.guard(sid))
+                    refused_with = local.guard(sid)
+                    appended = await put(events, refused_with)
                 if appended.blocked is not None:
-                    self._drop_lagging(appended.blocked, local.guard(sid))
+                    self._drop_lagging(appended.blocked, refused_with)  # the indexes are into that guard
                     appended = await put(events, None)
         self.metrics.evicted(appended.evicted)
 

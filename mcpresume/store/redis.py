@@ -58,7 +58,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from mcpresume.credentials import MAX_CREDENTIALS
 from mcpresume.cursor import new_epoch
@@ -69,7 +69,6 @@ from mcpresume.resume import SessionView, StreamView
 from mcpresume.session import (
     MAX_GONE_STREAMS,
     MAX_REQUEST_IDS,
-    READ_MAX_BYTES,
     READ_MAX_EVENTS,
     Claim,
     ClaimOutcome,
@@ -83,6 +82,7 @@ from mcpresume.session import (
 from mcpresume.sse import SSERun, priming_block
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.store.bodies import Bodies
+from mcpresume.store.resp import Link, pack
 from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
 
 if TYPE_CHECKING:
@@ -116,6 +116,11 @@ _SCRIPTS: Final = (
     "touch",
     "view",
 )
+
+# A read is a round trip here: a view takes up to this much per read (the memory store's reads stop at
+# session.READ_MAX_BYTES), so a stream of 4 KiB events is one read per 64 events, not per 16. A client that
+# does not read makes its view hold at most the transport's high-water mark plus one such read.
+READ_BYTES: Final = 256 << 10
 
 _OUTCOMES: Final = {outcome.value: outcome for outcome in ClaimOutcome}
 _REASONS: Final = (EvictReason.COUNT, EvictReason.BYTES, EvictReason.TTL)
@@ -158,6 +163,13 @@ def _pump_of(raw: str) -> PumpRecord:
     return PumpRecord(tuple(record["r"]), record["p"], tuple((k, v) for k, v in record["h"]))
 
 
+def _no_script(reply: object) -> bool:
+    """Redis does not have the script (restarted, or its scripts flushed): load it and call again."""
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
 def _now_arg(now: float) -> str:
     return repr(float(now))
 
@@ -189,6 +201,7 @@ class RedisStore:
         self.meta_ttl_ms = int((max(session_ttl, limits.ttl + 60) + 60) * 1000)
         self.token = new_epoch()  # this process, in its news messages: its own are not delivered twice
         self._client: Any = None
+        self._link: Link | None = None  # a single server: the hot calls bypass redis-py (store/resp.py)
         self._pubsub_client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._news: Callable[[str, int], None] | None = None
@@ -236,6 +249,8 @@ class RedisStore:
                 self.url, max_connections=self.max_connections, timeout=self.op_timeout, **options
             )
             self._client = aioredis.Redis(connection_pool=pool)
+            if Link.supports(self.url):
+                self._link = Link(self.url, self.op_timeout)
         self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
@@ -250,6 +265,9 @@ class RedisStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         for client in (self._client, self._pubsub_client):
             if client is not None:
                 await client.aclose()
@@ -321,6 +339,8 @@ class RedisStore:
             async with asyncio.timeout(self.op_timeout):
                 result = await call
         except (RedisError, OSError, TimeoutError) as error:
+            if isinstance(error, TimeoutError) and self._link is not None:
+                self._link.close()  # replies may still come, behind the next calls': start afresh
             if self.metrics is not None:
                 self.metrics.store_errors.labels(op).inc()
             if self._up:
@@ -334,8 +354,22 @@ class RedisStore:
         return result
 
     async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
-        call = self._scripts[name](keys=session_keys(session_id), args=[self.token, session_id, *args])
-        return await self._call(op, call)
+        keys = session_keys(session_id)
+        if self._link is None:
+            return await self._call(op, self._scripts[name](keys=keys, args=[self.token, session_id, *args]))
+        return await self._call(op, self._eval(name, keys, (self.token, session_id, *args)))
+
+    async def _eval(self, name: str, keys: list[str], args: Sequence[str | bytes]) -> Any:
+        """A script through the link: EVALSHA, loaded first if Redis does not have it (restarted, flushed)."""
+        assert self._link is not None
+        script = self._scripts[name]
+        reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        if _no_script(reply):
+            await self._link.call("SCRIPT", "LOAD", script.script)
+            reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
 
     # -- sessions ------------------------------------------------------------------------------------------
 
@@ -535,7 +569,8 @@ class RedisStore:
             self._notify(session_id, version)
             return Appended(_evicted(result[3:11]))
         if status == "blocked":
-            return Appended(Evicted(), tuple(int(i) for i in result[1:]))
+            pairs = [int(i) for i in result[1:]]  # (reader index, the seq it must reach), ...
+            return Appended(Evicted(), tuple(pairs[0::2]), tuple(pairs[1::2]))
         if status == "stale":
             # A repeated call (applied already), or another process appends to the stream: no-op.
             self._tails[key] = int(result[1])
@@ -550,15 +585,34 @@ class RedisStore:
         keys = session_keys(session_id)
         script = self._scripts["append"]
         if not field:
+            if self._link is not None:
+                return await self._eval("append", keys, args)
             return await script(keys=keys, args=list(args))
         for attempt in (1, 2):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(keys[5], field, blob)
-                pipe.pexpire(keys[5], self.events_ttl_ms)  # the script refreshes it; this, if it failed
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                results = await pipe.execute(raise_on_error=False)
+            if self._link is not None:
+                replies = await self._link.send(
+                    b"".join(
+                        (
+                            pack("MULTI"),
+                            pack("HSET", keys[5], field, blob),
+                            pack("PEXPIRE", keys[5], self.events_ttl_ms),
+                            pack("EVALSHA", script.sha, len(keys), *keys, *args),
+                            pack("EXEC"),
+                        )
+                    ),
+                    5,
+                )
+                results = replies[-1]
+                if isinstance(results, ResponseError):
+                    raise results
+            else:
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.hset(keys[5], field, blob)
+                    pipe.pexpire(keys[5], self.events_ttl_ms)  # the script refreshes it; this, if it failed
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    results = await pipe.execute(raise_on_error=False)
             result = results[-1]
-            if isinstance(result, NoScriptError) and attempt == 1:
+            if _no_script(result) and attempt == 1:
                 await self._client.script_load(script.script)  # a Redis restarted, or flushed its scripts
                 continue
             if isinstance(result, Exception):
@@ -621,7 +675,7 @@ class RedisStore:
         streams: Sequence[int],
         after: int,
         max_events: int = READ_MAX_EVENTS,
-        max_bytes: int = READ_MAX_BYTES,
+        max_bytes: int = READ_BYTES,
     ) -> ReadResult | None:
         result = await self._script(
             "read", "read", session_id, str(after), str(max_events), str(max_bytes), *map(str, streams)
@@ -655,7 +709,13 @@ class RedisStore:
         missing = [field for field, body in zip(fields, found, strict=True) if body is None]
         if not missing:
             return found  # type: ignore[return-value]
-        fetched = await self._call("read", self._client.hmget(session_keys(session_id)[5], missing))
+        key = session_keys(session_id)[5]
+        if self._link is not None:
+            fetched = await self._call("read", self._link.call("HMGET", key, *missing))
+            if isinstance(fetched, ResponseError):
+                raise StoreUnavailable(f"the session store refused a read: {fetched}")
+        else:
+            fetched = await self._call("read", self._client.hmget(key, missing))
         if any(body is None for body in fetched):
             return None
         by_field = dict(zip(missing, fetched, strict=True))

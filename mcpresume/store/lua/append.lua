@@ -2,7 +2,7 @@
 -- answered request keys JSON or '', event count, their sizes (comma-separated), the BD field the client set
 -- to their bodies (concatenated) in the same MULTI, their bytes):
 -- {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
--- {'blocked', reader indexes...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
+-- {'blocked', (reader index, seq it must reach)...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])
@@ -38,9 +38,9 @@ if guard ~= '' then
           local last = e.first + e.c - 1
           if other and last > (other.d or 0) then keep_blocked = true end
           for index, reader in ipairs(readers) do
-            if not blocked[index] and last > reader[2] then
+            if last > reader[2] then
               for _, followed in ipairs(reader[1]) do
-                if followed == e.s then blocked[index] = true; break end
+                if followed == e.s then blocked[index] = last; break end
               end
             end
           end
@@ -54,9 +54,9 @@ if guard ~= '' then
           local seq = e.first + k - 1
           if other and seq > (other.d or 0) then keep_blocked = true end
           for index, reader in ipairs(readers) do
-            if not blocked[index] and seq > reader[2] then
+            if seq > reader[2] then
               for _, followed in ipairs(reader[1]) do
-                if followed == e.s then blocked[index] = true; break end
+                if followed == e.s then blocked[index] = seq; break end
               end
             end
           end
@@ -67,8 +67,12 @@ if guard ~= '' then
       end
       if done or #batch < want then done = true else from = '(' .. batch[#batch][1]; want = math.min(16, want * 2) end
     end
+    -- per reader in the way: its index and the last of its events this append would evict (the seq it must
+    -- have sent before a retry can pass, Appended.needs)
     local out = {'blocked'}
-    for index = 1, #readers do if blocked[index] then out[#out + 1] = index - 1 end end
+    for index = 1, #readers do
+      if blocked[index] then out[#out + 1] = index - 1; out[#out + 1] = blocked[index] end
+    end
     if #out > 1 or keep_blocked then return refused(out) end
   end
 end

@@ -1,0 +1,184 @@
+"""The Redis store's hot path against a real ``redis-server``: its own pipelined connection (store/resp.py),
+the bodies kept out of the scripts (written by the append's MULTI, read by HMGET unless this process holds a
+copy), and how far a reader must get before a refused append can pass (``Appended.needs``)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from mcpresume.errors import StoreUnavailable
+from mcpresume.flow import Appended, Guard, may_pass
+from mcpresume.session import NewEvent, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.store.redis import RedisStore, session_keys
+from mcpresume.store.resp import Link
+from mcpresume.window import EventKind, Evicted, WindowLimits
+from tests.support.redis import RedisProcess
+
+LIMITS = WindowLimits(max_events=4, max_bytes=1 << 20, ttl=300.0)
+
+Make = Callable[..., Awaitable[RedisStore]]
+
+
+@pytest.fixture
+async def make_store() -> AsyncIterator[Make]:
+    stores: list[RedisStore] = []
+
+    async def make(url: str, limits: WindowLimits = LIMITS, **options: Any) -> RedisStore:
+        store = RedisStore(url, limits, session_ttl=60.0, max_sessions=100, retry_ms=None, **options)
+        await store.start()
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+def new_id() -> str:
+    return f"sess-{uuid.uuid4().hex}"
+
+
+def msg(text: bytes) -> NewEvent:
+    return NewEvent(frame_body(text), EventKind.MESSAGE)
+
+
+def _raw(port: int, *command: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"*%d\r\n" % len(command) + b"".join(b"$%d\r\n%s\r\n" % (len(c), c) for c in command))
+        return sock.recv(1024)
+
+
+# -- the connection ------------------------------------------------------------------------------------------
+
+
+async def test_each_call_gets_its_own_reply_when_calls_interleave_and_one_gives_up(redis_db: str) -> None:
+    """Concurrent calls share one connection; a caller that gives up (a time-out) before its reply leaves
+    its slot, so the calls after it still get their own replies, not the late one."""
+    link = Link(redis_db, connect_timeout=5.0)
+    try:
+        slow = asyncio.ensure_future(link.call("BLPOP", "mcpresume-test:nothing", "0.3"))
+        await asyncio.sleep(0.05)
+        slow.cancel()  # its reply (nil, 0.3 s later) is still to come
+        answers = await asyncio.gather(*(link.call("ECHO", f"call {i}") for i in range(50)))
+        assert answers == [f"call {i}".encode() for i in range(50)]
+        assert await link.call("PING") == b"PONG"
+        error = await link.call("HGET", "only-one-argument")
+        assert "wrong number of arguments" in str(error)  # an error reply is a value, not a raise
+        assert await link.call("ECHO", "after the error") == b"after the error"
+    finally:
+        link.close()
+
+
+async def test_the_url_s_password_and_database_are_used(own_redis: RedisProcess, make_store: Make) -> None:
+    assert _raw(own_redis.port, b"CONFIG", b"SET", b"requirepass", b"s3cret") == b"+OK\r\n"
+    url = f"redis://:s3cret@127.0.0.1:{own_redis.port}/3"
+    store = await make_store(url)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(b"in db 3")], now=0.0)
+    client = aioredis.Redis.from_url(url)
+    try:
+        assert await client.exists(session_keys(sid)[5]) == 1  # the bodies, written through the link
+        other = aioredis.Redis.from_url(f"redis://:s3cret@127.0.0.1:{own_redis.port}/0")
+        assert await other.exists(session_keys(sid)[5]) == 0
+        await other.aclose()
+    finally:
+        await client.aclose()
+    wrong = await make_store(f"redis://:wrong@127.0.0.1:{own_redis.port}/3")
+    with pytest.raises(StoreUnavailable):
+        await wrong.read(sid, [opened.number], 0)
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(redis_db: str, make_store: Make) -> None:
+    """After SCRIPT FLUSH (or a Redis restart) every EVALSHA gets NOSCRIPT: the store loads the script and
+    calls again, also for the append inside its MULTI."""
+    store = await make_store(redis_db)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        await client.script_flush()
+        appended = await store.append(sid, opened.number, [msg(b"one")], now=0.0)
+        assert appended.blocked is None
+        await client.script_flush()
+        result = await store.read(sid, [opened.number], 1)
+        assert result is not None and [e.seq for e in result.events] == [2]
+    finally:
+        await client.aclose()
+
+
+# -- the bodies ----------------------------------------------------------------------------------------------
+
+
+async def test_another_process_reads_the_bodies_by_hmget_and_gets_the_same_bytes(
+    redis_db: str, make_store: Make
+) -> None:
+    writer, reader = await make_store(redis_db), await make_store(redis_db)
+    sid = new_id()
+    await writer.create_session(sid, now=0.0)
+    opened = await writer.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await writer.append(sid, opened.number, [msg(b"a" * 300), msg(b"b")], now=0.0)
+    await writer.append(sid, opened.number, [msg(b"c" * 70_000)], now=0.0)
+    mine = await writer.read(sid, [opened.number], 0)
+    theirs = await reader.read(sid, [opened.number], 0)
+    assert mine is not None and theirs is not None
+    assert [(e.seq, e.body) for e in theirs.events] == [(e.seq, e.body) for e in mine.events]
+    sent = [e.body.split(b"\n", 1)[1] for e in theirs.events]  # each as appended, its cursor line aside
+    assert sent[1:] == [msg(b"a" * 300).body, msg(b"b").body, msg(b"c" * 70_000).body]
+    assert len(reader._bodies) == 3  # the priming event's and both appends': copies for its next reads
+    cut = await reader.read(sid, [opened.number], 2)  # from inside the first append's run
+    assert cut is not None
+    assert [e.body.split(b"\n", 1)[1] for e in cut.events] == [msg(b"b").body, msg(b"c" * 70_000).body]
+
+
+async def test_bodies_go_with_their_events_and_a_refused_append_leaves_none(
+    redis_db: str, make_store: Make
+) -> None:
+    store = await make_store(redis_db)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+    assert opened is not None
+    for i in range(10):
+        await store.append(sid, opened.number, [msg(b"%d" % i)], now=0.0)
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        _, events, *_, bodies = session_keys(sid)
+        assert await client.xlen(events) == await client.hlen(bodies) == 4  # the window: 4 events, 4 runs
+        reader = ((opened.number,), 7)  # has yet to send seq 8..11
+        refused = await store.append(
+            sid, opened.number, [msg(b"x")], now=0.0, guard=Guard((reader,), False, (9,))
+        )
+        assert refused.blocked == (0,) and refused.needs == (8,)
+        assert await client.hlen(bodies) == 4  # the refused append's bodies are not kept
+    finally:
+        await client.aclose()
+    result = await store.read(sid, [opened.number], 7)
+    assert result is not None and [e.seq for e in result.events] == [8, 9, 10, 11]
+
+
+# -- how far a reader must get -------------------------------------------------------------------------------
+
+
+def test_a_refused_append_may_pass_once_every_reader_in_the_way_got_as_far_as_needed() -> None:
+    taken = Guard((((1,), 3), ((2,), 5), ((1, 2), 9)), False, (10, 11, 12))
+    refused = Appended(Evicted(), (0, 1), (6, 7))
+    assert not may_pass(refused, taken, Guard((((1,), 6), ((2,), 6), ((1, 2), 9)), False, (10, 11, 12)))
+    assert not may_pass(refused, taken, Guard((((1,), 4), ((2,), 7), ((1, 2), 9)), False, (10, 11, 12)))
+    assert may_pass(refused, taken, Guard((((1,), 6), ((2,), 7), ((1, 2), 9)), False, (10, 11, 12)))
+    assert may_pass(refused, taken, Guard((((1,), 6),), False, (10,)))  # reader 11 is gone: not in the way
+    assert may_pass(refused, taken, None)  # every reader gone
+    assert may_pass(Appended(Evicted(), (0,)), taken, taken)  # the store said nothing: any move may do
