@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from mcpresume.errors import StoreUnavailable
 from mcpresume.flow import Appended, Guard, may_pass
+from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.redis import RedisStore, session_keys
@@ -182,3 +184,36 @@ def test_a_refused_append_may_pass_once_every_reader_in_the_way_got_as_far_as_ne
     assert may_pass(refused, taken, Guard((((1,), 6),), False, (10,)))  # reader 11 is gone: not in the way
     assert may_pass(refused, taken, None)  # every reader gone
     assert may_pass(Appended(Evicted(), (0,)), taken, taken)  # the store said nothing: any move may do
+
+
+async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
+    redis_db: str, make_store: Make
+) -> None:
+    """The mark is written without waiting for its reply; the next call on the connection comes after it.
+    After SCRIPT FLUSH the posted mark's NOSCRIPT reply is counted, and the script is loaded again."""
+    metrics = Metrics(CollectorRegistry())
+    store = await make_store(redis_db, metrics=metrics)
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(b"one"), msg(b"two")], now=0.0)
+    for seq in (1, 2):
+        await store.mark_delivered(sid, [opened.number], seq)
+        view = await store.view(sid, opened.number)
+        assert view is not None and view.stream is not None and view.stream.delivered == seq
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        await client.script_flush()
+    finally:
+        await client.aclose()
+    await store.mark_delivered(sid, [opened.number], 3)  # lost: Redis no longer has the script
+    await store.view(sid, opened.number)  # (loads the view script again; the mark's reply came before)
+    assert metrics.registry.get_sample_value("mcpresume_store_errors_total", {"op": "mark_delivered"}) == 1.0
+    deadline = asyncio.get_running_loop().time() + 30
+    while store._reloading is not None:  # the reload's reply, on the same connection
+        assert asyncio.get_running_loop().time() < deadline
+        await store.view(sid, opened.number)
+    await store.mark_delivered(sid, [opened.number], 3)
+    view = await store.view(sid, opened.number)
+    assert view is not None and view.stream is not None and view.stream.delivered == 3

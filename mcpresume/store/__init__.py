@@ -180,7 +180,8 @@ class SessionStore(Protocol):
         ...
 
     async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
-        """A client was sent everything of ``streams`` up to ``seq`` (``StreamView.delivered``)."""
+        """A client was sent everything of ``streams`` up to ``seq`` (``StreamView.delivered``). May return
+        before the store has it, provided every later call of this process sees it."""
         ...
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:

@@ -202,6 +202,7 @@ class RedisStore:
         self.token = new_epoch()  # this process, in its news messages: its own are not delivered twice
         self._client: Any = None
         self._link: Link | None = None  # a single server: the hot calls bypass redis-py (store/resp.py)
+        self._reloading: asyncio.Future[Any] | None = None
         self._pubsub_client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._news: Callable[[str, int], None] | None = None
@@ -251,12 +252,19 @@ class RedisStore:
             self._client = aioredis.Redis(connection_pool=pool)
             if Link.supports(self.url):
                 self._link = Link(self.url, self.op_timeout)
+                self._link.on_error = self._posted_error
         self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
         for name in _SCRIPTS:
             source = self._constants + common + (lua / f"{name}.lua").read_text()
             self._scripts[name] = self._client.register_script(source)
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            # Loaded now, not at each script's first call: a delivery mark is posted (``mark_delivered``)
+            # and cannot load its script on NOSCRIPT. Redis unreachable: they load as they are called.
+            async with asyncio.timeout(self.op_timeout * 3):
+                for script in self._scripts.values():
+                    await self._client.script_load(script.script)
         self._listener = asyncio.create_task(self._listen())
 
     async def close(self) -> None:
@@ -630,7 +638,31 @@ class RedisStore:
         await self._script("group_streams", "group", session_id, *map(str, streams))
 
     async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
-        await self._script("mark_delivered", "delivered", session_id, str(seq), *map(str, streams))
+        """Through the link, written without waiting for the reply: a view's next call (its read) and the
+        pumps' appends go on the same connection, so Redis applies the mark before any of them; a view waits
+        for no round trip after each write. An error reply is counted and logged (``_posted_error``)."""
+        args = (self.token, session_id, str(seq), *map(str, streams))
+        if self._link is not None:
+            keys = session_keys(session_id)
+            if self._link.post("EVALSHA", self._scripts["delivered"].sha, len(keys), *keys, *args):
+                return
+        await self._script("mark_delivered", "delivered", session_id, *args[2:])
+
+    def _posted_error(self, error: ResponseError) -> None:
+        if self.metrics is not None:
+            self.metrics.store_errors.labels("mark_delivered").inc()
+        log.warning("the session store refused a delivery mark: %s", error)
+        if _no_script(error) and self._link is not None and self._reloading is None:
+            # Redis restarted or flushed its scripts: load it again (the marks meanwhile are lost, as when a
+            # view's client leaves before its mark; the awaited calls reload their own scripts, ``_eval``).
+            reload = self._link.call("SCRIPT", "LOAD", self._scripts["delivered"].script)
+            self._reloading = asyncio.ensure_future(reload)
+            self._reloading.add_done_callback(self._reloaded)
+
+    def _reloaded(self, task: asyncio.Future[Any]) -> None:
+        self._reloading = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure here shows again at the next call
 
     async def view(self, session_id: str, stream: int) -> SessionView | None:
         raw = await self._script("view", "view", session_id, str(stream))

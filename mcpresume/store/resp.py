@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+from collections.abc import Callable
 from typing import Any, Final
 
 import hiredis
@@ -41,11 +42,13 @@ class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=ResponseError)
-        # per command written: the future of its reply, with how many replies it takes (a MULTI's all)
-        self.waiting: collections.deque[tuple[asyncio.Future[list[Any]], int, list[Any]]] = (
+        # per command written: the future of its reply (None: posted, the reply unwanted but for an error,
+        # ``on_error``), with how many replies it takes (a MULTI's all), and those come so far
+        self.waiting: collections.deque[tuple[asyncio.Future[list[Any]] | None, int, list[Any]]] = (
             collections.deque()
         )
         self.lost: BaseException | None = None
+        self.on_error: Callable[[ResponseError], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
@@ -65,7 +68,10 @@ class _Protocol(asyncio.Protocol):
             replies.append(reply)
             if len(replies) == count:
                 waiting.popleft()
-                if not future.done():  # done: its caller gave up (time-out), the reply is dropped
+                if future is None:
+                    if isinstance(reply, ResponseError) and self.on_error is not None:
+                        self.on_error(reply)
+                elif not future.done():  # done: its caller gave up (time-out), the reply is dropped
                     future.set_result(replies)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -75,7 +81,7 @@ class _Protocol(asyncio.Protocol):
         self.lost = error
         while self.waiting:
             future, _, _ = self.waiting.popleft()
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(RedisConnectionError(str(error) or type(error).__name__))
         if self.transport is not None:
             self.transport.abort()
@@ -89,6 +95,7 @@ class Link:
         self.connect_timeout = connect_timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
+        self.on_error: Callable[[ResponseError], None] | None = None
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -108,6 +115,17 @@ class Link:
         protocol.waiting.append((future, count, []))
         protocol.transport.write(data)
         return await future
+
+    def post(self, *args: str | bytes | int) -> bool:
+        """Write one command without waiting for its reply (an error reply goes to ``on_error``): every later
+        command on this connection is executed after it. False (nothing written) when not connected."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost is not None or protocol.transport is None:
+            return False
+        protocol.on_error = self.on_error
+        protocol.waiting.append((None, 1, []))
+        protocol.transport.write(pack(*args))
+        return True
 
     async def _connect(self) -> _Protocol:
         if self._connecting is None:
