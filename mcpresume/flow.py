@@ -60,6 +60,19 @@ NOT_APPENDED: Final = Appended(Evicted())
 """An append to a session or stream that is gone: nothing appended, nothing to wait for."""
 
 
+def refusal(
+    would_evict: Sequence[tuple[int, int]], guard: Guard, delivered: Mapping[int, int]
+) -> Appended | None:
+    """``blocked_by`` as the store's answer: the readers in the way and, for each, the seq it must have sent
+    (the last event of its streams the append would evict: ``Appended.needs``). None: the append may go."""
+    blocked = blocked_by(would_evict, guard, delivered)
+    if blocked is None:
+        return None
+    lost = dict(would_evict)
+    needs = tuple(max(lost.get(stream, 0) for stream in guard.readers[index][0]) for index in blocked)
+    return Appended(Evicted(), blocked, needs)
+
+
 def blocked_by(
     would_evict: Sequence[tuple[int, int]], guard: Guard, delivered: Mapping[int, int]
 ) -> tuple[int, ...] | None:

@@ -46,7 +46,7 @@ from typing import Final, assert_never
 from mcpresume.credentials import remember
 from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
-from mcpresume.flow import Guard, blocked_by
+from mcpresume.flow import Appended, Guard, refusal
 from mcpresume.resume import SessionView, StreamView
 from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
@@ -688,13 +688,17 @@ class SessionState:
     def blocked(self, count: int, size: int, guard: Guard | None) -> tuple[int, ...] | None:
         """Whether appending ``count`` events of ``size`` bytes would evict what ``guard`` protects
         (``flow.blocked_by``): None if it would not (or there is no guard)."""
+        refused = self.refusal(count, size, guard)
+        return None if refused is None else refused.blocked
+
+    def refusal(self, count: int, size: int, guard: Guard | None) -> Appended | None:
+        """``blocked`` as an append's answer, with how far each reader in the way must get (``refusal``)."""
         if guard is None:
             return None
         would_evict = self.window.would_evict(count, size)
         if not would_evict:
             return None
-        delivered = {n: s.delivered for n, s in self.streams.items()}
-        return blocked_by(would_evict, guard, delivered)
+        return refusal(would_evict, guard, {n: s.delivered for n, s in self.streams.items()})
 
     # -- credentials -----------------------------------------------------------------------------------
 

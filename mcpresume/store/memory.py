@@ -380,9 +380,9 @@ class MemoryStore:
         if session is None:
             return NOT_APPENDED
         if guard is not None:
-            blocked = session.blocked(count, size, guard)
-            if blocked is not None:
-                return Appended(Evicted(), blocked)
+            refused = session.refusal(count, size, guard)
+            if refused is not None:
+                return refused
         if upstream_cursor is not None:
             session.pumped_at(stream, upstream_cursor)
         evicted = self._mutate(session, append)

@@ -598,18 +598,16 @@ class RedisStore:
             return await script(keys=keys, args=list(args))
         for attempt in (1, 2):
             if self._link is not None:
-                replies = await self._link.send(
-                    b"".join(
-                        (
-                            pack("MULTI"),
-                            pack("HSET", keys[5], field, blob),
-                            pack("PEXPIRE", keys[5], self.events_ttl_ms),
-                            pack("EVALSHA", script.sha, len(keys), *keys, *args),
-                            pack("EXEC"),
-                        )
-                    ),
-                    5,
+                data = b"".join(
+                    (
+                        pack("MULTI"),
+                        pack("HSET", keys[5], field, blob),
+                        pack("PEXPIRE", keys[5], self.events_ttl_ms),
+                        pack("EVALSHA", script.sha, len(keys), *keys, *args),
+                        pack("EXEC"),
+                    )
                 )
+                replies = await self._link.send(data, 5)
                 results = replies[-1]
                 if isinstance(results, ResponseError):
                     raise results

@@ -74,6 +74,10 @@ class _Protocol(asyncio.Protocol):
                 elif not future.done():  # done: its caller gave up (time-out), the reply is dropped
                     future.set_result(replies)
 
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None  # Link._usable
+        self.transport.write(data)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(exc or RedisConnectionError("the connection to Redis closed"))
 
@@ -107,32 +111,50 @@ class Link:
 
     async def send(self, data: bytes, count: int) -> list[Any]:
         """``data`` (``count`` packed commands), and their replies in order."""
-        protocol = self._protocol
-        if protocol is None or protocol.lost is not None:
-            protocol = await self._connect()
-        assert protocol.transport is not None
+        future = self.submit(data, count)
+        if future is None:
+            await self._connect()
+            future = self.submit(data, count)
+            assert future is not None
+        return await future
+
+    def submit(self, data: bytes, count: int) -> asyncio.Future[list[Any]] | None:
+        """``data`` written now; the future of its replies. None (nothing written) when not connected."""
+        protocol = self._usable()
+        if protocol is None:
+            return None
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         protocol.waiting.append((future, count, []))
-        protocol.transport.write(data)
-        return await future
+        protocol.write(data)
+        return future
 
     def post(self, *args: str | bytes | int) -> bool:
         """Write one command without waiting for its reply (an error reply goes to ``on_error``): every later
         command on this connection is executed after it. False (nothing written) when not connected."""
-        protocol = self._protocol
-        if protocol is None or protocol.lost is not None or protocol.transport is None:
+        protocol = self._usable()
+        if protocol is None:
             return False
         protocol.on_error = self.on_error
         protocol.waiting.append((None, 1, []))
-        protocol.transport.write(pack(*args))
+        protocol.write(pack(*args))
         return True
+
+    def _usable(self) -> _Protocol | None:
+        """The connection, if it can take a write now (not lost, not closing)."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost is not None or protocol.transport is None:
+            return None
+        if protocol.transport.is_closing():
+            protocol.fail(RedisConnectionError("the connection to Redis is closing"))
+            return None
+        return protocol
 
     async def _connect(self) -> _Protocol:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._protocol is not None and self._protocol.lost is None:
-                return self._protocol  # another call connected meanwhile
+            if (protocol := self._usable()) is not None:
+                return protocol  # another call connected meanwhile
             loop = asyncio.get_running_loop()
             options = self.options
             async with asyncio.timeout(self.connect_timeout):
