@@ -1,0 +1,240 @@
+"""A POST sent upstream, and its answer made what the session needs: a stream read by a pump, an answer to
+relay, or an error; the claim of its request ids released (it may be sent again) or settled (it ran).
+
+``Sender.forward`` sends it in a task of its own: a client that disconnects meanwhile does not cancel the
+upstream request (the handshake-era revisions: disconnection is not cancellation), and its answer still
+reaches the window. The claim's end is recorded in that task, so it happens even when the client left:
+
+* the upstream could not be reached, or refused the request (not 2xx): released;
+* answered in an encoding the proxy cannot read, or with a content type a request is never answered with:
+  settled (it ran upstream: never forward it again), and the client gets 502 ``upstream_bad_response``;
+* 404 in the session to credentials accepted there: the session is dropped (the upstream forgot it);
+* answered otherwise: settled; an SSE answer becomes a stream of the session, its pump started, the
+  client's reader registered first (the first burst waits for it).
+
+Everything is recorded in the request's own incarnation (``epoch``): if the upstream re-issued the session
+id meanwhile, the new incarnation gets nothing of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+
+from mcpresume.authorize import begins_with, remember_version, trusted
+from mcpresume.context import ProxyContext, log_id
+from mcpresume.errors import (
+    SERVER_ERROR,
+    ProxyError,
+    SessionGone,
+    ShuttingDown,
+    TooManySessions,
+    UnknownSession,
+    UpstreamBadResponse,
+)
+from mcpresume.forward import SSE, upstream_headers
+from mcpresume.get import Openings
+from mcpresume.headers import SESSION_HEADER
+from mcpresume.incoming import Post, client_sse_headers, primes_of, pump_record
+from mcpresume.jsonrpc import error_response
+from mcpresume.post_plan import Answer, answer_of
+from mcpresume.pump import PumpJob
+from mcpresume.pumping import PumpStarter
+from mcpresume.session import NewEvent, SessionAccess, StreamOrigin
+from mcpresume.sse import frame_body
+from mcpresume.window import EventKind
+
+log = logging.getLogger("mcpresume.proxy")
+
+_REQUEST_ANSWERS = frozenset({"application/json", SSE})
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A POST whose SSE answer became stream ``stream`` of ``session_id``, a reader of it registered."""
+
+    session_id: str
+    stream: int
+    priming_seq: int
+    headers: list[tuple[str, str]]
+    reader: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """The upstream's answer to a forwarded POST, tagged (``post_plan.Answer``): ``OPENED`` carries
+    ``opened``, ``FAILED`` its ``error``, the others the ``upstream`` answer (the caller releases it)."""
+
+    answer: Answer
+    opened: Opened | None = None
+    upstream: aiohttp.ClientResponse | None = None
+    error: ProxyError | None = None
+
+    @classmethod
+    def of(cls, upstream: aiohttp.ClientResponse) -> Forwarded:
+        return cls(answer_of(upstream.status, upstream.content_type), upstream=upstream)
+
+    @classmethod
+    def failed(cls, error: ProxyError) -> Forwarded:
+        return cls(Answer.FAILED, error=error)
+
+
+class Sender:
+    def __init__(self, ctx: ProxyContext, pumps: PumpStarter, openings: Openings) -> None:
+        self.ctx = ctx
+        self.pumps = pumps
+        self.openings = openings
+
+    async def has_room(self) -> bool:
+        """Whether one more session can be tracked (expired sessions are reaped before saying no)."""
+        store, limit = self.ctx.store, self.ctx.settings.max_sessions
+        if await store.session_count() < limit:
+            return True
+        await store.reap(self.ctx.clock())  # expired sessions make room before anyone is refused
+        return await store.session_count() < limit
+
+    async def forward(self, post: Post, granted: SessionAccess | None) -> Forwarded:
+        """Forward in a task of its own (see the module docstring). A drain's deadline ends the wait (503
+        shutting_down) but not the forward."""
+        forward = asyncio.ensure_future(self._forward_and_open(post, granted))
+        try:
+            with self.ctx.drain.upstream_wait():
+                return await asyncio.shield(forward)
+        except ShuttingDown as refusal:
+            forward.add_done_callback(self._abandoned)
+            return Forwarded.failed(refusal)
+        except asyncio.CancelledError:
+            forward.add_done_callback(self._abandoned)
+            raise
+
+    def _abandoned(self, forward: asyncio.Future[Forwarded]) -> None:
+        """The client left while its request was forwarded: release what was kept for its view."""
+        if forward.cancelled() or forward.exception() is not None:
+            return
+        forwarded = forward.result()
+        if forwarded.opened is not None:
+            self.ctx.local.remove_reader(forwarded.opened.session_id, forwarded.opened.reader)
+        elif forwarded.upstream is not None:
+            forwarded.upstream.release()
+
+    async def _forward_and_open(self, post: Post, granted: SessionAccess | None) -> Forwarded:
+        """``post.session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a
+        session; else a request of the tracked session, ``granted`` its access."""
+        ctx, request, message, session_id = self.ctx, post.request, post.message, post.session_id
+        store = ctx.store
+        keys = message.request_keys
+        epoch = None if granted is None else granted.epoch
+        if session_id is not None:
+            await self.openings.after_sent(session_id)
+        try:
+            upstream = await ctx.upstream.request(
+                "POST", request.path_qs, upstream_headers(request), post.body, decoded=True
+            )
+        except ProxyError as error:
+            # Here, in the shielded task, so it happens even when the client left: the request never ran,
+            # unless it was answered in an encoding the proxy cannot read (then it must not run again).
+            if session_id is not None and keys:
+                if isinstance(error, UpstreamBadResponse):
+                    await store.settle(session_id, keys, epoch)
+                else:
+                    await store.release(session_id, keys, epoch)
+            return Forwarded.failed(error)
+        sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
+        if upstream.status == 404 and session_id is not None:
+            # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
+            if granted is not None and trusted(ctx, request, granted):
+                await ctx.drop_session(session_id, epoch)
+            elif keys:
+                await store.release(session_id, keys, epoch)
+            return Forwarded.of(upstream)
+        if not (200 <= upstream.status < 300) or sid is None:
+            if session_id is not None and keys:
+                await store.release(session_id, keys, epoch)  # refused: the same id may be sent again
+            return Forwarded.of(upstream)
+        if session_id is None:
+            epoch = await self._begin_session(sid, begins_with(ctx, request))
+            if epoch is None:
+                upstream.release()
+                limit = ctx.settings.max_sessions
+                return Forwarded.failed(  # untracked, its every request would be 404 unknown_session
+                    TooManySessions(f"the proxy holds its maximum of {limit} sessions", max_sessions=limit)
+                )
+        elif granted is not None:
+            await remember_version(ctx, request, sid, granted)
+        if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
+            # Spec: a POST with a request is answered with application/json or text/event-stream.
+            content_type = upstream.content_type
+            upstream.release()
+            if session_id is not None:
+                await store.settle(session_id, keys, epoch)  # it ran upstream: never forward it again
+            return Forwarded.failed(
+                UpstreamBadResponse(
+                    f"the upstream answered a request with {content_type!r}", content_type=content_type
+                )
+            )
+        if upstream.content_type != SSE:
+            if keys:  # answered: a re-send is refused, never forwarded again
+                await store.settle(sid, keys, epoch)
+            return Forwarded.of(upstream)
+        now = ctx.clock()
+        record = pump_record(ctx, request, sid, message.request_ids)
+        stream = await store.open_stream(
+            sid, StreamOrigin.POST, keys, now, epoch, priming=primes_of(request, message), pump=record
+        )
+        if stream is None:
+            # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
+            # as a request of an ended session is, never relayed raw (nor its event ids).
+            upstream.release()
+            return Forwarded.failed(UnknownSession(SessionGone.ENDED_WHILE_FORWARDED))
+        # The client's reader is registered before the pump starts: the first burst waits for it.
+        reader = ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
+        self.pumps.start(PumpJob.of(sid, stream.number, record, log_id(sid)), upstream)
+        opened = Opened(sid, stream.number, stream.priming_seq, client_sse_headers(ctx, upstream), reader)
+        return Forwarded(Answer.OPENED, opened=opened)
+
+    async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
+        """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
+        ctx = self.ctx
+        try:
+            # The owner is recorded where sessions are routed (several replicas); one replica owns all.
+            owner = ctx.settings.replica if ctx.hop is not None else ""
+            epoch = await ctx.store.create_session(session_id, ctx.clock(), credential, owner)
+        except ProxyError as error:
+            log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
+            return None
+        log.info("session %s begins", log_id(session_id))
+        return epoch
+
+    async def retain_answer(self, post: Post, upstream: aiohttp.ClientResponse, epoch: str) -> int:
+        """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
+        reaches this client in the view and stays resumable like any response."""
+        ctx, message = self.ctx, post.message
+        assert post.session_id is not None  # a tail is a session's
+        limit = ctx.settings.max_event_bytes
+        answer = bytearray()
+        try:
+            async for chunk in upstream.content.iter_any():  # the whole body, but never more than the limit
+                answer += chunk
+                if len(answer) > limit:
+                    break
+        finally:
+            upstream.release()
+        now = ctx.clock()
+        primed = primes_of(post.request, message)
+        opened = await ctx.store.open_stream(
+            post.session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=primed
+        )
+        if opened is None:
+            raise UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)
+        if len(answer) <= limit:
+            # JSON allows raw CR/LF only as whitespace between tokens: drop them, one data line.
+            body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
+        else:  # not deliverable as one SSE event: say so rather than truncate it
+            data = {"reason": "event_too_large"}
+            body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
+        await ctx.store.append(post.session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
+        await ctx.store.end_stream(post.session_id, opened.number, now)
+        return opened.number
