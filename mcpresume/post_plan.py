@@ -2,7 +2,8 @@
 
 The executor (``post.Posts.serve``) asks ``plan_post`` what to do, fetches what it says it needs (``Need``),
 asks again, and carries out the plan it finally gets; once the request went upstream, ``ANSWER_STEPS``
-says what its answer becomes. Owner routing (several replicas) came first (``route.py``).
+says what its answer becomes, and ``CLAIM_ENDS`` what becomes of its claim. Owner routing (several
+replicas) came first (``route.py``).
 
 The rows of ``plan_post``, first match wins ("the claim": the store's claim of the message's request ids,
 exactly once per id in the session, invariant #8; "the tail": POST + ``Last-Event-ID``, the streams the
@@ -55,6 +56,28 @@ JSON        ``RELAY``                 ``RETAIN`` then ``VIEW``  ``RETAIN`` then 
 ACCEPTED    ``RELAY``                 ``TAIL``: the tail alone  ``EMPTY``: 202, no body
 OTHER       ``RELAY``                 ``RELAY`` (an error)      ``RELAY``
 ==========  ========================  ========================  ========================
+
+``CLAIM_ENDS``: what becomes of the claim once the upstream answered (``upstream_post.Sender`` records it in
+the forward's own task, so it happens even when the client left), by the ``Upstream`` outcome
+(``upstream_outcome`` tells them apart, first match wins, after ``UNREACHED`` and ``UNREADABLE``, which are
+errors raised by the request itself):
+
+==============  ===============================================  ===========  ===========================
+outcome         the upstream                                     the claim    the client gets
+==============  ===============================================  ===========  ===========================
+``UNREACHED``   no answer (connect, timeout, ...)                released     the error (502, 504)
+``UNREADABLE``  answered in an encoding the proxy cannot read    settled      502 ``upstream_bad_response``
+``FORGOTTEN``   404 in the session, to credentials accepted in   dropped      the upstream's 404 (the
+                it: the upstream forgot the session              (session)    client re-initializes)
+``REFUSED``     not 2xx (a 404 to other credentials too), or     released     the upstream's answer
+                an initialize answered without a session id
+``WRONG_TYPE``  a request answered neither JSON nor SSE (spec)   settled      502 ``upstream_bad_response``
+``ANSWERED``    answered, not with a stream                      settled      the upstream's answer
+``STREAM``      an SSE stream                                    the stream   a view of the stream
+==============  ===============================================  ===========  ===========================
+
+Released: the request never ran, the same id may be sent again. Settled: it ran, a re-send is refused and
+never forwarded again (invariant #8).
 """
 
 from __future__ import annotations
@@ -276,4 +299,55 @@ ANSWER_STEPS: Final[Mapping[tuple[Answer, TailKind], Then]] = {
     (Answer.OTHER, TailKind.NONE): Then.RELAY,
     (Answer.OTHER, TailKind.FOLLOWS): Then.RELAY,
     (Answer.OTHER, TailKind.STANDALONE): Then.RELAY,
+}
+
+
+class Upstream(enum.Enum):
+    """What the upstream did with a forwarded POST, as far as its claim cares (the third table)."""
+
+    UNREACHED = "unreached"
+    UNREADABLE = "unreadable"
+    FORGOTTEN = "forgotten"
+    REFUSED = "refused"
+    WRONG_TYPE = "wrong_type"
+    ANSWERED = "answered"
+    STREAM = "stream"
+
+
+_REQUEST_ANSWERS: Final = frozenset({"application/json", "text/event-stream"})
+
+
+def upstream_outcome(
+    *, in_session: bool, trusted: bool, status: int, session_id: bool, requests: bool, content_type: str
+) -> Upstream:
+    """The outcome of an answer (the rows after ``UNREACHED`` and ``UNREADABLE``). ``in_session``: a
+    request of a tracked session (else an initialize); ``trusted``: its credentials are accepted in it;
+    ``session_id``: the answer's session is known (the request's, or the initialize's answer names one);
+    ``requests``: the message carries request ids."""
+    if in_session and status == 404 and trusted:
+        return Upstream.FORGOTTEN
+    if not (200 <= status < 300) or not session_id:
+        return Upstream.REFUSED
+    if requests and status != 202 and content_type not in _REQUEST_ANSWERS:
+        return Upstream.WRONG_TYPE  # spec: a POST with a request is answered with JSON or SSE
+    if content_type != "text/event-stream":
+        return Upstream.ANSWERED
+    return Upstream.STREAM
+
+
+class ClaimEnd(enum.Enum):
+    RELEASE = "release"  # it never ran: the same id may be sent again
+    SETTLE = "settle"  # it ran: a re-send is refused, never forwarded again
+    DROP = "drop"  # the upstream forgot the session: dropped (its claims with it)
+    STREAM = "stream"  # it ran, and its stream holds it (``open_stream`` records the claim's stream)
+
+
+CLAIM_ENDS: Final[Mapping[Upstream, ClaimEnd]] = {
+    Upstream.UNREACHED: ClaimEnd.RELEASE,
+    Upstream.UNREADABLE: ClaimEnd.SETTLE,
+    Upstream.FORGOTTEN: ClaimEnd.DROP,
+    Upstream.REFUSED: ClaimEnd.RELEASE,
+    Upstream.WRONG_TYPE: ClaimEnd.SETTLE,
+    Upstream.ANSWERED: ClaimEnd.SETTLE,
+    Upstream.STREAM: ClaimEnd.STREAM,
 }

@@ -4,13 +4,9 @@ relay, or an error; the claim of its request ids released (it may be sent again)
 ``Sender.forward`` sends it in a task of its own: a client that disconnects meanwhile does not cancel the
 upstream request (the handshake-era revisions: disconnection is not cancellation), and its answer still
 reaches the window. The claim's end is recorded in that task, so it happens even when the client left:
-
-* the upstream could not be reached, or refused the request (not 2xx): released;
-* answered in an encoding the proxy cannot read, or with a content type a request is never answered with:
-  settled (it ran upstream: never forward it again), and the client gets 502 ``upstream_bad_response``;
-* 404 in the session to credentials accepted there: the session is dropped (the upstream forgot it);
-* answered otherwise: settled; an SSE answer becomes a stream of the session, its pump started, the
-  client's reader registered first (the first burst waits for it).
+``post_plan.CLAIM_ENDS`` says which, by the upstream's outcome (released: it may be sent again; settled:
+it ran, never forward it again; dropped with the session the upstream forgot; or held by the stream its
+SSE answer became, its pump started, the client's reader registered first: the first burst waits for it).
 
 Everything is recorded in the request's own incarnation (``epoch``): if the upstream re-issued the session
 id meanwhile, the new incarnation gets nothing of it.
@@ -35,12 +31,12 @@ from mcpresume.errors import (
     UnknownSession,
     UpstreamBadResponse,
 )
-from mcpresume.forward import SSE, upstream_headers
+from mcpresume.forward import upstream_headers
 from mcpresume.get import Openings
 from mcpresume.headers import SESSION_HEADER
 from mcpresume.incoming import Post, client_sse_headers, primes_of, pump_record
 from mcpresume.jsonrpc import error_response
-from mcpresume.post_plan import Answer, answer_of
+from mcpresume.post_plan import CLAIM_ENDS, Answer, ClaimEnd, Upstream, answer_of, upstream_outcome
 from mcpresume.pump import PumpJob
 from mcpresume.pumping import PumpStarter
 from mcpresume.session import NewEvent, SessionAccess, StreamOrigin
@@ -48,8 +44,6 @@ from mcpresume.sse import frame_body
 from mcpresume.window import EventKind
 
 log = logging.getLogger("mcpresume.proxy")
-
-_REQUEST_ANSWERS = frozenset({"application/json", SSE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +116,9 @@ class Sender:
 
     async def _forward_and_open(self, post: Post, granted: SessionAccess | None) -> Forwarded:
         """``post.session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a
-        session; else a request of the tracked session, ``granted`` its access."""
+        session; else a request of the tracked session, ``granted`` its access. What becomes of the claim is
+        ``post_plan.CLAIM_ENDS``."""
         ctx, request, message, session_id = self.ctx, post.request, post.message, post.session_id
-        store = ctx.store
         keys = message.request_keys
         epoch = None if granted is None else granted.epoch
         if session_id is not None:
@@ -134,26 +128,31 @@ class Sender:
                 "POST", request.path_qs, upstream_headers(request), post.body, decoded=True
             )
         except ProxyError as error:
-            # Here, in the shielded task, so it happens even when the client left: the request never ran,
-            # unless it was answered in an encoding the proxy cannot read (then it must not run again).
-            if session_id is not None and keys:
-                if isinstance(error, UpstreamBadResponse):
-                    await store.settle(session_id, keys, epoch)
-                else:
-                    await store.release(session_id, keys, epoch)
+            # Here, in the shielded task, so it happens even when the client left.
+            failed = Upstream.UNREADABLE if isinstance(error, UpstreamBadResponse) else Upstream.UNREACHED
+            await self._end_claim(CLAIM_ENDS[failed], session_id, keys, epoch)
             return Forwarded.failed(error)
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
-        if upstream.status == 404 and session_id is not None:
-            # The upstream forgot the session (it restarted): the client must re-initialize, so drop ours.
-            if granted is not None and trusted(ctx, request, granted):
-                await ctx.drop_session(session_id, epoch)
-            elif keys:
-                await store.release(session_id, keys, epoch)
+        in_session = session_id is not None
+        # Not another user's 404 (see trusted): only then does it end the session for everyone.
+        accepted = upstream.status == 404 and granted is not None and trusted(ctx, request, granted)
+        outcome = upstream_outcome(
+            in_session=in_session,
+            trusted=in_session and accepted,
+            status=upstream.status,
+            session_id=sid is not None,
+            requests=bool(message.request_ids),
+            content_type=upstream.content_type,
+        )
+        claim_end = CLAIM_ENDS[outcome]
+        if claim_end is ClaimEnd.DROP:  # the upstream forgot the session: the client must re-initialize
+            assert session_id is not None
+            await ctx.drop_session(session_id, epoch)
             return Forwarded.of(upstream)
-        if not (200 <= upstream.status < 300) or sid is None:
-            if session_id is not None and keys:
-                await store.release(session_id, keys, epoch)  # refused: the same id may be sent again
+        if claim_end is ClaimEnd.RELEASE:  # refused: the same id may be sent again
+            await self._end_claim(claim_end, session_id, keys, epoch)
             return Forwarded.of(upstream)
+        assert sid is not None  # upstream_outcome: the rest are 2xx answers in a session
         if session_id is None:
             epoch = await self._begin_session(sid, begins_with(ctx, request))
             if epoch is None:
@@ -164,24 +163,21 @@ class Sender:
                 )
         elif granted is not None:
             await remember_version(ctx, request, sid, granted)
-        if message.request_ids and upstream.status != 202 and upstream.content_type not in _REQUEST_ANSWERS:
-            # Spec: a POST with a request is answered with application/json or text/event-stream.
+        if outcome is Upstream.WRONG_TYPE:
             content_type = upstream.content_type
             upstream.release()
-            if session_id is not None:
-                await store.settle(session_id, keys, epoch)  # it ran upstream: never forward it again
+            await self._end_claim(claim_end, session_id, keys, epoch)  # it ran upstream: never again
             return Forwarded.failed(
                 UpstreamBadResponse(
                     f"the upstream answered a request with {content_type!r}", content_type=content_type
                 )
             )
-        if upstream.content_type != SSE:
-            if keys:  # answered: a re-send is refused, never forwarded again
-                await store.settle(sid, keys, epoch)
+        if claim_end is ClaimEnd.SETTLE:  # answered: a re-send is refused (an initialize's, in its session)
+            await self._end_claim(claim_end, sid, keys, epoch)
             return Forwarded.of(upstream)
         now = ctx.clock()
         record = pump_record(ctx, request, sid, message.request_ids)
-        stream = await store.open_stream(
+        stream = await ctx.store.open_stream(
             sid, StreamOrigin.POST, keys, now, epoch, priming=primes_of(request, message), pump=record
         )
         if stream is None:
@@ -194,6 +190,17 @@ class Sender:
         self.pumps.start(PumpJob.of(sid, stream.number, record, log_id(sid)), upstream)
         opened = Opened(sid, stream.number, stream.priming_seq, client_sse_headers(ctx, upstream), reader)
         return Forwarded(Answer.OPENED, opened=opened)
+
+    async def _end_claim(
+        self, claim_end: ClaimEnd, session_id: str | None, keys: tuple[str, ...], epoch: str | None
+    ) -> None:
+        """Release or settle the request ids claimed in ``session_id`` (none: nothing was claimed)."""
+        if session_id is None or not keys:
+            return
+        if claim_end is ClaimEnd.SETTLE:
+            await self.ctx.store.settle(session_id, keys, epoch)
+        else:
+            await self.ctx.store.release(session_id, keys, epoch)
 
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""

@@ -25,8 +25,10 @@ from mcpresume.errors import (
 from mcpresume.get_plan import Relay, Resumed
 from mcpresume.post_plan import (
     ANSWER_STEPS,
+    CLAIM_ENDS,
     Answer,
     AttachOriginal,
+    ClaimEnd,
     FollowResent,
     Forward,
     Need,
@@ -35,10 +37,12 @@ from mcpresume.post_plan import (
     Tail,
     TailKind,
     Then,
+    Upstream,
     answer_of,
     plan_post,
     tail_kind,
     tail_of,
+    upstream_outcome,
 )
 from mcpresume.resume import ReAttach, StreamView
 from mcpresume.session import Claim, ClaimOutcome
@@ -240,3 +244,64 @@ def test_a_delete_is_planned_by_its_table(facts: DeleteFacts, expected: object) 
 def test_every_plan_of_a_delete_has_a_row() -> None:
     assert {type(expected) for _, expected in DELETE_ROWS} == {Keep, Drop, DeleteNeed}
     assert {e for _, e in DELETE_ROWS if isinstance(e, Drop)} == {Drop(True), Drop(False)}
+
+
+JSON, SSE = "application/json", "text/event-stream"
+
+# (in_session, trusted, status, session_id, requests, content_type, outcome): the third table's rows.
+UPSTREAM_ROWS = [
+    # FORGOTTEN: a 404 in the session to credentials accepted in it
+    (True, True, 404, True, True, JSON, Upstream.FORGOTTEN),
+    (True, True, 404, True, False, "text/plain", Upstream.FORGOTTEN),
+    # REFUSED: not 2xx (a 404 to other credentials, or to an initialize, too), or no session to answer in
+    (True, False, 404, True, True, JSON, Upstream.REFUSED),
+    (False, False, 404, False, True, JSON, Upstream.REFUSED),
+    (True, True, 500, True, True, SSE, Upstream.REFUSED),
+    (True, False, 403, True, True, JSON, Upstream.REFUSED),
+    (False, False, 200, False, True, SSE, Upstream.REFUSED),  # an initialize answered without a session id
+    # WRONG_TYPE: a request answered neither JSON nor SSE
+    (True, False, 200, True, True, "text/plain", Upstream.WRONG_TYPE),
+    (False, False, 200, True, True, "text/html", Upstream.WRONG_TYPE),
+    # ANSWERED: not a stream
+    (True, False, 200, True, True, JSON, Upstream.ANSWERED),
+    (True, False, 202, True, True, "text/plain", Upstream.ANSWERED),  # 202 with any body
+    (True, False, 200, True, False, "text/plain", Upstream.ANSWERED),  # notifications: any answer
+    (False, False, 200, True, True, JSON, Upstream.ANSWERED),
+    # STREAM
+    (True, False, 200, True, True, SSE, Upstream.STREAM),
+    (True, False, 202, True, False, SSE, Upstream.STREAM),
+    (False, False, 200, True, True, SSE, Upstream.STREAM),
+]
+
+
+@pytest.mark.parametrize(
+    ("in_session", "trusted", "status", "session_id", "requests", "content_type", "outcome"), UPSTREAM_ROWS
+)
+def test_what_the_upstream_did_is_told_apart_by_its_table(
+    in_session: bool,
+    trusted: bool,
+    status: int,
+    session_id: bool,
+    requests: bool,
+    content_type: str,
+    outcome: Upstream,
+) -> None:
+    got = upstream_outcome(
+        in_session=in_session,
+        trusted=trusted,
+        status=status,
+        session_id=session_id,
+        requests=requests,
+        content_type=content_type,
+    )
+    assert got is outcome
+
+
+def test_every_outcome_of_the_upstream_has_a_row_and_ends_its_claim() -> None:
+    told = {row[-1] for row in UPSTREAM_ROWS}
+    assert told | {Upstream.UNREACHED, Upstream.UNREADABLE} == set(Upstream)  # those two are raised
+    assert set(CLAIM_ENDS) == set(Upstream)
+    assert set(CLAIM_ENDS.values()) == set(ClaimEnd)
+    # Invariant #8: a request that may have run upstream is never released (it would run again).
+    ran = {Upstream.UNREADABLE, Upstream.WRONG_TYPE, Upstream.ANSWERED, Upstream.STREAM}
+    assert all(CLAIM_ENDS[outcome] is not ClaimEnd.RELEASE for outcome in ran)
