@@ -1,4 +1,4 @@
-"""The aiohttp handlers: what the proxy does with each client request.
+"""The aiohttp handler: what the proxy does with each client request, and which executor does it.
 
 Routing
 -------
@@ -33,7 +33,7 @@ import logging
 
 from aiohttp import web
 
-from mcpresume.context import ProxyContext, log_id
+from mcpresume.context import ProxyContext
 from mcpresume.delete import serve_delete
 from mcpresume.errors import (
     BadSessionId,
@@ -58,8 +58,6 @@ from mcpresume.post import Posts
 from mcpresume.pumping import PumpStarter
 from mcpresume.routing import Routing
 from mcpresume.upstream_post import Sender
-
-__all__ = ["Proxy", "log_id"]
 
 log = logging.getLogger("mcpresume.proxy")
 
