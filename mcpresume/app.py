@@ -143,7 +143,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.hop.start()
         await ctx.lease.start()
     # Streams this replica's previous process was pumping when it died (a shared store kept them).
-    app[PROXY].adopt(await ctx.store.orphans(ctx.settings.replica))
+    app[PROXY].pumps.adopt(await ctx.store.orphans(ctx.settings.replica))
     reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx, app[PROXY]))
     yield
     # The handlers are done (step 3 of Drain.run, which goes on with the pumps, the lease, the closes).
@@ -184,7 +184,7 @@ async def take_over_lost(ctx: ProxyContext, proxy: Proxy) -> None:
     """Take over the sessions of replicas whose lease is gone (one winner each, by the store)."""
     for owner in await ctx.store.lost_owners(ctx.clock()):
         if owner != ctx.settings.replica:
-            await proxy.take_over(owner)
+            await proxy.routing.take_over(owner)
 
 
 def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Application:

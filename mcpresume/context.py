@@ -2,7 +2,8 @@
 
 ``ProxyContext`` holds the settings, the store, the metrics, the upstream client, the clock, the pump
 registry and the drain (no module-level state: ``app.build_app`` builds one per application). ``reject``
-is the one way a refusal is made: a JSON-RPC error body with the stable reason, one log line, the metric.
+is the one way a refusal is made (a JSON-RPC error body with the stable reason, one log line, the metric),
+``drop_session`` the one way the proxy forgets a session.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class ProxyContext:
     hop: Hop | None = None
     lease: Lease | None = None
     drain: Drain = field(default_factory=Drain)  # how this replica stops (drain.py)
+
+    async def drop_session(self, session_id: str, epoch: str | None = None) -> None:
+        """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
+        if await self.store.delete_session(session_id, epoch) or epoch is None:
+            self.pumps.cancel_session(session_id)
 
     def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
         """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""

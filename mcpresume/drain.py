@@ -8,9 +8,11 @@ The steps, in order (the docs' shutdown timeline is this list):
    step 1. Meanwhile the listener closes and aiohttp waits for the handlers (``serving``).
 4. End what is left. A view's response ends cleanly, within ``DRAIN_GRACE`` or cut after it (its client
    re-attaches elsewhere with its cursor); a wait for the upstream's answer ends with 503 ``shutting_down``.
-5. The pumps: those of POST streams get what is left of the deadline, then every pump is cancelled (its
-   pending requests answered with an error) or, with a shared store (owner routing), handed over: stopped
-   without ending its stream, which another replica resumes upstream.
+5. The replica's own tasks (``Drain.spawn``: a takeover started beside a re-attach, which starts pumps) get
+   what is left of the deadline, then are cancelled. Then the pumps: those of POST streams get what is left
+   of the deadline, then every pump is cancelled (its pending requests answered with an error) or, with a
+   shared store (owner routing), handed over: stopped without ending its stream, which another replica
+   resumes upstream.
 6. Release the lease, so the other replicas take the sessions over at once, not a lease TTL later.
 7. Close the hop, the upstream client and the store (the store only if this app made it).
 
@@ -29,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any
 
 from mcpresume.errors import ShuttingDown
 
@@ -77,6 +79,7 @@ class Drain:
         self.deadline_came = False  # step 4 ran: a view opening now ends at once
         self._views: dict[View, None] = {}  # flagged and woken
         self._tasks: dict[asyncio.Task[object], View] = {}  # interrupted: their task cancelled
+        self._own: set[asyncio.Task[None]] = set()  # tasks of the replica's own (Drain.spawn), step 5
 
     # -- the steps ---------------------------------------------------------------------------------------
 
@@ -93,7 +96,8 @@ class Drain:
         if not handlers.done() and (ended := self.end_views()):  # 4. what is left ends
             log.info("drain_timeout: %d client views still open ended", ended)
         await handlers
-        # 5. the pumps: POST streams' within what is left, then cancelled, or handed over (a shared store)
+        await self._end_own()  # 5. the replica's own tasks (a takeover starts pumps), within what is left
+        # ... then the pumps: POST streams' within what is left, then cancelled or handed over (shared store)
         await ctx.pumps.drain(self.remaining(), hand_over=ctx.lease is not None)
         if ctx.lease is not None:  # 6. the lease, released once nothing here pumps
             await ctx.lease.stop()
@@ -102,6 +106,23 @@ class Drain:
         await ctx.upstream.close()
         if close_store:
             await ctx.store.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run a task of the replica's own (not a request's, not a pump): held here until it ends, waited
+        for in step 5 until the deadline, then cancelled."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._own.add(task)
+        task.add_done_callback(self._own.discard)
+        return task
+
+    async def _end_own(self) -> None:
+        tasks = list(self._own)
+        if not tasks:
+            return
+        await asyncio.wait(tasks, timeout=self.remaining())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def begin(self, timeout: float) -> None:
         if not self.started:

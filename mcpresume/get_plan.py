@@ -1,6 +1,6 @@
 """What a GET on the MCP endpoint gets (pure): decided from the request's facts and what the store said.
 
-The handler (``Proxy._mcp_get``) asks ``plan_get`` what to do, fetches what it says it needs (``Need``),
+The executor (``get.Gets.serve``) asks ``plan_get`` what to do, fetches what it says it needs (``Need``),
 asks again, and carries out the plan it finally gets. The rows, first match wins:
 
 ====  =============================================  =================================================

@@ -11,7 +11,7 @@ A request of a session is then, by its kind and where the session's owner is:
 - ``REATTACH`` (``GET`` with ``Last-Event-ID``): served here, wherever the owner is, never forwarded: the
   window is in the store, and live events reach every replica through the store's news. With the owner's
   lease gone it is served all the same, and the shell starts the owner's takeover beside it
-  (``Serve.owner_lost``). Unless serving it would reach the upstream (``needs_upstream``: a credential
+  (``Serve.lost_owner``). Unless serving it would reach the upstream (``needs_upstream``: a credential
   ping for credentials new to the session, a new standalone stream after the upstream ended the old one):
   only the owner's upstream knows the session, so it then goes where a ``GET`` goes.
 - ``POST``, ``RESEND`` (``POST`` with ``Last-Event-ID``: the new messages it carries go upstream beside
@@ -95,10 +95,14 @@ def owner_of(owner: str | None, here: str, owner_url: str | None) -> Owner:
 
 @dataclass(frozen=True, slots=True)
 class Serve:
-    """Serve the request here. ``owner_lost``: the owner's lease is gone; start its takeover without
+    """Serve the request here. ``lost_owner``: the owner, whose lease is gone; start its takeover without
     waiting for it (a re-attach reads the store, and the takeover's ending reaches it as news)."""
 
-    owner_lost: bool = False
+    lost_owner: str | None = None
+
+    @property
+    def owner_lost(self) -> bool:
+        return self.lost_owner is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +152,7 @@ def route(
     if where in (Owner.UNKNOWN, Owner.HERE):
         return Serve()
     if kind is Kind.REATTACH and not needs_upstream:
-        return Serve(owner_lost=where is Owner.LOST)
+        return Serve(lost_owner=owner if where is Owner.LOST else None)
     if where is Owner.LIVE:
         assert owner_url is not None  # owner_of said so
         if hopped:

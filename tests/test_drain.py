@@ -229,3 +229,28 @@ async def test_the_steps_run_in_order(shared: bool) -> None:
     expected += ["lease released", "hop closed"] if shared else []
     expected += ["upstream closed", "store closed"]
     assert steps == expected
+
+
+async def test_a_task_of_the_replicas_own_ends_before_the_pumps() -> None:
+    """A takeover started beside a re-attach (``Drain.spawn``) starts pumps: the drain ends it (within what
+    is left of the deadline, here none) before it ends the pumps, so none it starts escapes them."""
+    drain = Drain()
+    steps: list[str] = []
+    ctx = _Recorder(steps, drain, lease=True)
+
+    async def takeover() -> None:
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            steps.append("takeover ended")
+            raise
+
+    drain.spawn(takeover(), name="mcpresume-takeover")
+    await asyncio.sleep(0)  # it runs
+
+    async def serving() -> None:
+        steps.append("serving")
+
+    async with asyncio.timeout(HANG_GUARD):
+        await drain.run(ctx, serving, close_store=False)  # type: ignore[arg-type]
+    assert steps[:3] == ["serving", "takeover ended", "pumps (hand over: True)"]

@@ -1,6 +1,6 @@
 """What a GET on the MCP endpoint gets (``mcpresume.get_plan``): its two tables, row by row, without sockets.
 
-The handler that carries the plans out (``Proxy._mcp_get``) is tested over real HTTP in
+The handler that carries the plans out (``get.Gets.serve``) is tested over real HTTP in
 ``tests/test_resume_http.py``, ``tests/test_streams.py`` and ``tests/test_authorization.py``.
 """
 

@@ -447,4 +447,4 @@ async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
     assert await planned("theirs", 15.0) == Forward("http://10.0.0.2:8080/mcp")
     await store.release_replica(OWNER)  # a drain released it: the takeover starts at once
     assert await planned("theirs", 15.0) == TakeOver(OWNER)
-    assert await planned("theirs", 15.0, "GET", **{LAST_EVENT_ID_HEADER: "c"}) == Serve(owner_lost=True)
+    assert await planned("theirs", 15.0, "GET", **{LAST_EVENT_ID_HEADER: "c"}) == Serve(lost_owner=OWNER)

@@ -20,10 +20,10 @@ import orjson
 import pytest
 from aiohttp import web
 
+from mcpresume.context import log_id
 from mcpresume.cursor import new_epoch
 from mcpresume.flow import Guard
 from mcpresume.local import LocalSessions
-from mcpresume.proxy import log_id
 from mcpresume.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.memory import MemoryStore

@@ -31,6 +31,8 @@ CORE_MODULES = (
     "flow",
     "route",
     "get_plan",
+    "post_plan",
+    "delete_plan",
 )
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.

@@ -145,8 +145,8 @@ async def gated(
 # -- 1. POST + Last-Event-ID drops the new request's JSON answer ---
 
 
-# Regression: proxy._post_with_cursor releases an application/json answer to the new request unread: the
-# client never gets the response, and a re-send is refused as duplicate_request
+# Regression: POST + Last-Event-ID (post.py) released an application/json answer to the new request
+# unread: the client never got the response, and a re-send was refused as duplicate_request
 async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
     upstream, upstream_url = gated
     async with running_proxy(upstream_url) as proxy:
@@ -161,8 +161,8 @@ async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
         assert sorted(response_ids(events)) == [2, 3]  # ... so its answer must reach the client
 
 
-# Regression: proxy._post_with_cursor swallows an upstream error status for the new request (here 500) and
-# answers 200 with only the old stream's tail
+# Regression: POST + Last-Event-ID (post.py) swallowed an upstream error status for the new request (here
+# 500) and answered 200 with only the old stream's tail
 async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
     upstream, upstream_url = gated
     async with running_proxy(upstream_url) as proxy:
@@ -178,9 +178,9 @@ async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
 # -- 2. A client that leaves while its request is forwarded leaks the claim when forwarding fails ---
 
 
-# Regression: proxy._abandoned ignores a ProxyError outcome: the request id stays claimed
-# (ClaimState.PENDING) and in_flight stays counted forever, so the session is stuck at
-# max_streams_per_session (429)
+# Regression: the abandoned forward (upstream_post.Sender._abandoned) ignored a ProxyError outcome: the
+# request id stays claimed (ClaimState.PENDING) and in_flight stays counted forever, so the session is
+# stuck at max_streams_per_session (429)
 async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> None:
     upstream, upstream_url = gated
     async with running_proxy(upstream_url, first_byte_timeout=0.5, max_streams_per_session=1) as proxy:
@@ -308,9 +308,10 @@ async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
 # -- 9. Two cursor-less GETs at once open two upstream GETs -----------------------------------------------
 
 
-# Regression: proxy._standalone_plan looks for the session's standalone stream, and opens an upstream GET
-# when there is none; a second GET arriving while the first upstream GET is still on its way found none
-# too, and opened a second one (which the SDK server answers 409, relayed to that client)
+# Regression: the standalone GET's opening (get.Gets._standalone_plan) looks for the session's standalone
+# stream, and opens an upstream GET when there is none; a second GET arriving while the first upstream GET
+# is still on its way found none too, and opened a second one (which the SDK server answers 409, relayed
+# to that client)
 async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) -> None:
     upstream, upstream_url = gated
     upstream.get_gate = asyncio.Event()

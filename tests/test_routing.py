@@ -7,16 +7,19 @@ same as over Redis (test_redis_scale.py runs the pods as real processes over a r
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from mcpresume.session import SessionAccess
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import WindowLimits
 from tests.support.metrics import sample
 from tests.support.pods import Pod, kill, pods
+from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach
 
 
@@ -173,3 +176,41 @@ async def test_a_drained_owner_hands_its_call_over_to_b_which_completes_it(
         assert result_of(tail) == "counted to 12"
         assert sample(b.proxy.ctx.metrics, "mcpresume_takeovers_total", outcome="taken") == 1
         assert result_of(await call(client, b.url, "tally", {})) == 1  # b owns the session now
+
+
+class CountingStore(MemoryStore):
+    """The shared memory store, counting what routing and the handlers ask it of a session."""
+
+    def __init__(self) -> None:
+        super().__init__(WindowLimits(256, 1 << 20, 300.0), session_ttl=300.0, max_sessions=100, retry_ms=100)
+        self.asked: Counter[str] = Counter()
+
+    async def owner(self, session_id: str) -> str | None:
+        self.asked["owner"] += 1
+        return await super().owner(session_id)
+
+    async def access(self, session_id: str) -> SessionAccess | None:
+        self.asked["access"] += 1
+        return await super().access(session_id)
+
+
+async def test_a_re_attach_to_a_lost_owners_session_reads_its_owner_and_access_once(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A re-attach on b after a released its lease: routing reads the session's owner once (``Serve``
+    carries it to the takeover it starts) and its access record once (the GET handler is handed it)."""
+    store = CountingStore()
+    async with pods(store, 2) as (a, b):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        _, body = client.tool_call("count_slowly", {"n": 3, "delay": 0.01})
+        async with http.post(a.url, data=body, headers=client.headers()) as response:
+            events = await collect(response)
+        cursor = events[-1].id
+        assert cursor is not None
+        await a.proxy.stop()  # releases its lease: the owner is lost
+        store.asked.clear()
+        assert await reattach(http, client, b.url, cursor) == []  # the call had ended: nothing after it
+        assert store.asked == {"owner": 1, "access": 1}
+        taken = lambda: sample(b.proxy.ctx.metrics, "mcpresume_takeovers_total", outcome="nothing_left")  # noqa: E731
+        await until(lambda: taken() >= 1, what="the takeover started beside the re-attach")

@@ -1,8 +1,8 @@
 """A replica's previous process died mid-stream (kill -9, OOM): the streams it was pumping are in the shared
 store, and the process that starts with the same ``replica_id`` takes them over (``SessionStore.orphans``,
-``Proxy.adopt``): each is resumed upstream from the last upstream event id that reached the store, or its
-pending requests are answered with ``upstream_stream_lost``. A client re-attaching with its cursor gets
-exactly the events after it, the response once.
+``pumping.PumpStarter.adopt``): each is resumed upstream from the last upstream event id that reached the
+store, or its pending requests are answered with ``upstream_stream_lost``. A client re-attaching with its
+cursor gets exactly the events after it, the response once.
 
 The dead process is played by writing to the store what its pump had written (a memory store outlives no
 process; the same over Redis with real processes is in test_redis_restart.py).
