@@ -217,3 +217,26 @@ async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
     await store.mark_delivered(sid, [opened.number], 3)
     view = await store.view(sid, opened.number)
     assert view is not None and view.stream is not None and view.stream.delivered == 3
+
+
+async def test_a_subscribed_link_hands_over_each_message_and_says_when_it_is_lost(redis_db: str) -> None:
+    link = Link(redis_db, connect_timeout=5.0)
+    heard: asyncio.Queue[bytes] = asyncio.Queue()
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        await link.subscribe("mcpresume-test:news", heard.put_nowait)
+        for i in range(3):
+            assert await client.publish("mcpresume-test:news", f"message {i}") == 1
+        assert [await asyncio.wait_for(heard.get(), 10) for _ in range(3)] == [
+            b"message 0",
+            b"message 1",
+            b"message 2",
+        ]
+        lost = asyncio.ensure_future(link.lost())
+        await asyncio.sleep(0)
+        assert not lost.done()
+        assert await client.client_kill_filter(_type="pubsub") == 1
+        await asyncio.wait_for(lost, 10)  # the store's listener then subscribes again
+    finally:
+        link.close()
+        await client.aclose()

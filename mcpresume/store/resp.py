@@ -49,6 +49,8 @@ class _Protocol(asyncio.Protocol):
         )
         self.lost: BaseException | None = None
         self.on_error: Callable[[ResponseError], None] | None = None
+        self.on_message: Callable[[bytes], None] | None = None  # subscribed: a published message's data
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
@@ -60,7 +62,11 @@ class _Protocol(asyncio.Protocol):
         reader = self.reader
         reader.feed(data)
         waiting = self.waiting
+        on_message = self.on_message
         while (reply := reader.gets()) is not False:
+            if on_message is not None and type(reply) is list and reply[0] == b"message":
+                on_message(reply[2])
+                continue
             if not waiting:
                 self.fail(RedisConnectionError("a reply nobody asked for"))
                 return
@@ -83,6 +89,8 @@ class _Protocol(asyncio.Protocol):
 
     def fail(self, error: BaseException) -> None:
         self.lost = error
+        if not self.closed.done():
+            self.closed.set_result(None)
         while self.waiting:
             future, _, _ = self.waiting.popleft()
             if future is not None and not future.done():
@@ -138,6 +146,20 @@ class Link:
         protocol.waiting.append((None, 1, []))
         protocol.write(pack(*args))
         return True
+
+    async def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> None:
+        """Subscribe this connection to ``channel``: each message's data to ``on_message``. Returns once
+        subscribed; ``lost`` then waits for the connection to end."""
+        protocol = await self._connect()
+        protocol.on_message = on_message
+        reply = (await self.send(pack("SUBSCRIBE", channel), 1))[0]
+        if isinstance(reply, ResponseError):
+            raise reply
+
+    async def lost(self) -> None:
+        """Until the connection ends (at once if there is none)."""
+        if self._protocol is not None:
+            await asyncio.shield(self._protocol.closed)
 
     def _usable(self) -> _Protocol | None:
         """The connection, if it can take a write now (not lost, not closing)."""

@@ -1,5 +1,5 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
--- answered request keys JSON or '', event count, their sizes (comma-separated), the BD field the client set
+-- answered request keys JSON or '', event count, their sizes (4 bytes little-endian each), the BD field the client set
 -- to their bodies (concatenated) in the same MULTI, their bytes):
 -- {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
 -- {'blocked', (reader index, seq it must reach)...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).

@@ -20,7 +20,7 @@ if primed then
   sync_expired(counts, touched)
   local field = meta.epoch .. ':' .. seq  -- unique: the epoch is random (mcpresume/store/bodies.py)
   redis.call('HSET', BD, field, block)  -- a few bytes: through Lua is cheap
-  add_entry(seq, n, now, 1, #block, field, #block)
+  add_entry(seq, n, now, 1, struct.pack('<I4', #block), field, #block)
   s.l = seq
   set('nseq', seq + 1)
   set('ne', num('ne') + 1); set('nb', num('nb') + #block)

@@ -52,15 +52,15 @@ while true do
       local z = sizes(e)
       local offset = 0
       for j = 1, k - 1 do offset = offset + z[j] end
-      local taken, lens = 0, {}
+      local taken = 0
       for j = k, e.c do
         if events >= most or (events > 0 and size + z[j] > most_bytes) then more = true; break end
-        taken = taken + 1; lens[#lens + 1] = z[j]
+        taken = taken + 1
         events = events + 1; size = size + z[j]
       end
       if taken > 0 then
         out[#out + 1] = e.s; out[#out + 1] = e.first + k - 1; out[#out + 1] = e.ts
-        out[#out + 1] = table.concat(lens, ',')
+        out[#out + 1] = string.sub(e.z, 4 * k - 3, 4 * (k + taken - 1))
         out[#out + 1] = e.k; out[#out + 1] = offset
       end
       if more then break end
