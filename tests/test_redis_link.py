@@ -240,3 +240,50 @@ async def test_a_subscribed_link_hands_over_each_message_and_says_when_it_is_los
     finally:
         link.close()
         await client.aclose()
+
+
+# -- a view at the event before this process's last append ---------------------------------------------------
+
+
+async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
+    own_redis: RedisProcess, make_store: Make
+) -> None:
+    """Paused Redis: the read at the event before the last append is answered here, as Redis would; any other
+    read, and any read once another process changed the session, waits for Redis."""
+    store, other = await make_store(own_redis.url), await make_store(own_redis.url)
+    heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
+    sid = new_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(b"one")], now=0.0)
+    await store.append(sid, opened.number, [msg(b"two"), msg(b"three")], now=0.0)
+    from_redis = await other.read(sid, [opened.number], 2)  # a process that made no append: from Redis
+    assert from_redis is not None
+    own_redis.pause()
+    try:
+        local = await store.read(sid, [opened.number], 2)
+        assert local is not None and [e.seq for e in local.events] == [3, 4]
+        assert (local.body(), local.version, local.complete, local.gap, local.more) == (
+            from_redis.body(),
+            from_redis.version,
+            from_redis.complete,
+            from_redis.gap,
+            from_redis.more,
+        )
+        with pytest.raises(StoreUnavailable):
+            await store.read(sid, [opened.number], 1)  # not at the event before it
+        with pytest.raises(StoreUnavailable):
+            await store.read(sid, [opened.number + 1], 2)  # another stream
+    finally:
+        own_redis.resume()
+    await other.open_stream(sid, StreamOrigin.GET, [], now=0.0)  # a change by another process
+    while (await asyncio.wait_for(heard.get(), 30))[1] <= local.version:
+        pass
+    own_redis.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.read(sid, [opened.number], 2)
+    finally:
+        own_redis.resume()

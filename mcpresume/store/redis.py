@@ -52,6 +52,7 @@ import sys
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -124,6 +125,11 @@ _SCRIPTS: Final = (
 # does not read makes its view hold at most the transport's high-water mark plus one such read.
 READ_BYTES: Final = 256 << 10
 
+# The calls after which a read of the session answers as before (every other one forgets the last append).
+_READS_UNCHANGED: Final = frozenset(
+    {"read", "view", "mark_delivered", "touch", "claim", "release", "settle", "accept_credential"}
+)
+
 _BIG_ENDIAN: Final = sys.byteorder == "big"
 assert array("I").itemsize == 4, "the Redis store's sizes are 4 bytes each"
 
@@ -194,6 +200,26 @@ def _now_arg(now: float) -> str:
     return repr(float(now))
 
 
+@dataclass(frozen=True, slots=True)
+class _Appended:
+    """One append this process made: its events' first seq, their stream, sizes and bodies' field, when,
+    their bytes, and the session's version after it."""
+
+    first: int
+    stream: int
+    lengths: array[int]
+    field: bytes
+    at: float
+    size: int
+    version: int
+    made: float  # time.monotonic() when it was made: used for ``FRESH`` s only
+
+
+# ``_just_appended`` answers only this long after the append: every eviction is a script (which forgets it)
+# but one, Redis expiring the events key, which an append puts off by the window's age limit plus 60 s.
+FRESH: Final = 1.0
+
+
 class RedisStore:
     def __init__(
         self,
@@ -234,6 +260,11 @@ class RedisStore:
         # against a repeated call); bounded by the streams this process pumps.
         self._tails: dict[tuple[str, int], int] = {}
         self._bodies = Bodies()
+        # The last append of each session this process made, while nothing else is known to have changed
+        # the session since: a view of this process at the event before it reads it without a round trip
+        # (``_just_appended``). The epochs: the cursors such a read writes.
+        self._last: dict[str, _Appended] = {}
+        self._epochs: dict[str, bytes] = {}
         self._fields = itertools.count()
         # The settings every script needs, as Lua constants in front of it (not arguments of every call).
         self._constants = (
@@ -367,8 +398,10 @@ class RedisStore:
         if token == self._token_bytes:
             return  # ours: the callback was called when the script returned
         version, _, session_id = rest.partition(b" ")
+        sid = session_id.decode("utf-8", "surrogateescape")
+        self._last.pop(sid, None)  # another process changed it: its reads go to Redis again
         try:
-            self._news(session_id.decode("utf-8", "surrogateescape"), int(version))
+            self._news(sid, int(version))
         except ValueError:
             return
 
@@ -398,6 +431,8 @@ class RedisStore:
         return result
 
     async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
+        if op not in _READS_UNCHANGED:
+            self._last.pop(session_id, None)  # a read's answer may change: ask Redis (``_just_appended``)
         keys = session_keys(session_id)
         if self._link is None:
             return await self._call(op, self._scripts[name](keys=keys, args=[self.token, session_id, *args]))
@@ -414,6 +449,50 @@ class RedisStore:
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    async def _batch(self, op: str, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
+        """Many commands, pipelined: 256 per write (the link) or per pipeline (redis-py), replies in order,
+        an error reply as a ``ResponseError`` in its place. Housekeeping visits every session: one command
+        each, not one call each (a call through redis-py costs ~90 us of this process's CPU)."""
+        replies: list[Any] = []
+        for start in range(0, len(commands), 256):
+            chunk = commands[start : start + 256]
+            if self._link is not None:
+                data = b"".join(pack(*command) for command in chunk)
+                replies += await self._call(op, self._link.send(data, len(chunk)))
+            else:
+                replies += await self._call(op, self._pipelined(chunk))
+        return replies
+
+    async def _pipelined(self, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+
+    async def _script_each(self, op: str, name: str, calls: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
+        """``_script`` for each of many sessions, pipelined (``_batch``): (session id, the op's args) each."""
+        sha = self._scripts[name].sha
+        if op not in _READS_UNCHANGED:
+            for session_id, _ in calls:
+                self._last.pop(session_id, None)
+
+        def command(session_id: str, args: Sequence[str]) -> tuple[str | bytes | int, ...]:
+            keys = session_keys(session_id)
+            return ("EVALSHA", sha, len(keys), *keys, self.token, session_id, *args)
+
+        replies = await self._batch(op, [command(sid, args) for sid, args in calls])
+        if any(_no_script(reply) for reply in replies):
+            await self._call(op, self._client.script_load(self._scripts[name].script))
+            again = [i for i, reply in enumerate(replies) if _no_script(reply)]
+            for i, reply in zip(
+                again, await self._batch(op, [command(*calls[i]) for i in again]), strict=True
+            ):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     # -- sessions ------------------------------------------------------------------------------------------
 
@@ -436,6 +515,7 @@ class RedisStore:
         )
         await self._call("create_session", client.zadd(INDEX, {session_id: now}))
         self._forget_tails(session_id)
+        self._epochs[session_id] = epoch.encode()
         self._notify(session_id, int(version))
         return epoch
 
@@ -474,6 +554,8 @@ class RedisStore:
         return bool(deleted)
 
     def _forget_tails(self, session_id: str) -> None:
+        self._last.pop(session_id, None)
+        self._epochs.pop(session_id, None)
         for key in [key for key in self._tails if key[0] == session_id]:
             del self._tails[key]
 
@@ -483,9 +565,7 @@ class RedisStore:
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
         at = _now_arg(now)
-        for start in range(0, len(session_ids), 32):
-            chunk = session_ids[start : start + 32]
-            await asyncio.gather(*(self._script("touch", "touch", sid, at) for sid in chunk))
+        await self._script_each("touch", "touch", [(sid, (at,)) for sid in session_ids])
 
     # -- request ids ---------------------------------------------------------------------------------------
 
@@ -538,6 +618,8 @@ class RedisStore:
             return None
         number, current, seq = int(result[0]), _text(result[1]) or "", int(result[2])
         self._tails[(session_id, number)] = seq if priming else seq - 1
+        self._epochs[session_id] = current.encode()
+        self._last.pop(session_id, None)  # its priming event came after it
         self._notify(session_id, int(result[3]))
         return OpenedStream(number, current, seq)
 
@@ -608,13 +690,23 @@ class RedisStore:
         if status == "ok":
             version, last = int(result[1]), int(result[2])
             self._tails[key] = last
+            evicted = _evicted(result[3:11])
             if field:
                 self._bodies.put(field, blob)
+            if field and evicted.undelivered[0] == 0:  # none of its own events evicted right away
+                first = last - len(bodies) + 1
+                lengths, made = _lengths(args[9]), time.monotonic()
+                self._last[session_id] = _Appended(
+                    first, stream, lengths, field, now, len(blob), version, made
+                )
+            else:
+                self._last.pop(session_id, None)
             self._notify(session_id, version)
-            return Appended(_evicted(result[3:11]))
+            return Appended(evicted)
         if status == "blocked":
             pairs = [int(i) for i in result[1:]]  # (reader index, the seq it must reach), ...
             return Appended(Evicted(), tuple(pairs[0::2]), tuple(pairs[1::2]))
+        self._last.pop(session_id, None)
         if status == "stale":
             # A repeated call (applied already), or another process appends to the stream: no-op.
             self._tails[key] = int(result[1])
@@ -743,6 +835,9 @@ class RedisStore:
         max_events: int = READ_MAX_EVENTS,
         max_bytes: int = READ_BYTES,
     ) -> ReadResult | None:
+        fresh = self._just_appended(session_id, streams, after, max_events, max_bytes)
+        if fresh is not None:
+            return fresh
         result = await self._script(
             "read", "read", session_id, str(after), str(max_events), str(max_bytes), *map(str, streams)
         )
@@ -766,7 +861,37 @@ class RedisStore:
                 offset += length
             segments.append(Segment.of(number, seq, blocks, at, offset - int(items[index + 5])))
         epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
+        self._epochs[session_id] = epoch_bytes
         return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
+
+    def _just_appended(
+        self, session_id: str, streams: Sequence[int], after: int, max_events: int, max_bytes: int
+    ) -> ReadResult | None:
+        """The read, answered here, when its reader is at the event before this process's last append to
+        the session and nothing else is known to have changed the session since: the events after the
+        position are that append's (seqs are the session's, so none can be in between), none of them was
+        evicted by it, and the answer is the store's as of that append's version (a change since, of this
+        process or another, is news after that version: the view reads again). A view keeping up with a
+        stream of this process's pump then costs no round trip per event. None: ask Redis."""
+        last = self._last.get(session_id)
+        if last is None or last.first != after + 1 or last.stream not in streams:
+            return None
+        if time.monotonic() - last.made > FRESH:
+            del self._last[session_id]
+            return None
+        count = len(last.lengths)
+        if count > max_events or (last.size > max_bytes and count > 1):
+            return None
+        epoch, blob = self._epochs.get(session_id), self._bodies.get(last.field)
+        if epoch is None or blob is None:
+            return None
+        blocks: list[bytes] = []
+        offset = 0
+        for length in last.lengths:
+            blocks.append(blob[offset : offset + length])
+            offset += length
+        segment = Segment.of(last.stream, last.first, blocks, last.at, last.size)
+        return ReadResult([segment], False, False, last.version, False, epoch)
 
     async def _bodies_of(self, session_id: str, fields: list[bytes]) -> list[bytes] | None:
         """The bodies under ``fields``: this process's copies, the others in one HMGET (None: one is gone)."""
@@ -802,27 +927,21 @@ class RedisStore:
         dropped: list[str] = []
         gone: list[str] = []
         ids = await self._session_ids("reap")
-        for start in range(0, len(ids), 32):
-            chunk = ids[start : start + 32]
-            results = await asyncio.gather(
-                *(
-                    self._script("reap", "expire", sid, _now_arg(now), repr(float(self.session_ttl)))
-                    for sid in chunk
-                )
-            )
-            for sid, result in zip(chunk, results, strict=True):
-                status = _text(result[0])
-                if status == "dropped":
-                    dropped.append(sid)
-                    self._forget_tails(sid)
-                    self._notify(sid, GONE)
-                elif status == "gone":
-                    gone.append(sid)  # its keys expired in Redis (or were flushed)
-                elif status == "ok":
-                    expired = _evicted(result[2:10])
-                    if expired:
-                        evicted.merge(expired)
-                        self._notify(sid, int(result[1]))
+        args = (_now_arg(now), repr(float(self.session_ttl)))
+        results = await self._script_each("reap", "expire", [(sid, args) for sid in ids])
+        for sid, result in zip(ids, results, strict=True):
+            status = _text(result[0])
+            if status == "dropped":
+                dropped.append(sid)
+                self._forget_tails(sid)
+                self._notify(sid, GONE)
+            elif status == "gone":
+                gone.append(sid)  # its keys expired in Redis (or were flushed)
+            elif status == "ok":
+                expired = _evicted(result[2:10])
+                if expired:
+                    evicted.merge(expired)
+                    self._notify(sid, int(result[1]))
         if dropped or gone:
             await self._call("reap", self._client.zrem(INDEX, *dropped, *gone))
         return dropped, evicted
@@ -833,20 +952,14 @@ class RedisStore:
     async def stats(self) -> StoreStats:
         ids = await self._session_ids("stats")
         sessions = events = size = 0
-
-        async def counts(chunk: list[str]) -> list[Any]:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for sid in chunk:
-                    pipe.hmget(session_keys(sid)[0], "ne", "nb")
-                return list(await pipe.execute())
-
-        for start in range(0, len(ids), 512):  # a pipeline per 512 sessions: one round trip (per node)
-            for ne, nb in await self._call("stats", counts(ids[start : start + 512])):
-                if ne is None:
-                    continue  # its keys expired in Redis: reap takes it out of the index
-                sessions += 1
-                events += int(ne)
-                size += int(nb)
+        for ne, nb in await self._batch(
+            "stats", [("HMGET", session_keys(sid)[0], "ne", "nb") for sid in ids]
+        ):
+            if ne is None:
+                continue  # its keys expired in Redis: reap takes it out of the index
+            sessions += 1
+            events += int(ne)
+            size += int(nb)
         return StoreStats(sessions=sessions, window_events=events, window_bytes=size)
 
     async def orphans(self, owner: str) -> list[Orphan]:
@@ -879,18 +992,8 @@ class RedisStore:
 
     async def lost_owners(self, now: float) -> list[str]:
         ids = await self._session_ids("lost_owners")
-
-        async def owners(chunk: list[str]) -> list[Any]:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for sid in chunk:
-                    pipe.hget(session_keys(sid)[0], "own")
-                return list(await pipe.execute())
-
-        found: set[str] = set()
-        for start in range(0, len(ids), 512):
-            found.update(
-                _text(o) or "" for o in await self._call("lost_owners", owners(ids[start : start + 512]))
-            )
+        owners = await self._batch("lost_owners", [("HGET", session_keys(sid)[0], "own") for sid in ids])
+        found = {_text(owner) or "" for owner in owners}
         found.discard("")  # no owner recorded: nobody to take over from
         live = await self._call("lost_owners", self._client.zrangebyscore(REPLICAS, f"({now!r}", "+inf"))
         return sorted(found - {_text(r) or "" for r in live})
