@@ -67,6 +67,7 @@ __all__ = [
     "encode_frame",
     "encode_retry",
     "frame_body",
+    "frame_into",
     "frame_parts",
     "priming_block",
 ]
@@ -318,11 +319,41 @@ def _data_needles(prefixes: tuple[bytes, ...], at_event_start: bool) -> tuple[by
 
 def frame_parts(prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> list[bytes]:
     """What ``b"".join`` turns into the events' frames: per event, ``prefix`` + seq + LF (the proxy's id
-    line, the cursor) then the event's block (an event without an id line); seqs from ``first_seq`` on."""
+    line, the cursor) then the event's block (an event without an id line); seqs from ``first_seq`` on.
+    Two parts per event, one of them made for it (the hot path writes with ``frame_into``)."""
     parts: list[bytes] = [b""] * (2 * len(blocks))
     parts[0::2] = [prefix + b"%d\n" % seq for seq in range(first_seq, first_seq + len(blocks))]
     parts[1::2] = blocks
     return parts
+
+
+# A seq's digits and the LF that ends its id line, by value: a seq's last three digits (zero-padded) for a
+# seq of 1000 and more, and a seq under 1000 whole. ``frame_into`` writes a run's cursors from these and
+# one prefix per thousand seqs, so a read makes no bytes object per event (making one per event, as
+# ``frame_parts`` does, was most of a read's work: 120 ns of 137 per 256 B event). 2,000 objects
+# (about 80 KiB), made once.
+_LOW_DIGITS: Final = [b"%03d\n" % value for value in range(1000)]
+_SMALL_DIGITS: Final = [b"%d\n" % value for value in range(1000)]
+
+
+def frame_into(parts: list[bytes], prefix: bytes, first_seq: int, blocks: Sequence[bytes]) -> None:
+    """Append to ``parts`` what ``b"".join`` turns into the events' frames, the same bytes as
+    ``frame_parts``' in three parts per event: ``prefix`` and the seq's thousands (one object per thousand
+    seqs), the seq's last digits and LF (``_LOW_DIGITS``), the event's block. Seqs are never negative."""
+    if first_seq < 0:
+        raise ValueError("a seq is never negative")
+    count = len(blocks)
+    done = 0
+    seq = first_seq
+    while done < count:
+        high, low = divmod(seq, 1000)
+        take = min(count - done, 1000 - low)
+        piece = [prefix + b"%d" % high if high else prefix] * (3 * take)
+        piece[1::3] = (_LOW_DIGITS if high else _SMALL_DIGITS)[low : low + take]
+        piece[2::3] = blocks if take == count else blocks[done : done + take]
+        parts += piece
+        done += take
+        seq += take
 
 
 def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | None:
