@@ -52,7 +52,7 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import compress
 from operator import itemgetter
 from typing import Final
 
@@ -246,17 +246,28 @@ class SSERun:
             pos = last
         return found
 
-    def all_start_with(self, prefixes: tuple[bytes, ...], first: int = 0) -> int | None:
+    def all_start_with(
+        self, prefixes: tuple[bytes, ...], first: int = 0, *, but_last: bool = False
+    ) -> int | None:
         """Whether every event's data starts with one of ``prefixes`` (spelled over ``data: `` lines; the
         needles of ``_data_needles``): if so the index of the prefix counted last (the one to count first
         next time), else None. ``prefixes[first]`` is counted first: usually one C-level count. Sound
         because each needle occurs at most once per event, and none where another does: in a run of one
         data line per event, a needle is a data line's start; in a general run, it begins with the blank
-        line before an event (the run is counted with one in front), and the id lines are left out."""
+        line before an event (the run is counted with one in front), and the id lines are left out.
+        ``but_last``: every event but the last one (its bytes are not counted)."""
         blocks = self.blocks
+        wanted = len(blocks) - 1 if but_last else len(blocks)
+        if wanted <= 0:
+            return first
+        # The last event's bytes, left out with but_last: its block, and its id line where the bytes hold it.
+        last = len(blocks[-1]) if but_last else 0
         head = -1  # the needle found at the very start of the bytes, with no LF before it
         if not self.general:
             chunk, start, end = self._bytes()
+            if self._source is not None and self.ids is not None and but_last:
+                last += len(self.ids[-1])
+            end -= last
             needles = _data_needles(prefixes, False)
             if start:
                 start -= 1  # the LF that ends the event before the run
@@ -264,13 +275,14 @@ class SSERun:
                 head = next((k for k, n in enumerate(needles) if chunk.startswith(n[1:])), -1)
         elif self._source is not None and self.ids is None:
             chunk, start, end = self._source
+            end -= last
             needles = _data_needles(prefixes, True)
             if start >= 2 and chunk[start - 2 : start] == b"\n\n":
                 start -= 2
             else:
                 chunk, start, end = b"\n\n" + chunk[start:end], 0, end - start + 2
         else:
-            chunk = b"\n\n" + b"".join(blocks)
+            chunk = b"\n\n" + b"".join(blocks[:wanted])
             start, end = 0, len(chunk)
             needles = _data_needles(prefixes, True)
         total = 0
@@ -278,7 +290,7 @@ class SSERun:
             first = 0
         for k in (first, *(i for i in range(len(needles)) if i != first)):
             total += chunk.count(needles[k], start, end) + (k == head)
-            if total == len(blocks):
+            if total == wanted:
                 return k
         return None
 
@@ -367,10 +379,14 @@ def _match_run(spelling: int, chunk: bytes, start: int, end: int) -> SSERun | No
     if spelling == _ID_FIRST:
         pattern = _RUN_ID_FIRST if chunk.find(b"\x00", start, end) < 0 else _RUN_ID_FIRST_NO_NUL
         pairs = pattern.findall(chunk, start, end)
-        if sum(map(len, chain.from_iterable(pairs))) != size:
-            return None
+        # The two lists are needed anyway: their sizes are the tiling check (half the cost of a pass over
+        # the pairs' parts first).
         ids = list(map(_FIRST, pairs))
-        return SSERun(list(map(_SECOND, pairs)), ids, size - sum(map(len, ids)), source)
+        blocks = list(map(_SECOND, pairs))
+        blocks_size = sum(map(len, blocks))
+        if blocks_size + sum(map(len, ids)) != size:
+            return None
+        return SSERun(blocks, ids, blocks_size, source)
     parts = _RUN_GENERAL.findall(chunk, start, end)
     general = list(map(b"".join, map(_WITHOUT_ID, parts)))  # a keep-alive block gives b""
     id_lines = list(map(_THIRD, parts))

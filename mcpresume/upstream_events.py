@@ -188,6 +188,17 @@ class UpstreamEvents:
         if spelling is not None:  # every event starts like a notification: none is a response
             self._spelling = spelling
             return [run]
+        # Most often the one event that is not a notification is the stream's response, the last one: then
+        # one more count (of the others) says so, where finding it by its markers scans the run thrice.
+        count = len(run)
+        last = run.split(count - 1, count)
+        if not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
+            if spelling is not None:
+                self._spelling = spelling
+                if not last.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS):
+                    return [run]
+                return [run.split(0, count - 1), *last.events()]
         suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
         if not suspects:
             return [run]
