@@ -184,12 +184,9 @@ class UpstreamEvents:
         no other). A few C-level scans, no call per event."""
         if not self.pending:
             return [run]
-        spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
-        if spelling is not None:  # every event starts like a notification: none is a response
-            self._spelling = spelling
-            return [run]
-        # Most often the one event that is not a notification is the stream's response, the last one: then
-        # one more count (of the others) says so, where finding it by its markers scans the run thrice.
+        # The one event of a read that is not a notification is most often the stream's response, its last
+        # event: that one is looked at first (one event parsed), and only the others are counted, where
+        # counting them all would fail and finding the response by its markers scan the run thrice more.
         count = len(run)
         last = run.split(count - 1, count)
         if not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
@@ -199,6 +196,11 @@ class UpstreamEvents:
                 if not last.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS):
                     return [run]
                 return [run.split(0, count - 1), *last.events()]
+        else:
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
+            if spelling is not None:  # every event starts like a notification: none is a response
+                self._spelling = spelling
+                return [run]
         suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
         if not suspects:
             return [run]
