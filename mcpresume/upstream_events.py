@@ -187,9 +187,10 @@ class UpstreamEvents:
         # The one event of a read that is not a notification is most often the stream's response, its last
         # event: that one is looked at first (one event parsed), and only the others are counted, where
         # counting them all would fail and finding the response by its markers scan the run thrice more.
+        # A run of one event (a paced stream: one per read) is counted as before, at the cost of one count.
         count = len(run)
-        last = run.split(count - 1, count)
-        if not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
+        last = run.split(count - 1, count) if count > 1 else run
+        if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
             spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
             if spelling is not None:
                 self._spelling = spelling
