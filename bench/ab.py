@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import bench.procs as procs_mod
-from bench.__main__ import MODES, SESSIONS_CAP, run_client, throughput_spec
+from bench.__main__ import MODES, SESSIONS_CAP, _cpu, run_client, throughput_spec
 from bench.upstream import FRAMINGS
 
 
@@ -48,12 +48,20 @@ def main(argv: list[str] | None = None) -> int:
             targets = {"nginx": nginx, "base": base, "new": new}
             names = list(targets)
             rates: dict[str, dict[str, list[float]]] = {}
+            cpus: dict[str, dict[str, list[float]]] = {}
             for rep in range(args.reps):
                 for framing in args.framings:
                     for name in names[rep % 3 :] + names[: rep % 3]:
                         spec = throughput_spec(targets[name].url, MODES["full"], 1, 256, framing)
+                        cpu0 = _cpu(targets[name])
                         result = run_client(procs, spec, timeout=120)
+                        cpu1 = _cpu(targets[name])
                         rates.setdefault(framing, {}).setdefault(name, []).append(result["rate"])
+                        # CPU per event, probes included (the client's idle start costs the target nothing):
+                        # steadier than events/s on a shared machine, where the target may wait for a core.
+                        events = result["events"] + sum(p["events"] for p in result["probes"])
+                        if cpu0 is not None and cpu1 is not None and events:
+                            cpus.setdefault(framing, {}).setdefault(name, []).append((cpu1 - cpu0) / events)
             print(
                 f"| framing | nginx ev/s | {args.rev} ev/s | working tree ev/s | {args.rev} / nginx "
                 "| working tree / nginx | working tree / base |"
@@ -66,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                     f"{med['base'] / med['nginx']:.3f} | {med['new'] / med['nginx']:.3f} | "
                     f"{med['new'] / med['base']:.2f} |"
                 )
+            print()
+            print("CPU per event, us (medians; probe runs included):")
+            print(f"| framing | nginx | {args.rev} | working tree | working tree / base |")
+            print("|---|---|---|---|---|")
+            for framing, by in cpus.items():
+                us = {name: statistics.median(values) * 1e6 for name, values in by.items()}
+                if len(us) == 3:
+                    print(
+                        f"| {framing} | {us['nginx']:.2f} | {us['base']:.2f} | {us['new']:.2f} | "
+                        f"{us['new'] / us['base']:.2f} |"
+                    )
         finally:
             procs.close()
     return 0

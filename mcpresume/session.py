@@ -48,7 +48,7 @@ from mcpresume.cursor import encode_cursor, id_line_prefix
 from mcpresume.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
 from mcpresume.flow import Appended, Guard, refusal
 from mcpresume.resume import SessionView, StreamView
-from mcpresume.sse import SSERun, encode_frame, frame_parts, priming_block
+from mcpresume.sse import SSERun, encode_frame, frame_into, frame_parts, priming_block
 from mcpresume.window import Event, EventKind, Evicted, Segment, Window, WindowLimits
 
 # A session remembers this many request ids (oldest forgotten first). A client that re-sends a request id
@@ -217,12 +217,10 @@ class ReadResult:
 
     def body(self) -> bytes:
         """Every event, in order, as one write: each one's cursor (``id:`` line) then the event as kept."""
-        segments = self.segments
-        if len(segments) == 1:
-            return b"".join(self._frame_parts(segments[0]))
         parts: list[bytes] = []
-        for segment in segments:
-            parts += self._frame_parts(segment)
+        epoch = self.epoch
+        for segment in self.segments:
+            frame_into(parts, id_line_prefix(epoch, segment.stream), segment.seq, segment.blocks)
         return b"".join(parts)
 
     def _frame_parts(self, segment: Segment) -> list[bytes]:

@@ -184,10 +184,24 @@ class UpstreamEvents:
         no other). A few C-level scans, no call per event."""
         if not self.pending:
             return [run]
-        spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
-        if spelling is not None:  # every event starts like a notification: none is a response
-            self._spelling = spelling
-            return [run]
+        # The one event of a read that is not a notification is most often the stream's response, its last
+        # event: that one is looked at first (one event parsed), and only the others are counted, where
+        # counting them all would fail and finding the response by its markers scan the run thrice more.
+        # A run of one event (a paced stream: one per read) is counted as before, at the cost of one count.
+        count = len(run)
+        last = run.split(count - 1, count) if count > 1 else run
+        if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
+            if spelling is not None:
+                self._spelling = spelling
+                if not last.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS):
+                    return [run]
+                return [run.split(0, count - 1), *last.events()]
+        else:
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
+            if spelling is not None:  # every event starts like a notification: none is a response
+                self._spelling = spelling
+                return [run]
         suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
         if not suspects:
             return [run]

@@ -10,6 +10,7 @@ import tracemalloc
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from mcpresume.app import reap_once
 from mcpresume.attach import ClientWriter, Stalled
@@ -208,3 +209,73 @@ async def test_a_write_is_timed_only_when_it_can_wait(buffered: int, size: int, 
     else:
         await writer.write(b"x" * size)  # no time-out armed: the (fake) slow write completes
         assert response.written == [b"x" * size]
+
+
+# -- the write bound on a real response (the chunk written straight to the transport) --------------------
+
+
+def _view_app(writes: list[bytes], outcome: dict[str, object]) -> web.Application:
+    """An aiohttp server whose one handler writes ``writes`` through a ``ClientWriter`` as a view does,
+    recording after each write how many bytes its transport held, and how the writes ended."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        transport = request.transport
+        assert transport is not None
+        writer = ClientWriter(response, transport, 0.3, request.writer)
+        held: list[int] = []
+        outcome["held"], outcome["limits"] = held, transport.get_write_buffer_limits()
+        try:
+            for data in writes:
+                await writer.write(data)
+                held.append(transport.get_write_buffer_size())
+        except Stalled:
+            outcome["end"] = "stalled"
+            transport.abort()
+            return response
+        outcome["end"] = "written"
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/mcp", handler)
+    return app
+
+
+async def test_a_view_write_reaches_the_client_as_written(serve: ServeApp) -> None:
+    writes = [b"", *(b"data: %d\n\n" % k * (1 + 97 * k) for k in range(40)), b"x" * (200 * 1024)]
+    outcome: dict[str, object] = {}
+    url = await serve(_view_app(writes, outcome))
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200 and response.headers["Content-Type"] == "text/event-stream"
+        assert response.headers["Transfer-Encoding"] == "chunked"
+        body = await response.read()
+    assert body == b"".join(writes)
+    assert outcome["end"] == "written"
+
+
+async def test_a_client_that_does_not_read_stalls_the_view_and_the_proxy_holds_one_write_over_high_water(
+    serve: ServeApp,
+) -> None:
+    """The write goes straight to the transport and waits only when the transport's buffer is over its
+    high-water mark: a client that takes nothing makes the view hold at most that mark plus one write
+    (not every write it was handed), and ends it as stalled within the stall time-out."""
+    size = 64 * 1024
+    writes = [b"x" * size] * 400  # 25 MiB: far more than the kernel buffers of a client that does not read
+    outcome: dict[str, object] = {}
+    url = await serve(_view_app(writes, outcome))
+    port = int(url.split(":")[2].split("/")[0])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    writer.write(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await until(lambda: "end" in outcome, timeout=20)
+    writer.close()
+    assert outcome["end"] == "stalled"
+    held = outcome["held"]
+    assert isinstance(held, list) and len(held) < len(writes)
+    _, high = outcome["limits"]  # type: ignore[misc]
+    assert max(held) <= high + size + 32, f"{max(held)} bytes held over a high-water mark of {high}"

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcpresume.jsonrpc import NOTIFICATION_PREFIXES
 from mcpresume.metrics import Metrics
 from mcpresume.pump import Pump, PumpJob, PumpSettings
 from mcpresume.session import SessionState, StreamOrigin
@@ -220,3 +221,39 @@ def test_the_fast_path_takes_runs_in_every_named_framing() -> None:
         items = SSEParser(BIG).feed_batched(render(events, framing))
         assert [type(i) for i in items] == [SSERun], name
         assert len(items[0]) == 50, name
+
+
+@settings(max_examples=300, deadline=None)
+@given(logicals, st.sampled_from(FRAMINGS), st.booleans())
+def test_property_counting_all_but_the_last_event_agrees_with_reading_each(
+    events: list[Logical], framing: Framing, split: bool
+) -> None:
+    """``SSERun.all_start_with(..., but_last=True)``, what a pump asks when the last event of a read may be
+    the stream's response, says that every other event starts like a notification only when reading each
+    event says so, in every framing, for a run that is its chunk's bytes and for one split off it; and
+    always says so then where the data is spelled ``data: `` with nothing but ``event: message`` before
+    it (otherwise the pump finds the response by its markers)."""
+    plain = not framing.no_space and framing.comments != "lines"
+    for item in SSEParser(BIG).feed_batched(render(events, framing)):
+        if not isinstance(item, SSERun):
+            continue
+        run = item.split(0, len(item)) if split else item
+        others = run.events()[:-1]
+        every_other = all(e.data.startswith(NOTIFICATION_PREFIXES) for e in others)
+        counted = run.all_start_with(NOTIFICATION_PREFIXES, 0, but_last=True) is not None
+        assert every_other or not counted
+        if plain and all(e.event in (None, b"message") for e in others):
+            assert counted == every_other
+
+
+def test_the_response_after_notifications_and_a_response_among_them_are_both_found() -> None:
+    """A read whose last event is not a notification but an earlier one is the response too: the pump's
+    shortcut for a response last (counting the others) must not hide the earlier one."""
+    note = Logical({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}, "message", "u1")
+    answer = Logical({"jsonrpc": "2.0", "id": REQUEST_ID, "result": {}}, "message", "u2")
+    other = Logical({"jsonrpc": "2.0", "id": 150, "result": {}}, "message", "u3")
+    for name, framing in NAMED.items():
+        for fast in (True, False):
+            client, answered = deliver([render([note, note, answer, note, other], framing)], fast)
+            assert answered, (name, fast)
+            assert [doc for doc, _, _ in client[1:]] == [note.doc, note.doc, answer.doc, note.doc, other.doc]

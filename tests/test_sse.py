@@ -18,6 +18,7 @@ from mcpresume.sse import (
     encode_frame,
     encode_retry,
     frame_body,
+    frame_into,
     frame_parts,
     priming_block,
 )
@@ -777,6 +778,40 @@ def test_frame_parts_give_each_event_our_cursor_and_drop_the_upstream_id() -> No
     assert parse(b"".join(parts)) == [msg(b"a", b"message", b"c-7"), msg(b"b", None, b"c-8")]
     assert frame_parts(b"id: c-", 1, []) == []
     assert run.split(1, 2).events() == [msg(b"b", None, b"u2")]
+
+
+@FAST
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.integers(0, 3000),
+                st.integers(0, 5).map(lambda k: 10**k * 1000 - 2),  # just under a thousand's boundary
+                st.integers(0, 2**63),
+            ),
+            st.integers(0, 2100),
+        ),
+        max_size=3,
+    )
+)
+def test_property_frame_into_writes_the_cursors_frame_parts_writes(segments: list[tuple[int, int]]) -> None:
+    """The hot path's framing (digits from tables, one prefix per thousand seqs) gives the bytes of the
+    plain one, whatever the seqs (across thousands, from 0, huge) and however many segments go in one
+    write."""
+    parts: list[bytes] = []
+    expected: list[bytes] = []
+    for index, (first_seq, count) in enumerate(segments):
+        blocks = [b"data: %d\n\n" % k for k in range(count)]
+        prefix = b"id: e-%d-" % index
+        frame_into(parts, prefix, first_seq, blocks)
+        expected += frame_parts(prefix, first_seq, blocks)
+    assert b"".join(parts) == b"".join(expected)
+    assert len(parts) == 3 * sum(count for _, count in segments)
+
+
+def test_frame_into_refuses_a_negative_seq() -> None:
+    with pytest.raises(ValueError):
+        frame_into([], b"id: c-", -1, [b"data: x\n\n"])
 
 
 @FAST
