@@ -19,7 +19,8 @@ from mcpresume.flow import Appended, Guard, may_pass
 from mcpresume.metrics import Metrics
 from mcpresume.session import NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
-from mcpresume.store.redis import RedisStore, session_keys
+from mcpresume.store.redis import RedisStore
+from mcpresume.store.redis_calls import session_keys
 from mcpresume.store.resp import Link
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisProcess
@@ -140,7 +141,7 @@ async def test_another_process_reads_the_bodies_by_hmget_and_gets_the_same_bytes
     assert [(e.seq, e.body) for e in theirs.events] == [(e.seq, e.body) for e in mine.events]
     sent = [e.body.split(b"\n", 1)[1] for e in theirs.events]  # each as appended, its cursor line aside
     assert sent[1:] == [msg(b"a" * 300).body, msg(b"b").body, msg(b"c" * 70_000).body]
-    assert len(reader._bodies) == 3  # the priming event's and both appends': copies for its next reads
+    assert len(reader._copies.bodies) == 3  # the priming event's and both appends': copies for its next reads
     cut = await reader.read(sid, [opened.number], 2)  # from inside the first append's run
     assert cut is not None
     assert [e.body.split(b"\n", 1)[1] for e in cut.events] == [msg(b"b").body, msg(b"c" * 70_000).body]
@@ -211,7 +212,7 @@ async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
     await store.view(sid, opened.number)  # (loads the view script again; the mark's reply came before)
     assert metrics.registry.get_sample_value("mcpresume_store_errors_total", {"op": "mark_delivered"}) == 1.0
     deadline = asyncio.get_running_loop().time() + 30
-    while store._reloading is not None:  # the reload's reply, on the same connection
+    while store._redis.reloading is not None:  # the reload's reply, on the same connection
         assert asyncio.get_running_loop().time() < deadline
         await store.view(sid, opened.number)
     await store.mark_delivered(sid, [opened.number], 3)

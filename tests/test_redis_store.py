@@ -28,7 +28,8 @@ from mcpresume.resume import decide
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.store.memory import MemoryStore
-from mcpresume.store.redis import RedisStore, session_keys
+from mcpresume.store.redis import RedisStore
+from mcpresume.store.redis_calls import session_keys
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisClusterProcesses, RedisProcess
 
@@ -372,8 +373,8 @@ async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
     finally:
         await client.aclose()
     # (Redis expires the events key no sooner than the window's age limit + 60 s after the last append:
-    # later than this process's own copy of that append is used for a read, store.redis.FRESH.)
-    store._last.clear()
+    # later than this process's own copy of that append is used for a read, store.copies.FRESH.)
+    store._copies.last.clear()
     gap = await store.read(sid, [opened.number], 1)
     assert gap is not None and gap.gap
     view = await store.view(sid, opened.number)

@@ -19,22 +19,22 @@ they share a slot and the store works on Redis Cluster unchanged:
   script about 90 us to take in or hand out, a plain command about 10 (measured, docs/performance.md). An
   append is ``MULTI; HSET …:bd <field> <bodies>; EVALSHA append …; EXEC``, the script refusing deletes the
   field; a read is the read script (which runs to return, per run, its field and offset) then one HMGET for
-  the fields this process holds no copy of (``bodies.py``: a field is written once, so a copy is never
-  stale; the views of the process that pumps a stream read it without that second call).
+  the fields this process holds no copy of (``copies.py``: a field is written once, so a copy is never
+  stale). A view of this process at the event before its last append to the session reads that append
+  with no round trip at all (``Copies.read``).
 * ``…:st`` (hash): stream number -> its state (JSON).
 * ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
 
-Every mutation is one registered Lua script (``lua/*.lua``, ``lua/common.lua`` prepended; EVALSHA through
-redis-py's script objects), doing the whole operation atomically: append, the exact trim by count/bytes/age
-with the byte accounting, the claim as set-if-absent, the EXPIREs, and a PUBLISH of the change (session id,
-version) on ``mcpresume:news``. One subscription per process feeds the ``set_news`` callback for the
-changes of other processes; changes of this process call it directly when the script returns.
+Every mutation is one registered Lua script (``lua/*.lua``, ``lua/common.lua`` prepended; EVALSHA,
+``redis_calls.py`` says how it gets to Redis), doing the whole operation atomically: append, the exact
+trim by count/bytes/age with the byte accounting, the claim as set-if-absent, the EXPIREs, and a PUBLISH of
+the change (session id, version) on ``mcpresume:news``. One subscription per process feeds the
+``set_news`` callback for the changes of other processes; changes of this process call it directly when
+the script returns.
 
-The client library never retries a call blindly (redis-py retries timeouts by default, which can apply a
-write twice): retries are off, and an append carries the stream's last seq as the caller saw it, so a
-repeated append is a no-op. Every call is bounded (socket and connect timeouts, a blocking pool with a
-bound, and an overall deadline): a failure or time-out raises ``StoreUnavailable`` (503,
-``store_unavailable``) within ``op_timeout``.
+No call is retried blindly (``redis_calls.py``), and an append carries the stream's last seq as the caller
+saw it, so a repeated append is a no-op. Every call is bounded: a failure or time-out raises
+``StoreUnavailable`` (503, ``store_unavailable``) within ``op_timeout``.
 
 A global sorted set ``mcpresume:sessions`` (its own slot) lists the session ids for ``reap``,
 ``session_count`` and ``max_sessions``; it is kept by separate calls, so across replicas ``max_sessions`` is
@@ -43,29 +43,18 @@ approximate (a few over when replicas create sessions at the same instant).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
 import itertools
 import logging
 import sys
-import time
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from mcpresume.credentials import MAX_CREDENTIALS
 from mcpresume.cursor import new_epoch
-from mcpresume.errors import StoreUnavailable, TooManySessions
+from mcpresume.errors import TooManySessions
 from mcpresume.flow import NOT_APPENDED, Appended, Guard
 from mcpresume.local import GONE
 from mcpresume.resume import SessionView, StreamView
@@ -84,8 +73,8 @@ from mcpresume.session import (
 )
 from mcpresume.sse import SSERun, priming_block
 from mcpresume.store import OpenedStream, StoreStats
-from mcpresume.store.bodies import Bodies
-from mcpresume.store.resp import Link, pack
+from mcpresume.store.copies import Copies, LastAppend
+from mcpresume.store.redis_calls import RedisCalls, session_keys
 from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
 
 if TYPE_CHECKING:
@@ -95,30 +84,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-CHANNEL: Final = "mcpresume:news"
 INDEX: Final = "mcpresume:sessions"
 REPLICAS: Final = "mcpresume:{replicas}:leases"
 REPLICA_URLS: Final = "mcpresume:{replicas}:urls"
 
-_SCRIPTS: Final = (
-    "accept",
-    "append",
-    "claim",
-    "create",
-    "delete",
-    "delivered",
-    "end",
-    "expire",
-    "group",
-    "open",
-    "orphans",
-    "read",
-    "release",
-    "retire",
-    "takeover",
-    "touch",
-    "view",
-)
 
 # A read is a round trip here: a view takes up to this much per read (the memory store's reads stop at
 # session.READ_MAX_BYTES), so a stream of 4 KiB events is one read per 64 events, not per 16. A client that
@@ -135,16 +104,6 @@ assert array("I").itemsize == 4, "the Redis store's sizes are 4 bytes each"
 
 _OUTCOMES: Final = {outcome.value: outcome for outcome in ClaimOutcome}
 _REASONS: Final = (EvictReason.COUNT, EvictReason.BYTES, EvictReason.TTL)
-
-
-def session_tag(session_id: str) -> str:
-    """The hash tag of a session's keys: the same slot for all of them, whatever the id holds."""
-    return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-def session_keys(session_id: str) -> list[str]:
-    prefix = "mcpresume:{" + session_tag(session_id) + "}:"
-    return [prefix + part for part in ("meta", "ev", "st", "rq", "ro", "bd")]
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -189,35 +148,8 @@ def _lengths(z: bytes) -> array[int]:
     return sizes
 
 
-def _no_script(reply: object) -> bool:
-    """Redis does not have the script (restarted, or its scripts flushed): load it and call again."""
-    return isinstance(reply, NoScriptError) or (
-        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
-    )
-
-
 def _now_arg(now: float) -> str:
     return repr(float(now))
-
-
-@dataclass(frozen=True, slots=True)
-class _Appended:
-    """One append this process made: its events' first seq, their stream, sizes and bodies' field, when,
-    their bytes, and the session's version after it."""
-
-    first: int
-    stream: int
-    lengths: array[int]
-    field: bytes
-    at: float
-    size: int
-    version: int
-    made: float  # time.monotonic() when it was made: used for ``FRESH`` s only
-
-
-# ``_just_appended`` answers only this long after the append: every eviction is a script (which forgets it)
-# but one, Redis expiring the events key, which an append puts off by the window's age limit plus 60 s.
-FRESH: Final = 1.0
 
 
 class RedisStore:
@@ -245,256 +177,64 @@ class RedisStore:
         # what the logical expiry (reap, with the callers' clock) keeps: the TTLs are a backstop.
         self.events_ttl_ms = int((limits.ttl + 60) * 1000)
         self.meta_ttl_ms = int((max(session_ttl, limits.ttl + 60) + 60) * 1000)
-        self.token = new_epoch()  # this process, in its news messages: its own are not delivered twice
-        self._token_bytes = self.token.encode()
-        self._client: Any = None
-        self._link: Link | None = None  # a single server: the hot calls bypass redis-py (store/resp.py)
-        self._reloading: asyncio.Future[Any] | None = None
-        self._pubsub_client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
-        self._news: Callable[[str, int], None] | None = None
-        self._listeners: list[Callable[[str, int], None]] = []
-        self._listener: asyncio.Task[None] | None = None
-        self._up = False
         # (session id, stream) -> the stream's last seq as this process last saw it (the append guard
         # against a repeated call); bounded by the streams this process pumps.
         self._tails: dict[tuple[str, int], int] = {}
-        self._bodies = Bodies()
-        # The last append of each session this process made, while nothing else is known to have changed
-        # the session since: a view of this process at the event before it reads it without a round trip
-        # (``_just_appended``). The epochs: the cursors such a read writes.
-        self._last: dict[str, _Appended] = {}
-        self._epochs: dict[str, bytes] = {}
+        self._copies = Copies()  # this process's copies of what it appended (store/copies.py)
         self._fields = itertools.count()
-        # The settings every script needs, as Lua constants in front of it (not arguments of every call).
-        self._constants = (
+        constants = (
             f"local META_TTL, EV_TTL = {self.meta_ttl_ms}, {self.events_ttl_ms}\n"
             f"local MAX_EVENTS, MAX_BYTES = {limits.max_events}, {limits.max_bytes}\n"
             f"local WINDOW_TTL = {min(float(limits.ttl), 1e300)!r}\n"
             f"local MAX_IDS, MAX_GONE = {MAX_REQUEST_IDS}, {MAX_GONE_STREAMS}\n"
         )
+        self._redis = RedisCalls(
+            url,
+            constants,
+            op_timeout=op_timeout,
+            max_connections=max_connections,
+            events_ttl_ms=self.events_ttl_ms,
+            metrics=metrics,
+        )
+        self._redis.on_foreign = self._changed_elsewhere
+        self.token = self._redis.token
 
-    # -- connection ----------------------------------------------------------------------------------------
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "socket_timeout": self.op_timeout,
-            "socket_connect_timeout": self.op_timeout,
-            # No blind retries: a timed-out write may have been applied (scripts are idempotent anyway).
-            "retry": Retry(NoBackoff(), 0),
-            "health_check_interval": 0,
-        }
+    # -- connection (store/redis_calls.py) -----------------------------------------------------------------
 
     async def start(self) -> None:
-        options = self._options()
-        probe = aioredis.Redis.from_url(self.url, **options)
-        try:
-            info = await asyncio.wait_for(probe.info("cluster"), self.op_timeout * 3)
-            cluster = bool(info.get("cluster_enabled"))
-        except (RedisError, OSError, TimeoutError):
-            cluster = False  # unreachable now: a plain client, which reconnects when Redis is back
-        if cluster:
-            await probe.aclose()
-            self._client = RedisCluster.from_url(self.url, max_connections=self.max_connections, **options)
-        else:
-            await probe.aclose()
-            pool = aioredis.BlockingConnectionPool.from_url(
-                self.url, max_connections=self.max_connections, timeout=self.op_timeout, **options
-            )
-            self._client = aioredis.Redis(connection_pool=pool)
-            if Link.supports(self.url):
-                self._link = Link(self.url, self.op_timeout)
-                self._link.on_error = self._posted_error
-        self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
-        lua = resources.files("mcpresume.store") / "lua"
-        common = (lua / "common.lua").read_text()
-        for name in _SCRIPTS:
-            source = self._constants + common + (lua / f"{name}.lua").read_text()
-            self._scripts[name] = self._client.register_script(source)
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
-            # Loaded now, not at each script's first call: a delivery mark is posted (``mark_delivered``)
-            # and cannot load its script on NOSCRIPT. Redis unreachable: they load as they are called.
-            async with asyncio.timeout(self.op_timeout * 3):
-                for script in self._scripts.values():
-                    await self._client.script_load(script.script)
-        self._listener = asyncio.create_task(self._listen())
+        await self._redis.start()
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
-        if self._link is not None:
-            self._link.close()
-            self._link = None
-        for client in (self._client, self._pubsub_client):
-            if client is not None:
-                await client.aclose()
-        self._client = self._pubsub_client = None
+        await self._redis.close()
 
     async def ready(self) -> bool:
-        try:
-            await self._call("ping", self._client.ping())
-        except StoreUnavailable:
-            return False
-        return True
+        return await self._redis.ready()
 
     def set_news(self, callback: Callable[[str, int], None]) -> None:
         """Each listener set is called (several proxies may share one store in a process)."""
-        self._listeners.append(callback)
-        listeners = self._listeners
-        if len(listeners) == 1:
-            self._news = callback  # the usual case: one listener, called directly
-            return
+        self._redis.set_news(callback)
 
-        def every(session_id: str, version: int) -> None:
-            for listener in listeners:
-                listener(session_id, version)
+    @property
+    def _client(self) -> Any:
+        """redis-py's client (``RedisCalls.client``), for the plain commands."""
+        return self._redis.client
 
-        self._news = every
+    def _call(self, op: str, call: Awaitable[T]) -> Awaitable[T]:
+        return self._redis.call(op, call)
 
-    async def _listen(self) -> None:
-        """The one subscription of this process: other processes' changes, to the news callback. Reconnects
-        with backoff; a message lost meanwhile costs latency only (views read by position). On a link of
-        its own where the URL allows (every change of every process arrives here, this process's own too:
-        hiredis parses them, redis-py's pub/sub took 8% of the proxy's CPU under load), else redis-py's."""
-        backoff = 0.05
-        while True:
-            try:
-                if Link.supports(self.url):
-                    link = Link(self.url, self.op_timeout)
-                    try:
-                        await link.subscribe(CHANNEL, self._on_message)
-                        backoff = 0.05
-                        await link.lost()
-                    finally:
-                        link.close()
-                else:
-                    await self._listen_by_redis_py()
-                    backoff = 0.05
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError, TimeoutError) as error:
-                log.debug("store news subscription lost (%s); reconnecting", error)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    async def _listen_by_redis_py(self) -> None:
-        assert self._pubsub_client is not None
-        pubsub = self._pubsub_client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(CHANNEL)
-            async for message in pubsub.listen():
-                self._on_message(message.get("data"))
-        finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    def _on_message(self, data: object) -> None:
-        if not isinstance(data, bytes) or self._news is None:
-            return
-        token, _, rest = data.partition(b" ")
-        if token == self._token_bytes:
-            return  # ours: the callback was called when the script returned
-        version, _, session_id = rest.partition(b" ")
-        sid = session_id.decode("utf-8", "surrogateescape")
-        self._last.pop(sid, None)  # another process changed it: its reads go to Redis again
-        try:
-            self._news(sid, int(version))
-        except ValueError:
-            return
-
-    def _notify(self, session_id: str, version: int) -> None:
-        if self._news is not None:
-            self._news(session_id, version)
-
-    async def _call(self, op: str, call: Awaitable[T]) -> T:
-        """Run one store call: bounded, measured, every failure a ``StoreUnavailable``."""
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.op_timeout):
-                result = await call
-        except (RedisError, OSError, TimeoutError) as error:
-            if isinstance(error, TimeoutError) and self._link is not None:
-                self._link.close()  # replies may still come, behind the next calls': start afresh
-            if self.metrics is not None:
-                self.metrics.store_errors.labels(op).inc()
-            if self._up:
-                log.warning("store unavailable (%s: %s)", op, type(error).__name__)
-            self._up = False
-            raise StoreUnavailable(f"the session store did not answer ({op})") from error
-        finally:
-            if self.metrics is not None:
-                self.metrics.store_seconds.labels(op).observe(time.perf_counter() - started)
-        self._up = True
-        return result
+    def _changed_elsewhere(self, session_id: str) -> None:
+        self._copies.changed(session_id)  # another process changed it: its reads go to Redis again
 
     async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
         if op not in _READS_UNCHANGED:
-            self._last.pop(session_id, None)  # a read's answer may change: ask Redis (``_just_appended``)
-        keys = session_keys(session_id)
-        if self._link is None:
-            return await self._call(op, self._scripts[name](keys=keys, args=[self.token, session_id, *args]))
-        return await self._call(op, self._eval(name, keys, (self.token, session_id, *args)))
-
-    async def _eval(self, name: str, keys: list[str], args: Sequence[str | bytes]) -> Any:
-        """A script through the link: EVALSHA, loaded first if Redis does not have it (restarted, flushed)."""
-        assert self._link is not None
-        script = self._scripts[name]
-        reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
-        if _no_script(reply):
-            await self._link.call("SCRIPT", "LOAD", script.script)
-            reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
-
-    async def _batch(self, op: str, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
-        """Many commands, pipelined: 256 per write (the link) or per pipeline (redis-py), replies in order,
-        an error reply as a ``ResponseError`` in its place. Housekeeping visits every session: one command
-        each, not one call each (a call through redis-py costs ~90 us of this process's CPU)."""
-        replies: list[Any] = []
-        for start in range(0, len(commands), 256):
-            chunk = commands[start : start + 256]
-            if self._link is not None:
-                data = b"".join(pack(*command) for command in chunk)
-                replies += await self._call(op, self._link.send(data, len(chunk)))
-            else:
-                replies += await self._call(op, self._pipelined(chunk))
-        return replies
-
-    async def _pipelined(self, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
-        async with self._client.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+            self._copies.changed(session_id)  # a read's answer may change: ask Redis (``Copies.read``)
+        return await self._redis.script(op, name, session_id, *args)
 
     async def _script_each(self, op: str, name: str, calls: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
-        """``_script`` for each of many sessions, pipelined (``_batch``): (session id, the op's args) each."""
-        sha = self._scripts[name].sha
         if op not in _READS_UNCHANGED:
             for session_id, _ in calls:
-                self._last.pop(session_id, None)
-
-        def command(session_id: str, args: Sequence[str]) -> tuple[str | bytes | int, ...]:
-            keys = session_keys(session_id)
-            return ("EVALSHA", sha, len(keys), *keys, self.token, session_id, *args)
-
-        replies = await self._batch(op, [command(sid, args) for sid, args in calls])
-        if any(_no_script(reply) for reply in replies):
-            await self._call(op, self._client.script_load(self._scripts[name].script))
-            again = [i for i, reply in enumerate(replies) if _no_script(reply)]
-            for i, reply in zip(
-                again, await self._batch(op, [command(*calls[i]) for i in again]), strict=True
-            ):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
-        return replies
-
-    # -- sessions ------------------------------------------------------------------------------------------
+                self._copies.changed(session_id)
+        return await self._redis.script_each(op, name, calls)
 
     async def create_session(
         self, session_id: str, now: float, credential: bytes | None = None, owner: str = ""
@@ -515,8 +255,8 @@ class RedisStore:
         )
         await self._call("create_session", client.zadd(INDEX, {session_id: now}))
         self._forget_tails(session_id)
-        self._epochs[session_id] = epoch.encode()
-        self._notify(session_id, int(version))
+        self._copies.epochs[session_id] = epoch.encode()
+        self._redis.notify(session_id, int(version))
         return epoch
 
     async def access(self, session_id: str) -> SessionAccess | None:
@@ -550,12 +290,11 @@ class RedisStore:
         if deleted:
             await self._call("delete_session", self._client.zrem(INDEX, session_id))
             self._forget_tails(session_id)
-            self._notify(session_id, GONE)
+            self._redis.notify(session_id, GONE)
         return bool(deleted)
 
     def _forget_tails(self, session_id: str) -> None:
-        self._last.pop(session_id, None)
-        self._epochs.pop(session_id, None)
+        self._copies.forget(session_id)
         for key in [key for key in self._tails if key[0] == session_id]:
             del self._tails[key]
 
@@ -618,9 +357,9 @@ class RedisStore:
             return None
         number, current, seq = int(result[0]), _text(result[1]) or "", int(result[2])
         self._tails[(session_id, number)] = seq if priming else seq - 1
-        self._epochs[session_id] = current.encode()
-        self._last.pop(session_id, None)  # its priming event came after it
-        self._notify(session_id, int(result[3]))
+        self._copies.epochs[session_id] = current.encode()
+        self._copies.changed(session_id)  # its priming event came after it
+        self._redis.notify(session_id, int(result[3]))
         return OpenedStream(number, current, seq)
 
     async def standalone_stream(self, session_id: str) -> int | None:
@@ -685,28 +424,26 @@ class RedisStore:
             field,
             str(len(blob)),
         )
-        result = await self._call("append", self._append_call(session_id, field, blob, args))
+        result = await self._call("append", self._redis.append(session_id, field, blob, args))
         status = _text(result[0])
         if status == "ok":
             version, last = int(result[1]), int(result[2])
             self._tails[key] = last
             evicted = _evicted(result[3:11])
             if field:
-                self._bodies.put(field, blob)
+                self._copies.bodies.put(field, blob)
             if field and evicted.undelivered[0] == 0:  # none of its own events evicted right away
                 first = last - len(bodies) + 1
-                lengths, made = _lengths(args[9]), time.monotonic()
-                self._last[session_id] = _Appended(
-                    first, stream, lengths, field, now, len(blob), version, made
-                )
+                copy = LastAppend(first, stream, _lengths(args[9]), field, now, len(blob), version)
+                self._copies.last[session_id] = copy
             else:
-                self._last.pop(session_id, None)
-            self._notify(session_id, version)
+                self._copies.changed(session_id)
+            self._redis.notify(session_id, version)
             return Appended(evicted)
         if status == "blocked":
             pairs = [int(i) for i in result[1:]]  # (reader index, the seq it must reach), ...
             return Appended(Evicted(), tuple(pairs[0::2]), tuple(pairs[1::2]))
-        self._last.pop(session_id, None)
+        self._copies.changed(session_id)
         if status == "stale":
             # A repeated call (applied already), or another process appends to the stream: no-op.
             self._tails[key] = int(result[1])
@@ -714,51 +451,11 @@ class RedisStore:
             self._tails.pop(key, None)
         return NOT_APPENDED
 
-    async def _append_call(
-        self, session_id: str, field: bytes, blob: bytes, args: tuple[str | bytes, ...]
-    ) -> Any:
-        """The append script, after the bodies are written under ``field``, in one MULTI (one round trip)."""
-        keys = session_keys(session_id)
-        script = self._scripts["append"]
-        if not field:
-            if self._link is not None:
-                return await self._eval("append", keys, args)
-            return await script(keys=keys, args=list(args))
-        for attempt in (1, 2):
-            if self._link is not None:
-                data = b"".join(
-                    (
-                        pack("MULTI"),
-                        pack("HSET", keys[5], field, blob),
-                        pack("PEXPIRE", keys[5], self.events_ttl_ms),
-                        pack("EVALSHA", script.sha, len(keys), *keys, *args),
-                        pack("EXEC"),
-                    )
-                )
-                replies = await self._link.send(data, 5)
-                results = replies[-1]
-                if isinstance(results, ResponseError):
-                    raise results
-            else:
-                async with self._client.pipeline(transaction=True) as pipe:
-                    pipe.hset(keys[5], field, blob)
-                    pipe.pexpire(keys[5], self.events_ttl_ms)  # the script refreshes it; this, if it failed
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    results = await pipe.execute(raise_on_error=False)
-            result = results[-1]
-            if _no_script(result) and attempt == 1:
-                await self._client.script_load(script.script)  # a Redis restarted, or flushed its scripts
-                continue
-            if isinstance(result, Exception):
-                raise result
-            return result
-        raise AssertionError("unreachable")
-
     async def end_stream(self, session_id: str, stream: int, now: float) -> None:
         self._tails.pop((session_id, stream), None)
         version = await self._script("end_stream", "end", session_id, str(stream), _now_arg(now))
         if version is not None:
-            self._notify(session_id, int(version))
+            self._redis.notify(session_id, int(version))
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         await self._script("group_streams", "group", session_id, *map(str, streams))
@@ -767,28 +464,9 @@ class RedisStore:
         """Through the link, written without waiting for the reply: a view's next call (its read) and the
         pumps' appends go on the same connection, so Redis applies the mark before any of them; a view waits
         for no round trip after each write. An error reply is counted and logged (``_posted_error``)."""
-        args = (self.token, session_id, str(seq), *map(str, streams))
-        if self._link is not None:
-            keys = session_keys(session_id)
-            if self._link.post("EVALSHA", self._scripts["delivered"].sha, len(keys), *keys, *args):
-                return
-        await self._script("mark_delivered", "delivered", session_id, *args[2:])
-
-    def _posted_error(self, error: ResponseError) -> None:
-        if self.metrics is not None:
-            self.metrics.store_errors.labels("mark_delivered").inc()
-        log.warning("the session store refused a delivery mark: %s", error)
-        if _no_script(error) and self._link is not None and self._reloading is None:
-            # Redis restarted or flushed its scripts: load it again (the marks meanwhile are lost, as when a
-            # view's client leaves before its mark; the awaited calls reload their own scripts, ``_eval``).
-            reload = self._link.call("SCRIPT", "LOAD", self._scripts["delivered"].script)
-            self._reloading = asyncio.ensure_future(reload)
-            self._reloading.add_done_callback(self._reloaded)
-
-    def _reloaded(self, task: asyncio.Future[Any]) -> None:
-        self._reloading = None
-        if not task.cancelled():
-            task.exception()  # retrieved: a failure here shows again at the next call
+        args = (str(seq), *map(str, streams))
+        if not self._redis.post_script("delivered", session_id, *args):
+            await self._script("mark_delivered", "delivered", session_id, *args)
 
     async def view(self, session_id: str, stream: int) -> SessionView | None:
         raw = await self._script("view", "view", session_id, str(stream))
@@ -835,7 +513,7 @@ class RedisStore:
         max_events: int = READ_MAX_EVENTS,
         max_bytes: int = READ_BYTES,
     ) -> ReadResult | None:
-        fresh = self._just_appended(session_id, streams, after, max_events, max_bytes)
+        fresh = self._copies.read(session_id, streams, after, max_events, max_bytes)
         if fresh is not None:
             return fresh
         result = await self._script(
@@ -861,60 +539,24 @@ class RedisStore:
                 offset += length
             segments.append(Segment.of(number, seq, blocks, at, offset - int(items[index + 5])))
         epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
-        self._epochs[session_id] = epoch_bytes
+        self._copies.epochs[session_id] = epoch_bytes
         return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
-
-    def _just_appended(
-        self, session_id: str, streams: Sequence[int], after: int, max_events: int, max_bytes: int
-    ) -> ReadResult | None:
-        """The read, answered here, when its reader is at the event before this process's last append to
-        the session and nothing else is known to have changed the session since: the events after the
-        position are that append's (seqs are the session's, so none can be in between), none of them was
-        evicted by it, and the answer is the store's as of that append's version (a change since, of this
-        process or another, is news after that version: the view reads again). A view keeping up with a
-        stream of this process's pump then costs no round trip per event. None: ask Redis."""
-        last = self._last.get(session_id)
-        if last is None or last.first != after + 1 or last.stream not in streams:
-            return None
-        if time.monotonic() - last.made > FRESH:
-            del self._last[session_id]
-            return None
-        count = len(last.lengths)
-        if count > max_events or (last.size > max_bytes and count > 1):
-            return None
-        epoch, blob = self._epochs.get(session_id), self._bodies.get(last.field)
-        if epoch is None or blob is None:
-            return None
-        blocks: list[bytes] = []
-        offset = 0
-        for length in last.lengths:
-            blocks.append(blob[offset : offset + length])
-            offset += length
-        segment = Segment.of(last.stream, last.first, blocks, last.at, last.size)
-        return ReadResult([segment], False, False, last.version, False, epoch)
 
     async def _bodies_of(self, session_id: str, fields: list[bytes]) -> list[bytes] | None:
         """The bodies under ``fields``: this process's copies, the others in one HMGET (None: one is gone)."""
-        cache = self._bodies
+        cache = self._copies.bodies
         found = [cache.get(field) for field in fields]
         missing = [field for field, body in zip(fields, found, strict=True) if body is None]
         if not missing:
             return found  # type: ignore[return-value]
-        key = session_keys(session_id)[5]
-        if self._link is not None:
-            fetched = await self._call("read", self._link.call("HMGET", key, *missing))
-            if isinstance(fetched, ResponseError):
-                raise StoreUnavailable(f"the session store refused a read: {fetched}")
-        else:
-            fetched = await self._call("read", self._client.hmget(key, missing))
-        if any(body is None for body in fetched):
-            return None
-        by_field = dict(zip(missing, fetched, strict=True))
-        for field, body in by_field.items():
+        by_field: dict[bytes, bytes] = {}
+        fetched = await self._redis.hmget("read", session_keys(session_id)[5], missing)
+        for field, body in zip(missing, fetched, strict=True):
+            if body is None:
+                return None
+            by_field[field] = body
             cache.put(field, body)
-        return [
-            body if body is not None else by_field[field] for field, body in zip(fields, found, strict=True)
-        ]
+        return [by_field[field] if body is None else body for field, body in zip(fields, found, strict=True)]
 
     # -- housekeeping --------------------------------------------------------------------------------------
 
@@ -934,14 +576,14 @@ class RedisStore:
             if status == "dropped":
                 dropped.append(sid)
                 self._forget_tails(sid)
-                self._notify(sid, GONE)
+                self._redis.notify(sid, GONE)
             elif status == "gone":
                 gone.append(sid)  # its keys expired in Redis (or were flushed)
             elif status == "ok":
                 expired = _evicted(result[2:10])
                 if expired:
                     evicted.merge(expired)
-                    self._notify(sid, int(result[1]))
+                    self._redis.notify(sid, int(result[1]))
         if dropped or gone:
             await self._call("reap", self._client.zrem(INDEX, *dropped, *gone))
         return dropped, evicted
@@ -952,7 +594,7 @@ class RedisStore:
     async def stats(self) -> StoreStats:
         ids = await self._session_ids("stats")
         sessions = events = size = 0
-        for ne, nb in await self._batch(
+        for ne, nb in await self._redis.batch(
             "stats", [("HMGET", session_keys(sid)[0], "ne", "nb") for sid in ids]
         ):
             if ne is None:
@@ -992,7 +634,9 @@ class RedisStore:
 
     async def lost_owners(self, now: float) -> list[str]:
         ids = await self._session_ids("lost_owners")
-        owners = await self._batch("lost_owners", [("HGET", session_keys(sid)[0], "own") for sid in ids])
+        owners = await self._redis.batch(
+            "lost_owners", [("HGET", session_keys(sid)[0], "own") for sid in ids]
+        )
         found = {_text(owner) or "" for owner in owners}
         found.discard("")  # no owner recorded: nobody to take over from
         live = await self._call("lost_owners", self._client.zrangebyscore(REPLICAS, f"({now!r}", "+inf"))

@@ -18,7 +18,7 @@ set('ver', num('ver') + 1)
 if primed then
   local counts, touched = new_counts(), {}
   sync_expired(counts, touched)
-  local field = meta.epoch .. ':' .. seq  -- unique: the epoch is random (mcpresume/store/bodies.py)
+  local field = meta.epoch .. ':' .. seq  -- unique: the epoch is random (mcpresume/store/copies.py)
   redis.call('HSET', BD, field, block)  -- a few bytes: through Lua is cheap
   add_entry(seq, n, now, 1, struct.pack('<I4', #block), field, #block)
   s.l = seq
