@@ -161,6 +161,8 @@ async def test_bodies_go_with_their_events_and_a_refused_append_leaves_none(
     try:
         _, events, *_, bodies = session_keys(sid)
         assert await client.xlen(events) == await client.hlen(bodies) == 4  # the window: 4 events, 4 runs
+        for key in session_keys(sid):  # TTLs set (an append refreshes them at most every 2 s)
+            assert await client.pttl(key) != -1, key  # (-2: a key it never needed)
         reader = ((opened.number,), 7)  # has yet to send seq 8..11
         refused = await store.append(
             sid, opened.number, [msg(b"x")], now=0.0, guard=Guard((reader,), False, (9,))

@@ -94,9 +94,9 @@ mark(n)
 set('ver', num('ver') + 1)
 set('ne', num('ne') + count); set('nb', num('nb') + size)
 if evict(tonumber(now), counts, touched) or next(touched) then forget_gone(touched) end
+refresh(true)
 save_streams()
 save_meta()
-refresh()
 publish(meta.ver)
 local out = {'ok', tonumber(meta.ver), s.l}
 for _, v in ipairs(flat_counts(counts)) do out[#out + 1] = v end

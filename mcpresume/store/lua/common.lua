@@ -52,7 +52,15 @@ local function save_streams()
   sdirty = {}
 end
 
-local function refresh()
+-- The keys' TTLs (a backstop: they outlive the logical limits by a minute and more). ``lazily`` (an append,
+-- the hot path): only when the last refresh is 2 s old or more by Redis's own clock (six PEXPIREs are a
+-- third of a small append's time); the meta's 'rx' says when, so call it before save_meta().
+local function refresh(lazily)
+  if lazily then
+    local t = tonumber(redis.call('TIME')[1])
+    if t - num('rx') < 2 then return end
+    set('rx', t)
+  end
   for _, key in ipairs({META, ST, RQ, RO}) do redis.call('PEXPIRE', key, META_TTL) end
   redis.call('PEXPIRE', EV, EV_TTL)
   redis.call('PEXPIRE', BD, EV_TTL)
