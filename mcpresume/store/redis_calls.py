@@ -30,7 +30,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import StoreUnavailable
-from mcpresume.store.resp import Link, pack, pack_parts
+from mcpresume.store.resp import Link, pack
 
 if TYPE_CHECKING:
     from mcpresume.metrics import Metrics
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHANNEL: Final = "mcpresume:news"
-_MULTI: Final = pack("MULTI")
-_EXEC: Final = pack("EXEC")
 
 SCRIPTS: Final = (
     "accept",
@@ -337,11 +335,16 @@ class RedisCalls:
             return await script(keys=keys, args=list(args))
         for attempt in (1, 2):
             if self._link is not None:
-                parts = [_MULTI, *pack_parts("HSET", keys[5], field, blob)]  # the bodies: not copied
-                parts.append(pack("PEXPIRE", keys[5], self.events_ttl_ms))
-                parts.append(pack("EVALSHA", script.sha, len(keys), *keys, *args))
-                parts.append(_EXEC)
-                replies = await self._link.send(parts, 5)
+                data = b"".join(
+                    (
+                        pack("MULTI"),
+                        pack("HSET", keys[5], field, blob),
+                        pack("PEXPIRE", keys[5], self.events_ttl_ms),
+                        pack("EVALSHA", script.sha, len(keys), *keys, *args),
+                        pack("EXEC"),
+                    )
+                )
+                replies = await self._link.send(data, 5)
                 results = replies[-1]
                 if isinstance(results, ResponseError):
                     raise results

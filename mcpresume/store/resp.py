@@ -29,18 +29,13 @@ _BULK: Final = b"$%d\r\n"
 
 def pack(*args: str | bytes | int) -> bytes:
     """A command in RESP: an array of bulk strings."""
-    return b"".join(pack_parts(*args))
-
-
-def pack_parts(*args: str | bytes | int) -> list[bytes]:
-    """``pack``'s parts, not joined: a large argument is written as it is (``Link.send``'s list)."""
     out = [b"*%d\r\n" % len(args)]
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(_BULK % len(data))
         out.append(data)
         out.append(b"\r\n")
-    return out
+    return b"".join(out)
 
 
 class _Protocol(asyncio.Protocol):
@@ -85,16 +80,9 @@ class _Protocol(asyncio.Protocol):
                 elif not future.done():  # done: its caller gave up (time-out), the reply is dropped
                     future.set_result(replies)
 
-    def write(self, data: bytes | list[bytes]) -> None:
-        """``data``, or its parts in order: on uvloop one ``writev``, no copy of a large body in between."""
-        transport = self.transport
-        assert transport is not None  # Link._usable
-        if isinstance(data, bytes):
-            transport.write(data)
-        elif type(transport).__module__.startswith("uvloop"):
-            transport.writelines(data)
-        else:  # asyncio's writelines joins them anyway before 3.12 (and is not safe on some later ones)
-            transport.write(b"".join(data))
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None  # Link._usable
+        self.transport.write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(exc or RedisConnectionError("the connection to Redis closed"))
@@ -129,8 +117,8 @@ class Link:
         """One command's reply (an error reply comes back as a ``ResponseError`` instance, not raised)."""
         return (await self.send(pack(*args), 1))[0]
 
-    async def send(self, data: bytes | list[bytes], count: int) -> list[Any]:
-        """``data`` (``count`` packed commands, or their parts), and their replies in order."""
+    async def send(self, data: bytes, count: int) -> list[Any]:
+        """``data`` (``count`` packed commands), and their replies in order."""
         future = self.submit(data, count)
         if future is None:
             await self._connect()
@@ -138,7 +126,7 @@ class Link:
             assert future is not None
         return await future
 
-    def submit(self, data: bytes | list[bytes], count: int) -> asyncio.Future[list[Any]] | None:
+    def submit(self, data: bytes, count: int) -> asyncio.Future[list[Any]] | None:
         """``data`` written now; the future of its replies. None (nothing written) when not connected."""
         protocol = self._usable()
         if protocol is None:
