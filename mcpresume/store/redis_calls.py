@@ -136,8 +136,7 @@ class RedisCalls:
             )
             self.client = aioredis.Redis(connection_pool=pool)
             if Link.supports(self.url):
-                self._link = Link(self.url, self.op_timeout)
-                self._link.on_error = self._posted_error
+                self._link = Link(self.url, self.op_timeout, on_error=self._posted_error)
         self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
@@ -266,22 +265,29 @@ class RedisCalls:
 
     async def script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
         """One script of one session (``lua/<name>.lua``), bounded and measured (``call``)."""
-        keys = session_keys(session_id)
-        if self._link is None:
-            return await self.call(op, self._scripts[name](keys=keys, args=[self.token, session_id, *args]))
-        return await self.call(op, self.eval(name, keys, (self.token, session_id, *args)))
+        return await self.call(op, self._run(name, session_keys(session_id), (self.token, session_id, *args)))
 
-    async def eval(self, name: str, keys: list[str], args: Sequence[str | bytes]) -> Any:
-        """A script through the link: EVALSHA, loaded first if Redis does not have it (restarted, flushed)."""
-        assert self._link is not None
-        script = self._scripts[name]
-        reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
+    async def _run(self, name: str, keys: list[str], args: Sequence[str | bytes]) -> Any:
+        """EVALSHA through the link (loaded first if Redis does not have it: restarted, flushed), or through
+        redis-py's script object, which does the same."""
+        if self._link is None:
+            return await self._scripts[name](keys=keys, args=list(args))
+        sha = self._scripts[name].sha
+        reply = await self._link.call("EVALSHA", sha, len(keys), *keys, *args)
         if no_script(reply):
-            await self._link.call("SCRIPT", "LOAD", script.script)
-            reply = await self._link.call("EVALSHA", script.sha, len(keys), *keys, *args)
+            await self._load(name)
+            reply = await self._link.call("EVALSHA", sha, len(keys), *keys, *args)
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    async def _load(self, name: str) -> None:
+        """Load a script Redis lost (on the link where there is one: the calls after it come after)."""
+        source = self._scripts[name].script
+        if self._link is not None:
+            await self._link.call("SCRIPT", "LOAD", source)
+        else:
+            await self.client.script_load(source)
 
     async def batch(self, op: str, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
         """Many commands, pipelined: 256 per write (the link) or per pipeline (redis-py), replies in order,
@@ -304,7 +310,7 @@ class RedisCalls:
             return list(await pipe.execute(raise_on_error=False))
 
     async def script_each(self, op: str, name: str, calls: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
-        """``_script`` for each of many sessions, pipelined (``_batch``): (session id, the op's args) each."""
+        """``script`` for each of many sessions, pipelined (``batch``): (session id, the op's args) each."""
         sha = self._scripts[name].sha
 
         def command(session_id: str, args: Sequence[str]) -> tuple[str | bytes | int, ...]:
@@ -313,7 +319,7 @@ class RedisCalls:
 
         replies = await self.batch(op, [command(sid, args) for sid, args in calls])
         if any(no_script(reply) for reply in replies):
-            await self.call(op, self.client.script_load(self._scripts[name].script))
+            await self.call(op, self._load(name))
             again = [i for i, reply in enumerate(replies) if no_script(reply)]
             for i, reply in zip(
                 again, await self.batch(op, [command(*calls[i]) for i in again]), strict=True
@@ -330,9 +336,7 @@ class RedisCalls:
         keys = session_keys(session_id)
         script = self._scripts["append"]
         if not field:
-            if self._link is not None:
-                return await self.eval("append", keys, args)
-            return await script(keys=keys, args=list(args))
+            return await self._run("append", keys, args)
         for attempt in (1, 2):
             if self._link is not None:
                 data = b"".join(
@@ -356,7 +360,7 @@ class RedisCalls:
                     results = await pipe.execute(raise_on_error=False)
             result = results[-1]
             if no_script(result) and attempt == 1:
-                await self.client.script_load(script.script)  # a Redis restarted, or flushed its scripts
+                await self._load("append")  # a Redis restarted, or flushed its scripts
                 continue
             if isinstance(result, Exception):
                 raise result
@@ -369,9 +373,8 @@ class RedisCalls:
         log.warning("the session store refused a delivery mark: %s", error)
         if no_script(error) and self._link is not None and self.reloading is None:
             # Redis restarted or flushed its scripts: load it again (the marks meanwhile are lost, as when a
-            # view's client leaves before its mark; the awaited calls reload their own scripts, ``_eval``).
-            reload = self._link.call("SCRIPT", "LOAD", self._scripts["delivered"].script)
-            self.reloading = asyncio.ensure_future(reload)
+            # view's client leaves before its mark; the awaited calls reload their own scripts, ``_run``).
+            self.reloading = asyncio.ensure_future(self._load("delivered"))
             self.reloading.add_done_callback(self._reloaded)
 
     def _reloaded(self, task: asyncio.Future[Any]) -> None:

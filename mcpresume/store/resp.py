@@ -102,12 +102,14 @@ class _Protocol(asyncio.Protocol):
 class Link:
     """Commands to one Redis server over one connection (connected on first use, again after a failure)."""
 
-    def __init__(self, url: str, connect_timeout: float) -> None:
+    def __init__(
+        self, url: str, connect_timeout: float, on_error: Callable[[ResponseError], None] | None = None
+    ) -> None:
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
+        self.on_error = on_error  # the error reply to a command posted (``post``)
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
-        self.on_error: Callable[[ResponseError], None] | None = None
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -142,7 +144,6 @@ class Link:
         protocol = self._usable()
         if protocol is None:
             return False
-        protocol.on_error = self.on_error
         protocol.waiting.append((None, 1, []))
         protocol.write(pack(*args))
         return True
@@ -186,6 +187,7 @@ class Link:
                     _, protocol = await loop.create_connection(
                         _Protocol, options.get("host", "localhost"), options.get("port", 6379)
                     )
+                protocol.on_error = self.on_error
                 self._protocol = protocol
                 setup = []
                 if options.get("password"):
