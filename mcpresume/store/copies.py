@@ -52,6 +52,16 @@ class Bodies:
         return len(self._items)
 
 
+def split(blob: bytes, offset: int, lengths: Sequence[int]) -> tuple[list[bytes], int]:
+    """The bodies of a run, cut from ``blob`` (a field's value) from ``offset`` on, and their bytes."""
+    blocks: list[bytes] = []
+    start = offset
+    for length in lengths:
+        blocks.append(blob[offset : offset + length])
+        offset += length
+    return blocks, offset - start
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LastAppend:
     """One append this process made: its events' first seq, their stream, sizes and bodies' field, when,
@@ -112,10 +122,6 @@ class Copies:
         epoch, blob = self.epochs.get(session_id), self.bodies.get(last.field)
         if epoch is None or blob is None:
             return None
-        blocks: list[bytes] = []
-        offset = 0
-        for length in last.lengths:
-            blocks.append(blob[offset : offset + length])
-            offset += length
-        segment = Segment.of(last.stream, last.first, blocks, last.at, last.size)
+        blocks, size = split(blob, 0, last.lengths)
+        segment = Segment.of(last.stream, last.first, blocks, last.at, size)
         return ReadResult([segment], False, False, last.version, False, epoch)

@@ -73,7 +73,7 @@ from mcpresume.session import (
 )
 from mcpresume.sse import SSERun, priming_block
 from mcpresume.store import OpenedStream, StoreStats
-from mcpresume.store.copies import Copies, LastAppend
+from mcpresume.store.copies import Copies, LastAppend, split
 from mcpresume.store.redis_calls import RedisCalls, session_keys
 from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
 
@@ -133,12 +133,13 @@ def _pump_of(raw: str) -> PumpRecord:
     return PumpRecord(tuple(record["r"]), record["p"], tuple((k, v) for k, v in record["h"]))
 
 
-def _sizes(bodies: Sequence[bytes]) -> bytes:
+def _wire(sizes: array[int]) -> bytes:
     """Each body's length, 4 bytes little-endian each (``z``: Lua slices it, ``struct.unpack`` reads it)."""
-    sizes = array("I", map(len, bodies))
-    if _BIG_ENDIAN:
-        sizes.byteswap()
-    return sizes.tobytes()
+    if not _BIG_ENDIAN:
+        return sizes.tobytes()
+    swapped = array("I", sizes)
+    swapped.byteswap()
+    return swapped.tobytes()
 
 
 def _lengths(z: bytes) -> array[int]:
@@ -409,6 +410,7 @@ class RedisStore:
         if guard is not None:
             guard_arg = orjson.dumps({"r": guard.readers, "k": guard.keep_undelivered})
         blob = b"".join(bodies)
+        sizes = array("I", map(len, bodies))
         field = f"{self.token}:{next(self._fields):x}".encode() if bodies else b""
         args = (
             self.token,
@@ -420,7 +422,7 @@ class RedisStore:
             guard_arg,
             orjson.dumps(answered) if answered else b"",
             str(len(bodies)),
-            _sizes(bodies),
+            _wire(sizes),
             field,
             str(len(blob)),
         )
@@ -434,7 +436,7 @@ class RedisStore:
                 self._copies.bodies.put(field, blob)
             if field and evicted.undelivered[0] == 0:  # none of its own events evicted right away
                 first = last - len(bodies) + 1
-                copy = LastAppend(first, stream, _lengths(args[9]), field, now, len(blob), version)
+                copy = LastAppend(first, stream, sizes, field, now, len(blob), version)
                 self._copies.last[session_id] = copy
             else:
                 self._copies.changed(session_id)
@@ -532,12 +534,8 @@ class RedisStore:
         segments: list[Segment] = []
         for index, blob in zip(runs, bodies, strict=True):
             number, seq, at = int(items[index]), int(items[index + 1]), float(items[index + 2])
-            offset = int(items[index + 5])
-            blocks: list[bytes] = []
-            for length in _lengths(items[index + 3]):
-                blocks.append(blob[offset : offset + length])
-                offset += length
-            segments.append(Segment.of(number, seq, blocks, at, offset - int(items[index + 5])))
+            blocks, size = split(blob, int(items[index + 5]), _lengths(items[index + 3]))
+            segments.append(Segment.of(number, seq, blocks, at, size))
         epoch_bytes = epoch if isinstance(epoch, bytes) else str(epoch).encode()
         self._copies.epochs[session_id] = epoch_bytes
         return ReadResult(segments, bool(complete), False, int(version), bool(more), epoch_bytes)
