@@ -257,6 +257,35 @@ local function gone_last(n)
   return found
 end
 
+-- The events key expired (every event older than the window's age limit): evicted, as reap would have, and
+-- said (a read or view of the session finds it so).
+local function settle_expired()
+  local counts, touched = new_counts(), {}
+  if sync_expired(counts, touched) then
+    forget_gone(touched)
+    set('ver', num('ver') + 1)
+    save_streams()
+    save_meta()
+    publish(meta.ver)
+  end
+end
+
+-- The session's live streams with a pump record (orphans.lua, takeover.lua), in the order they were opened:
+-- {number, origin, pump record, upstream cursor, answered keys} each.
+local function orphans()
+  local found = {}
+  local raw = redis.call('HGETALL', ST)
+  for i = 1, #raw, 2 do
+    local n = tonumber(raw[i])
+    local s = stream(n)
+    if s and s.v == 1 and s.pm and s.pm ~= '' then
+      found[#found + 1] = {n, s.o, s.pm, s.u, s.a or {}}
+    end
+  end
+  table.sort(found, function(x, y) return x[1] < y[1] end)
+  return found
+end
+
 -- request ids: RQ maps a key to 'p' (pending), 'a' (answered) or a stream number; RO orders them.
 local function forget_request(key)
   local value = redis.call('HGET', RQ, key)

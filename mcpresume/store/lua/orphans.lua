@@ -1,15 +1,6 @@
 -- orphans, for one session (ARGV: owner): JSON {epoch, streams: [[number, origin, pump record, upstream
 -- cursor, answered keys], ...]} of its live streams with a pump record, or false.
 if not load_meta() or meta.own ~= ARGV[A] then return false end
-local found = {}
-local raw = redis.call('HGETALL', ST)
-for i = 1, #raw, 2 do
-  local n = tonumber(raw[i])
-  local s = stream(n)
-  if s and s.v == 1 and s.pm and s.pm ~= '' then
-    found[#found + 1] = {n, s.o, s.pm, s.u, s.a or {}}
-  end
-end
+local found = orphans()
 if #found == 0 then return false end
-table.sort(found, function(x, y) return x[1] < y[1] end)  -- in the order they were opened
 return cjson.encode({epoch = meta.epoch, streams = found})

@@ -3,17 +3,7 @@
 -- returned: the client takes the run's bytes from offset (0-based), as many as its sizes add up to, of the
 -- field's value (HMGET, or its own copy: a field is written once).
 if not load_meta() then return false end
--- The events key expired (every event older than the window's age limit): evicted, as reap would have.
-do
-  local counts, touched = new_counts(), {}
-  if sync_expired(counts, touched) then
-    forget_gone(touched)
-    set('ver', num('ver') + 1)
-    save_streams()
-    save_meta()
-    publish(meta.ver)
-  end
-end
+settle_expired()
 local after, most, most_bytes = tonumber(ARGV[A]), tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2])
 local wanted = {}
 local all_ended = true

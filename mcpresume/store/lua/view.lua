@@ -1,16 +1,6 @@
 -- view (ARGV: stream): the facts of the resume decision, as JSON, or false.
 if not load_meta() then return false end
--- The events key expired (every event older than the window's age limit): evicted, as reap would have.
-do
-  local counts, touched = new_counts(), {}
-  if sync_expired(counts, touched) then
-    forget_gone(touched)
-    set('ver', num('ver') + 1)
-    save_streams()
-    save_meta()
-    publish(meta.ver)
-  end
-end
+settle_expired()
 local n = tonumber(ARGV[A])
 local out = {epoch = meta.epoch, la = meta.la, lp = num('lp'), nst = num('nst'), nseq = num('nseq')}
 local oldest = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
