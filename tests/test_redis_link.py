@@ -21,7 +21,7 @@ from mcpresume.session import NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
-from mcpresume.store.resp import Link
+from mcpresume.store.resp import POST_DELAY, Link
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisProcess
 
@@ -187,6 +187,55 @@ def test_a_refused_append_may_pass_once_every_reader_in_the_way_got_as_far_as_ne
     assert may_pass(refused, taken, Guard((((1,), 6),), False, (10,)))  # reader 11 is gone: not in the way
     assert may_pass(refused, taken, None)  # every reader gone
     assert may_pass(Appended(Evicted(), (0,)), taken, taken)  # the store said nothing: any move may do
+
+
+class _CountedWrites:
+    """The real transport, its writes recorded (uvloop's transport takes no attribute of ours)."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(data)
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+async def test_posted_commands_go_out_with_the_next_call_in_order_or_on_their_own_soon_after(
+    redis_db: str,
+) -> None:
+    """A posted command is not written at once: it rides in front of the next call (one write for both,
+    executed before it), or goes alone after ``POST_DELAY``; ``settle`` waits until Redis has run it."""
+    link = Link(redis_db, connect_timeout=5.0)
+    client = aioredis.Redis.from_url(redis_db)
+    key = f"mcpresume-test:{uuid.uuid4().hex}"
+    try:
+        assert await link.call("PING") == b"PONG"  # connected
+        protocol = link._protocol
+        assert protocol is not None and protocol.transport is not None
+        writes: list[bytes] = []
+        protocol.transport = _CountedWrites(protocol.transport, writes)  # type: ignore[assignment]
+        for _ in range(3):
+            assert link.post("INCR", key)
+        assert writes == []  # held back
+        assert await link.call("GET", key) == b"3"  # after all three
+        assert len(writes) == 1 and writes[0].count(b"INCR") == 3
+        assert link.post("INCR", key)
+        deadline = asyncio.get_running_loop().time() + 10
+        while await client.get(key) != b"4":  # no call follows: it went on its own
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(POST_DELAY)
+        assert len(writes) == 2
+        assert link.post("INCR", key)
+        await link.settle()
+        assert await client.get(key) == b"5" and len(writes) == 3
+    finally:
+        link.close()
+        await client.delete(key)
+        await client.aclose()
 
 
 async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -67,9 +68,11 @@ def session_tag(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def session_keys(session_id: str) -> list[str]:
+@functools.lru_cache(maxsize=4096)
+def session_keys(session_id: str) -> tuple[str, ...]:
+    """The session's six keys (cached: a stream's every call names them, and the tag is a SHA-256)."""
     prefix = "mcpresume:{" + session_tag(session_id) + "}:"
-    return [prefix + part for part in ("meta", "ev", "st", "rq", "ro", "bd")]
+    return tuple(prefix + part for part in ("meta", "ev", "st", "rq", "ro", "bd"))
 
 
 def no_script(reply: object) -> bool:
@@ -158,6 +161,9 @@ class RedisCalls:
                 await self._listener
             self._listener = None
         if self._link is not None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self.op_timeout):
+                    await self._link.settle()  # the posted delivery marks applied, not dropped
             self._link.close()
             self._link = None
         for client in (self.client, self._pubsub_client):
@@ -267,11 +273,11 @@ class RedisCalls:
         """One script of one session (``lua/<name>.lua``), bounded and measured (``call``)."""
         return await self.call(op, self._run(name, session_keys(session_id), (self.token, session_id, *args)))
 
-    async def _run(self, name: str, keys: list[str], args: Sequence[str | bytes]) -> Any:
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
         """EVALSHA through the link (loaded first if Redis does not have it: restarted, flushed), or through
         redis-py's script object, which does the same."""
         if self._link is None:
-            return await self._scripts[name](keys=keys, args=list(args))
+            return await self._scripts[name](keys=list(keys), args=list(args))
         sha = self._scripts[name].sha
         reply = await self._link.call("EVALSHA", sha, len(keys), *keys, *args)
         if no_script(reply):
