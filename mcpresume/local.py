@@ -122,7 +122,9 @@ class News:
         """True when the session changed since ``version`` or was dropped, False after ``timeout``. A bare
         future: a parked view holds no coroutine frame here."""
         heard = self._heard.get(session_id)
-        if heard is not None and heard != version:
+        # Only a newer version is news: one older than the caller's read (heard before it, when a shared
+        # store does not publish every change) must not send it round again and again.
+        if heard is not None and (heard == GONE or heard > version):
             done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             done.set_result(True)
             return done

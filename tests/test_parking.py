@@ -86,3 +86,15 @@ async def test_news_never_goes_backwards() -> None:
     assert news.wait("s", 6, 30.0).done()  # a view that read 6 has news
     news.changed("s", GONE)
     assert parked.done() and news.wait("s", 7, 30.0).done()  # dropped: every wait returns
+
+
+async def test_news_older_than_the_caller_s_read_is_not_news() -> None:
+    """A shared store publishes a change only where another process listens, so the last version heard
+    may be older than what a view then read (the session's creation, say): that view parks until a newer
+    change, rather than reading again at once, every time."""
+    news = News()
+    news.changed("s", 0)
+    parked = news.wait("s", 5, 30.0)
+    assert not parked.done()
+    news.changed("s", 6)
+    assert parked.done() and parked.result() is True

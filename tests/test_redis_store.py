@@ -29,7 +29,8 @@ from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord,
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.store.memory import MemoryStore
 from mcpresume.store.redis import RedisStore
-from mcpresume.store.redis_calls import session_keys
+from mcpresume.store.redis_calls import CHANNEL, session_keys
+from mcpresume.store.resp import Link
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support.redis import RedisClusterProcesses, RedisProcess
 
@@ -415,27 +416,49 @@ async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -
 # -- news ------------------------------------------------------------------------------------------------
 
 
-async def test_news_of_another_process_arrives_by_the_subscription(redis_db: str, make_store: Make) -> None:
+async def test_news_of_a_change_goes_out_only_when_another_process_reads_the_session(
+    redis_db: str, make_store: Make
+) -> None:
+    """Each process hears, by the one subscription, the changes other processes make to sessions it read in
+    the last minute; a change no other process listens for is not published at all (one replica alone,
+    or the pumping replica's own views: no PUBLISH, no message of its own to drop). Creating and deleting a
+    session are always published."""
     writer, reader = await make_store(redis_db), await make_store(redis_db)
     own: list[tuple[str, int]] = []
     writer.set_news(lambda sid, version: own.append((sid, version)))
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     reader.set_news(lambda sid, version: heard.put_nowait((sid, version)))
+    published: asyncio.Queue[bytes] = asyncio.Queue()
+    watcher = Link(redis_db, connect_timeout=5.0)
+    await watcher.subscribe(CHANNEL, published.put_nowait)
     sid = new_id()
-    await writer.create_session(sid, now=0.0)
-    opened = await writer.open_stream(sid, StreamOrigin.GET, [], now=0.0)
-    assert opened is not None
-    await writer.append(sid, opened.number, [msg()], now=0.0)
-    version = (await writer.read(sid, [opened.number], 0)).version  # type: ignore[union-attr]
-    # Its own changes: called at once, in order, the last one at the version a read sees.
-    assert own[-1] == (sid, version) and [v for _, v in own] == sorted(v for _, v in own)
-    while True:
-        news = await asyncio.wait_for(heard.get(), HANG_GUARD)
-        if news == (sid, version):
-            break
-    await writer.delete_session(sid)
-    while (await asyncio.wait_for(heard.get(), HANG_GUARD)) != (sid, -1):
-        pass
+    try:
+        await writer.create_session(sid, now=0.0)
+        created = own[-1][1]
+        opened = await writer.open_stream(sid, StreamOrigin.GET, [], now=0.0)
+        assert opened is not None
+        await writer.append(sid, opened.number, [msg()], now=0.0)  # nobody else listens: not published
+        await writer.read(sid, [opened.number], 0)  # its own read: still nobody else
+        await writer.append(sid, opened.number, [msg()], now=0.0)
+        assert await reader.read(sid, [opened.number], 0) is not None  # now the reader listens
+        await writer.append(sid, opened.number, [msg()], now=0.0)
+        version = (await writer.read(sid, [opened.number], 0)).version  # type: ignore[union-attr]
+        # Its own changes: called at once, in order, the last one at the version a read sees.
+        assert own[-1] == (sid, version) and [v for _, v in own] == sorted(v for _, v in own)
+        while (await asyncio.wait_for(heard.get(), HANG_GUARD)) != (sid, version):
+            pass
+        versions: list[int] = []
+        while not versions or versions[-1] != version:
+            message = await asyncio.wait_for(published.get(), HANG_GUARD)
+            _, number, about = message.decode().split(" ")
+            if about == sid:
+                versions.append(int(number))
+        assert versions == [created, version]  # the stream's opening and the first two appends: unheard
+        await writer.delete_session(sid)
+        while (await asyncio.wait_for(heard.get(), HANG_GUARD)) != (sid, -1):
+            pass
+    finally:
+        watcher.close()
 
 
 @pytest.mark.parametrize("appends_at", ["before_the_read", "between_the_read_and_the_wait", "after_the_wait"])
@@ -568,6 +591,7 @@ async def test_the_store_works_on_redis_cluster(
         assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.NEW)
         opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
         assert opened is not None and opened.epoch == epoch
+        assert await listener.read(sid, [opened.number], 0) is not None  # it listens from now on
         await store.append(sid, opened.number, [msg(), msg()], now=1.0)
         await store.end_stream(sid, opened.number, now=2.0)
         result = await store.read(sid, [opened.number], 0)

@@ -95,6 +95,7 @@ set('ver', num('ver') + 1)
 set('ne', num('ne') + count); set('nb', num('nb') + size)
 if evict(tonumber(now), counts, touched) or next(touched) then forget_gone(touched) end
 refresh(true)
+listen()
 save_streams()
 save_meta()
 publish(meta.ver)

@@ -55,9 +55,15 @@ end
 -- The keys' TTLs (a backstop: they outlive the logical limits by a minute and more). ``lazily`` (an append,
 -- the hot path): only when the last refresh is 2 s old or more by Redis's own clock (six PEXPIREs are a
 -- third of a small append's time); the meta's 'rx' says when, so call it before save_meta().
+local clock = nil
+local function redis_now()  -- Redis's own clock, in whole seconds (once per script)
+  if clock == nil then clock = tonumber(redis.call('TIME')[1]) end
+  return clock
+end
+
 local function refresh(lazily)
   if lazily then
-    local t = tonumber(redis.call('TIME')[1])
+    local t = redis_now()
     if t - num('rx') < 2 then return end
     set('rx', t)
   end
@@ -66,8 +72,36 @@ local function refresh(lazily)
   redis.call('PEXPIRE', BD, EV_TTL)
 end
 
+-- Who hears the session's news: the meta's 'ls', '<token> <deadline> ...' (Redis's clock, seconds), each
+-- process that read the session or appended to it in the last LISTEN seconds (``listen``, by read, view,
+-- open and append; written again only when under RELISTEN seconds are left). A change is published only
+-- when another process listens: one replica alone, or the pumping replica's own views, cost Redis no
+-- PUBLISH and the process no message of its own to drop. A waiting view reads again at least every 15 s
+-- (its heartbeat), so its process stays listed while it waits; a session not loaded (create, delete) is
+-- always published.
+local LISTEN, RELISTEN = 60, 40
+local function listen()
+  local now, mine, kept = redis_now(), nil, {}
+  for token, deadline in string.gmatch(meta.ls or '', '(%S+) (%d+)') do
+    deadline = tonumber(deadline)
+    if token == TOKEN then mine = deadline
+    elseif deadline > now then kept[#kept + 1] = token .. ' ' .. deadline end
+  end
+  if mine and mine - now >= RELISTEN then return end
+  kept[#kept + 1] = TOKEN .. ' ' .. (now + LISTEN)
+  set('ls', table.concat(kept, ' '))
+end
+local function heard_elsewhere()
+  if meta == nil then return true end
+  local now = redis_now()
+  for token, deadline in string.gmatch(meta.ls or '', '(%S+) (%d+)') do
+    if token ~= TOKEN and tonumber(deadline) > now then return true end
+  end
+  return false
+end
+
 local function publish(version)
-  redis.call('PUBLISH', CHANNEL, TOKEN .. ' ' .. version .. ' ' .. SID)
+  if heard_elsewhere() then redis.call('PUBLISH', CHANNEL, TOKEN .. ' ' .. version .. ' ' .. SID) end
 end
 
 local function drop_all() redis.call('DEL', META, EV, ST, RQ, RO, BD) end

@@ -27,6 +27,7 @@ if primed then
   if evict(tonumber(now), counts, touched) or next(touched) then forget_gone(touched) end
 end
 save_streams()
+listen()
 save_meta()
 refresh()
 publish(meta.ver)

@@ -4,6 +4,7 @@
 -- field's value (HMGET, or its own copy: a field is written once).
 if not load_meta() then return false end
 settle_expired()
+listen(); save_meta()
 local after, most, most_bytes = tonumber(ARGV[A]), tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2])
 local wanted = {}
 local all_ended = true

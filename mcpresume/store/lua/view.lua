@@ -1,6 +1,7 @@
 -- view (ARGV: stream): the facts of the resume decision, as JSON, or false.
 if not load_meta() then return false end
 settle_expired()
+listen(); save_meta()
 local n = tonumber(ARGV[A])
 local out = {epoch = meta.epoch, la = meta.la, lp = num('lp'), nst = num('nst'), nseq = num('nseq')}
 local oldest = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
