@@ -1,5 +1,6 @@
 -- mark_delivered (ARGV: seq, streams...).
-if not load_meta() then return 0 end
+-- (the meta is only checked, not loaded: a mark comes with every write to a client)
+if redis.call('EXISTS', META) == 0 then return 0 end
 local seq = tonumber(ARGV[A])
 for i = A + 1, #ARGV do
   local n = tonumber(ARGV[i])
