@@ -14,8 +14,10 @@ from aiohttp import web
 
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import serve_example_upstream
+from mcpresume.store.redis import RedisStore
+from mcpresume.window import WindowLimits
 from tests.support import EVENT_STORE_RETRY_MS
-from tests.support.redis import RedisClusterProcesses, RedisProcess
+from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess
 
 ServeApp = Callable[[web.Application], Awaitable[str]]
 
@@ -114,6 +116,25 @@ def redis_cluster_db(redis_cluster: RedisClusterProcesses) -> str:
             sock.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
             assert sock.recv(64) == b"+OK\r\n"
     return redis_cluster.url
+
+
+@pytest.fixture
+async def redis_stores() -> AsyncIterator[MakeRedisStore]:
+    """``make(url, limits, **options)``: a started ``RedisStore`` (60 s sessions, 1,000 at most, the priming
+    event's retry 1000 ms, unless ``options`` say otherwise), closed after the test."""
+    stores: list[RedisStore] = []
+
+    async def make(url: str, limits: WindowLimits, **options: Any) -> RedisStore:
+        store = RedisStore(
+            url, limits, **{"session_ttl": 60.0, "max_sessions": 1000, "retry_ms": 1000, **options}
+        )
+        await store.start()
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
 
 
 @pytest.fixture

@@ -5,9 +5,10 @@ copy), and how far a reader must get before a refused append can pass (``Appende
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
 from mcpresume.store.resp import POST_DELAY, Link
 from mcpresume.window import EventKind, Evicted, WindowLimits
-from tests.support.redis import RedisProcess
+from tests.support import new_session_id
+from tests.support.redis import MakeRedisStore, RedisProcess
 
 LIMITS = WindowLimits(max_events=4, max_bytes=1 << 20, ttl=300.0)
 
@@ -31,22 +33,9 @@ Make = Callable[..., Awaitable[RedisStore]]
 
 
 @pytest.fixture
-async def make_store() -> AsyncIterator[Make]:
-    stores: list[RedisStore] = []
-
-    async def make(url: str, limits: WindowLimits = LIMITS, **options: Any) -> RedisStore:
-        store = RedisStore(url, limits, session_ttl=60.0, max_sessions=100, retry_ms=None, **options)
-        await store.start()
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        await store.close()
-
-
-def new_id() -> str:
-    return f"sess-{uuid.uuid4().hex}"
+def make_store(redis_stores: MakeRedisStore) -> Make:
+    """A started store with these tests' window (4 events), 100 sessions at most and no priming retry."""
+    return functools.partial(redis_stores, limits=LIMITS, max_sessions=100, retry_ms=None)
 
 
 def msg(text: bytes) -> NewEvent:
@@ -84,7 +73,7 @@ async def test_the_url_s_password_and_database_are_used(own_redis: RedisProcess,
     assert _raw(own_redis.port, b"CONFIG", b"SET", b"requirepass", b"s3cret") == b"+OK\r\n"
     url = f"redis://:s3cret@127.0.0.1:{own_redis.port}/3"
     store = await make_store(url)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -106,7 +95,7 @@ async def test_scripts_flushed_from_redis_are_loaded_again(redis_db: str, make_s
     """After SCRIPT FLUSH (or a Redis restart) every EVALSHA gets NOSCRIPT: the store loads the script and
     calls again, also for the append inside its MULTI."""
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -129,7 +118,7 @@ async def test_another_process_reads_the_bodies_by_hmget_and_gets_the_same_bytes
     redis_db: str, make_store: Make
 ) -> None:
     writer, reader = await make_store(redis_db), await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await writer.create_session(sid, now=0.0)
     opened = await writer.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -151,7 +140,7 @@ async def test_bodies_go_with_their_events_and_a_refused_append_leaves_none(
     redis_db: str, make_store: Make
 ) -> None:
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -245,7 +234,7 @@ async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
     After SCRIPT FLUSH the posted mark's NOSCRIPT reply is counted, and the script is loaded again."""
     metrics = Metrics(CollectorRegistry())
     store = await make_store(redis_db, metrics=metrics)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -305,7 +294,7 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
     store, other = await make_store(own_redis.url), await make_store(own_redis.url)
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None

@@ -6,9 +6,9 @@ Cluster."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -32,7 +32,8 @@ from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import CHANNEL, session_keys
 from mcpresume.store.resp import Link
 from mcpresume.window import EventKind, Evicted, WindowLimits
-from tests.support.redis import RedisClusterProcesses, RedisProcess
+from tests.support import new_session_id
+from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess
 
 LIMITS = WindowLimits(max_events=8, max_bytes=1 << 20, ttl=300.0)
 SESSION_TTL = 60.0
@@ -42,26 +43,9 @@ Make = Callable[..., Awaitable[RedisStore]]
 
 
 @pytest.fixture
-async def make_store() -> AsyncIterator[Make]:
-    stores: list[RedisStore] = []
-
-    async def make(
-        url: str, limits: WindowLimits = LIMITS, retry_ms: int | None = 1000, **options: Any
-    ) -> RedisStore:
-        store = RedisStore(
-            url, limits, session_ttl=SESSION_TTL, max_sessions=1000, retry_ms=retry_ms, **options
-        )
-        await store.start()
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        await store.close()
-
-
-def new_id() -> str:
-    return f"sess-{uuid.uuid4().hex}"
+def make_store(redis_stores: MakeRedisStore) -> Make:
+    """A started store with these tests' window (8 events) and session TTL."""
+    return functools.partial(redis_stores, limits=LIMITS, session_ttl=SESSION_TTL)
 
 
 def msg(size: int = 10) -> NewEvent:
@@ -121,7 +105,7 @@ class RedisAgainstMemory(RuleBasedStateMachine):
         )
         self.run(self.flush())
         self.run(self.redis.start())
-        self.sid = new_id()
+        self.sid = new_session_id()
         self.now = 0.0
         self.requests = 0
         self.epochs = self.run(self.both("create_session", self.sid, 0.0))
@@ -263,7 +247,7 @@ async def test_a_repeated_append_is_a_no_op(redis_db: str, make_store: Make) -> 
     """The reply to an append is lost (a time-out after Redis applied it) and the call is made again: it
     carries the stream's last seq as seen before the first, so nothing is appended twice."""
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -292,8 +276,8 @@ async def test_the_client_library_retries_no_call(
 async def test_a_guarded_append_that_would_evict_unsent_events_appends_nothing(
     redis_db: str, make_store: Make
 ) -> None:
-    store = await make_store(redis_db, WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
-    sid = new_id()
+    store = await make_store(redis_db, limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -314,7 +298,7 @@ async def test_every_key_of_a_session_is_in_one_slot_and_the_meta_outlives_the_e
     redis_db: str, make_store: Make
 ) -> None:
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -334,7 +318,7 @@ async def test_every_key_of_a_session_is_in_one_slot_and_the_meta_outlives_the_e
 async def test_after_a_flush_the_session_is_unknown(redis_db: str, make_store: Make) -> None:
     """A Redis flushed (or restarted empty): old cursors' session is unknown (404), never a replay."""
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -358,7 +342,7 @@ async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
     stays known, and its events count as evicted (a re-attach gets 409), not as a window that holds nothing
     after the cursor (a silent gap)."""
     store = await make_store(redis_db)
-    sid = new_id()
+    sid = new_session_id()
     epoch = await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -385,10 +369,10 @@ async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
 
 async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -> None:
     store = await make_store(redis_db)
-    mine, theirs = new_id(), new_id()
+    mine, theirs = new_session_id(), new_session_id()
     epoch = await store.create_session(mine, now=0.0, owner="pod-a")
     await store.create_session(theirs, now=0.0, owner="pod-b")
-    assert (await store.owner(mine), await store.owner(theirs), await store.owner(new_id())) == (
+    assert (await store.owner(mine), await store.owner(theirs), await store.owner(new_session_id())) == (
         "pod-a",
         "pod-b",
         None,
@@ -431,7 +415,7 @@ async def test_news_of_a_change_goes_out_only_when_another_process_reads_the_ses
     published: asyncio.Queue[bytes] = asyncio.Queue()
     watcher = Link(redis_db, connect_timeout=5.0)
     await watcher.subscribe(CHANNEL, published.put_nowait)
-    sid = new_id()
+    sid = new_session_id()
     try:
         await writer.create_session(sid, now=0.0)
         created = own[-1][1]
@@ -472,7 +456,7 @@ async def test_a_view_on_another_process_misses_no_append_racing_its_history_rea
     owner, other = await make_store(redis_db), await make_store(redis_db)
     news = News()
     other.set_news(news.changed)
-    sid = new_id()
+    sid = new_session_id()
     await owner.create_session(sid, now=0.0)
     opened = await owner.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -509,7 +493,7 @@ async def test_a_stopped_redis_is_store_unavailable_within_a_second_then_recover
     store's deadline, ready() is False, and the errors are counted; SIGCONT: it works again."""
     metrics = Metrics(CollectorRegistry())
     store = await make_store(own_redis.url, metrics=metrics)
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     own_redis.pause()
     try:
@@ -548,7 +532,7 @@ async def test_a_killed_redis_is_unavailable_and_after_its_restart_the_session_i
     store = await make_store(own_redis.url)
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     own_redis.stop()
     with pytest.raises(StoreUnavailable):
@@ -557,7 +541,7 @@ async def test_a_killed_redis_is_unavailable_and_after_its_restart_the_session_i
     own_redis.restart()  # empty: no persistence
     await _until_ready(store)
     assert await store.view(sid, 1) is None and await store.access(sid) is None
-    again = new_id()
+    again = new_session_id()
     await store.create_session(again, now=1.0)
     assert await store.claim(again, ["n:1"]) == Claim(ClaimOutcome.NEW)
     # The news subscription reconnected: another process's change is heard again.
@@ -584,7 +568,7 @@ async def test_the_store_works_on_redis_cluster(
     store, listener = await make_store(redis_cluster.url), await make_store(redis_cluster.url)
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     listener.set_news(lambda sid, version: heard.put_nowait((sid, version)))
-    sids = [new_id() for _ in range(6)]
+    sids = [new_session_id() for _ in range(6)]
     assert len({key_slot(session_keys(sid)[0].encode()) // 5462 for sid in sids}) > 1  # several nodes
     for sid in sids:
         epoch = await store.create_session(sid, now=0.0)

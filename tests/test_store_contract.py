@@ -8,7 +8,6 @@ the tests that need it to expire use a tiny one.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from mcpresume.sse import frame_body
 from mcpresume.store import OpenedStream, SessionStore, StoreStats
 from mcpresume.store.memory import MemoryStore
 from mcpresume.window import EventKind, EvictReason, WindowLimits
+from tests.support import new_session_id
 from tests.support.events import kept
 
 BACKENDS = ["memory", "redis", "redis-cluster"]  # redis-cluster: a real 3-node Redis Cluster
@@ -102,10 +102,6 @@ async def store(store_factory: StoreFactory) -> SessionStore:
     return await store_factory()
 
 
-def new_id() -> str:
-    return f"sess-{uuid.uuid4().hex}"  # unique per test, so a shared backend needs no flushing
-
-
 def msg(data: bytes = b'{"jsonrpc":"2.0","method":"notifications/progress"}') -> NewEvent:
     return NewEvent(frame_body(data), EventKind.MESSAGE)
 
@@ -137,7 +133,7 @@ async def test_ready(store: SessionStore) -> None:
 
 
 async def test_create_has_delete(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     assert not await store.has_session(sid)
     epoch = await store.create_session(sid, now=0.0)
     assert len(epoch) == EPOCH_LEN and parse_cursor(encode_cursor(epoch, 1, 1)) == Cursor(epoch, 1, 1)
@@ -148,7 +144,7 @@ async def test_create_has_delete(store: SessionStore) -> None:
 
 
 async def test_unknown_session_answers(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     assert await store.claim(sid, ["n:1"]) is None
     assert await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0) is None
     assert await store.view(sid, 1) is None
@@ -165,7 +161,7 @@ async def test_unknown_session_answers(store: SessionStore) -> None:
 
 
 async def test_create_twice_gives_a_new_epoch_and_a_fresh_session(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     first = await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -190,7 +186,7 @@ async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps
     answers initialize with it again (a re-issued id). An attachment and a pump of the old incarnation hold
     only (session id, stream number): they must not see or feed the new incarnation's stream that happens
     to get the same number."""
-    sid = new_id()
+    sid = new_session_id()
     old_epoch = await store.create_session(sid, now=0.0)
     old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert old is not None
@@ -216,7 +212,7 @@ async def test_a_new_incarnation_is_isolated_from_the_old_ones_readers_and_pumps
 async def test_calls_of_an_ended_incarnation_do_not_touch_the_new_one(store: SessionStore) -> None:
     """A request forwarded in one incarnation may be answered after the upstream re-issued its session id:
     with the old epoch, its claim, release, settle, stream and drop find no session."""
-    sid = new_id()
+    sid = new_session_id()
     old = await store.create_session(sid, now=0.0)
     assert await store.claim(sid, ["n:7"], epoch=old) == Claim(ClaimOutcome.NEW)
     new = await store.create_session(sid, now=1.0)
@@ -233,7 +229,7 @@ async def test_calls_of_an_ended_incarnation_do_not_touch_the_new_one(store: Ses
 
 
 async def test_credentials_are_bound_at_creation_and_remembered_per_incarnation(store: SessionStore) -> None:
-    sid, other = new_id(), new_id()
+    sid, other = new_session_id(), new_session_id()
     assert await store.access(sid) is None
     epoch = await store.create_session(sid, now=0.0, credential=b"a" * 32)
     open_epoch = await store.create_session(other, now=0.0)
@@ -253,7 +249,7 @@ async def test_a_view_of_the_old_incarnation_is_not_parked_on_the_new_one(store:
     """A view waits on the version of its last read. If the session id is re-created meanwhile and the new
     incarnation happens to reach the same number of changes, that wait must still return at once (the
     view then reads, and finds the gap), not park until the new incarnation's next change."""
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert old is not None
@@ -266,7 +262,7 @@ async def test_a_view_of_the_old_incarnation_is_not_parked_on_the_new_one(store:
 
 async def test_max_sessions(store_factory: StoreFactory) -> None:
     store = await store_factory(max_sessions=2)
-    a, b, c = new_id(), new_id(), new_id()
+    a, b, c = new_session_id(), new_session_id(), new_session_id()
     await store.create_session(a, now=0.0)
     await store.create_session(b, now=0.0)
     with pytest.raises(TooManySessions) as info:
@@ -286,7 +282,7 @@ async def test_max_sessions(store_factory: StoreFactory) -> None:
 async def test_max_sessions_counts_only_live_sessions(store_factory: StoreFactory) -> None:
     """At the limit, an expired idle session makes room; one with client activity does not."""
     store = await store_factory(max_sessions=2)
-    idle, busy, newcomer = new_id(), new_id(), new_id()
+    idle, busy, newcomer = new_session_id(), new_session_id(), new_session_id()
     await store.create_session(idle, now=0.0)
     await store.create_session(busy, now=0.0)
     await store.touch([busy], now=SESSION_TTL)  # a view is open on it (the shell touches it)
@@ -294,14 +290,16 @@ async def test_max_sessions_counts_only_live_sessions(store_factory: StoreFactor
     assert not await store.has_session(idle)
     assert await store.has_session(busy) and await store.has_session(newcomer)
     with pytest.raises(TooManySessions):
-        await store.create_session(new_id(), now=SESSION_TTL + 2)  # busy was touched; newcomer is fresh
+        await store.create_session(
+            new_session_id(), now=SESSION_TTL + 2
+        )  # busy was touched; newcomer is fresh
 
 
 # -- streams, appends, reads --------------------------------------------------------------------------------
 
 
 async def test_open_append_read_end(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     epoch = await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened == OpenedStream(number=1, epoch=epoch, priming_seq=1)
@@ -329,7 +327,7 @@ async def test_open_append_read_end(store: SessionStore) -> None:
 
 
 async def test_read_merges_streams_and_isolates_them(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     a = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     b = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
@@ -346,7 +344,7 @@ async def test_read_merges_streams_and_isolates_them(store: SessionStore) -> Non
 
 async def test_append_reports_evictions_and_read_reports_the_gap(store_factory: StoreFactory) -> None:
     store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -359,7 +357,7 @@ async def test_append_reports_evictions_and_read_reports_the_gap(store_factory: 
 
 
 async def test_standalone_stream(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     assert await store.standalone_stream(sid) is None
     await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
@@ -376,7 +374,7 @@ async def test_standalone_stream(store: SessionStore) -> None:
 
 async def test_grouped_streams_name_each_other_in_their_views(store_factory: StoreFactory) -> None:
     store = await store_factory(limits=WindowLimits(max_events=6, max_bytes=1 << 20, ttl=300.0))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     numbers = []
     for key in ("n:1", "n:2", "n:3", "n:4"):
@@ -407,7 +405,7 @@ async def test_grouped_streams_name_each_other_in_their_views(store_factory: Sto
 
 
 async def test_view(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     epoch = await store.create_session(sid, now=0.0)
     empty = await store.view(sid, 1)
     assert empty is not None
@@ -438,7 +436,7 @@ async def test_view(store: SessionStore) -> None:
 
 
 async def test_claim_and_release(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.NEW)
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.IN_FLIGHT)
@@ -462,7 +460,7 @@ async def _version(store: SessionStore, sid: str, stream: int) -> int:
 
 
 async def _session_with_stream(store: SessionStore) -> tuple[str, int]:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.GET, [], now=0.0)
     assert opened is not None
@@ -541,7 +539,7 @@ async def test_wait_is_woken_when_reap_drops_the_session(store: SessionStore) ->
 
 
 async def test_reap_drops_a_session_only_when_idle_and_past_its_ttl(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     dropped, _ = await store.reap(now=SESSION_TTL - 0.1)
     assert sid not in dropped and await store.has_session(sid)
@@ -551,7 +549,7 @@ async def test_reap_drops_a_session_only_when_idle_and_past_its_ttl(store: Sessi
 
 
 async def test_a_touched_session_expires_a_ttl_after_its_last_touch(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     await store.touch([sid], now=500.0)  # a view attached, or still open at a housekeeping round
     dropped, _ = await store.reap(now=500.0 + SESSION_TTL - 0.1)
@@ -559,7 +557,7 @@ async def test_a_touched_session_expires_a_ttl_after_its_last_touch(store: Sessi
     await store.touch([sid], now=400.0)  # a late touch (another replica's clock) never moves it back
     dropped, _ = await store.reap(now=500.0 + SESSION_TTL - 0.1)
     assert sid not in dropped
-    await store.touch([sid, new_id()], now=600.0)  # the view left; an unknown id is no error
+    await store.touch([sid, new_session_id()], now=600.0)  # the view left; an unknown id is no error
     dropped, _ = await store.reap(now=600.0 + SESSION_TTL - 0.1)
     assert sid not in dropped  # the ttl counts from the last touch
     dropped, _ = await store.reap(now=600.0 + SESSION_TTL + 0.1)
@@ -567,7 +565,7 @@ async def test_a_touched_session_expires_a_ttl_after_its_last_touch(store: Sessi
 
 
 async def test_a_pumping_post_stream_keeps_the_session(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None
@@ -590,7 +588,7 @@ async def test_client_activity_postpones_expiry_upstream_traffic_does_not(store:
 
 async def test_reap_reports_expired_window_events(store_factory: StoreFactory) -> None:
     store = await store_factory(limits=WindowLimits(max_events=64, max_bytes=1 << 20, ttl=10.0))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)  # keeps the session alive
     assert opened is not None
@@ -653,13 +651,13 @@ async def test_pause_blocks_an_append_that_would_evict_what_no_client_was_sent(
 
 
 async def test_an_append_to_an_unknown_session_is_not_blocked(store: SessionStore) -> None:
-    appended = await store.append(new_id(), 1, [msg()], now=0.0, guard=Guard(keep_undelivered=True))
+    appended = await store.append(new_session_id(), 1, [msg()], now=0.0, guard=Guard(keep_undelivered=True))
     assert appended.blocked is None and not appended.evicted
 
 
 async def test_a_gone_stream_reads_complete_to_a_reader_that_sent_it_all(store_factory: StoreFactory) -> None:
     store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0)
     old = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert old is not None
@@ -678,7 +676,7 @@ async def test_a_gone_stream_reads_complete_to_a_reader_that_sent_it_all(store_f
 
 
 async def test_owner_and_replica_registry(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     await store.create_session(sid, now=0.0, owner="pod-a")
     assert await store.owner(sid) == "pod-a"
     assert await store.replica_url("pod-a", now=0.0) is None
@@ -701,7 +699,7 @@ async def test_owner_and_replica_registry(store: SessionStore) -> None:
 
 async def test_stats(store: SessionStore) -> None:
     assert await store.stats() == StoreStats(sessions=0, window_events=0, window_bytes=0)
-    a, b = new_id(), new_id()
+    a, b = new_session_id(), new_session_id()
     await store.create_session(a, now=0.0)
     await store.create_session(b, now=0.0)
     opened = await store.open_stream(a, StreamOrigin.POST, ["n:1"], now=0.0)
@@ -747,7 +745,7 @@ async def test_close_drops_everything_and_wakes_waiters(
 async def test_the_sessions_of_a_lost_owner_are_taken_over_once(store: SessionStore) -> None:
     """A replica whose lease is gone owns sessions: ``lost_owners`` names it, and of two replicas taking it
     over, the first gets its sessions (and their orphans to pump), the second nothing."""
-    pumped, quiet, others = new_id(), new_id(), new_id()
+    pumped, quiet, others = new_session_id(), new_session_id(), new_session_id()
     epoch = await store.create_session(pumped, now=0.0, owner="a")
     await store.create_session(quiet, now=0.0, owner="a")
     await store.create_session(others, now=0.0, owner="b")
@@ -768,7 +766,7 @@ async def test_the_sessions_of_a_lost_owner_are_taken_over_once(store: SessionSt
 
 
 async def test_a_retired_session_takes_no_new_request_and_still_reads(store: SessionStore) -> None:
-    sid = new_id()
+    sid = new_session_id()
     epoch = await store.create_session(sid, now=0.0)
     opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
     assert opened is not None

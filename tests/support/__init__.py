@@ -4,8 +4,9 @@ small shared constants / probes used by ``tests/conftest.py``."""
 from __future__ import annotations
 
 import socket
+import uuid
 
-__all__ = ["EVENT_STORE_RETRY_MS", "redis_ping"]
+__all__ = ["EVENT_STORE_RETRY_MS", "new_session_id", "redis_ping"]
 
 EVENT_STORE_RETRY_MS = 200
 """``retry`` (ms) of the ``example_upstream_with_event_store`` fixture: SDK clients reconnect after it."""
@@ -19,3 +20,8 @@ def redis_ping(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool
             return sock.recv(64) == b"+PONG\r\n"
     except OSError:
         return False
+
+
+def new_session_id() -> str:
+    """A session id unique to its test, so a shared backend (Redis) needs no flushing between tests."""
+    return f"sess-{uuid.uuid4().hex}"

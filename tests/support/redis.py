@@ -11,13 +11,18 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from mcpresume.store.redis import RedisStore
 from tests.support import redis_ping
 
 START_TIMEOUT = 15.0
+
+MakeRedisStore = Callable[..., Awaitable[RedisStore]]
+"""The ``redis_stores`` fixture (tests/conftest.py): ``make(url, limits, **options)`` -> a started store."""
 
 
 def free_port() -> int:
