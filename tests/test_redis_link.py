@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from mcpresume.errors import StoreUnavailable
 from mcpresume.flow import Appended, Guard, may_pass
 from mcpresume.metrics import Metrics
-from mcpresume.session import NewEvent, StreamOrigin
+from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
@@ -289,8 +289,9 @@ async def test_a_subscribed_link_hands_over_each_message_and_says_when_it_is_los
 async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
     own_redis: RedisProcess, make_store: Make
 ) -> None:
-    """Paused Redis: the read at the event before the last append is answered here, as Redis would; any other
-    read, and any read once another process changed the session, waits for Redis."""
+    """Paused Redis: a read from within this process's last appends (one after the other, nothing else in
+    between) is answered here, as Redis would; any other read, and any read once another process changed
+    the session, waits for Redis."""
     store, other = await make_store(own_redis.url), await make_store(own_redis.url)
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
@@ -300,27 +301,31 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
     assert opened is not None
     await store.append(sid, opened.number, [msg(b"one")], now=0.0)
     await store.append(sid, opened.number, [msg(b"two"), msg(b"three")], now=0.0)
-    from_redis = await other.read(sid, [opened.number], 2)  # a process that made no append: from Redis
-    assert from_redis is not None
+    # a process that made no append reads from Redis: at the event before the last append, before the one
+    # before it (seq 1 is the stream's priming event), and within the last one, one event at most
+    reads = [(2, READ_MAX_EVENTS), (1, READ_MAX_EVENTS), (3, READ_MAX_EVENTS), (1, 1)]
+    from_redis = [await other.read(sid, [opened.number], after, most) for after, most in reads]
     own_redis.pause()
     try:
-        local = await store.read(sid, [opened.number], 2)
-        assert local is not None and [e.seq for e in local.events] == [3, 4]
-        assert (local.body(), local.version, local.complete, local.gap, local.more) == (
-            from_redis.body(),
-            from_redis.version,
-            from_redis.complete,
-            from_redis.gap,
-            from_redis.more,
-        )
+        for (after, most), expected in zip(reads, from_redis, strict=True):
+            local = await store.read(sid, [opened.number], after, most)
+            assert local is not None and expected is not None
+            assert (local.body(), local.version, local.complete, local.gap, local.more) == (
+                expected.body(),
+                expected.version,
+                expected.complete,
+                expected.gap,
+                expected.more,
+            )
+        assert [e.seq for e in local.events] == [2] and local.more
         with pytest.raises(StoreUnavailable):
-            await store.read(sid, [opened.number], 1)  # not at the event before it
+            await store.read(sid, [opened.number], 0)  # before the first of them (the priming event)
         with pytest.raises(StoreUnavailable):
             await store.read(sid, [opened.number + 1], 2)  # another stream
     finally:
         own_redis.resume()
     await other.open_stream(sid, StreamOrigin.GET, [], now=0.0)  # a change by another process
-    while (await asyncio.wait_for(heard.get(), 30))[1] <= local.version:
+    while (await asyncio.wait_for(heard.get(), 30))[1] <= local.version:  # type: ignore[union-attr]
         pass
     own_redis.pause()
     try:
@@ -328,3 +333,27 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
             await store.read(sid, [opened.number], 2)
     finally:
         own_redis.resume()
+
+
+async def test_a_read_of_events_evicted_from_this_process_s_last_appends_asks_redis(
+    own_redis: RedisProcess, make_store: Make
+) -> None:
+    """The window (4 events) evicts the first of three appends as the last is made: a reader still before
+    it asks Redis, which says it fell behind (a gap); a reader past it is answered here."""
+    store = await make_store(own_redis.url)
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)  # its priming event: seq 1
+    assert opened is not None
+    for texts in ([b"two"], [b"three", b"four"], [b"five", b"six"]):
+        await store.append(sid, opened.number, [msg(t) for t in texts], now=0.0)
+    own_redis.pause()
+    try:
+        local = await store.read(sid, [opened.number], 2)
+        assert local is not None and [e.seq for e in local.events] == [3, 4, 5, 6]
+        with pytest.raises(StoreUnavailable):
+            await store.read(sid, [opened.number], 1)  # seq 2 is evicted: not answered here
+    finally:
+        own_redis.resume()
+    behind = await store.read(sid, [opened.number], 1)
+    assert behind is not None and behind.gap

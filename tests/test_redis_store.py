@@ -359,7 +359,7 @@ async def test_events_gone_by_their_ttl_read_as_evicted_never_as_nothing_missed(
         await client.aclose()
     # (Redis expires the events key no sooner than the window's age limit + 60 s after the last append:
     # later than this process's own copy of that append is used for a read, store.copies.FRESH.)
-    store._copies.last.clear()
+    store._copies.recent.clear()
     gap = await store.read(sid, [opened.number], 1)
     assert gap is not None and gap.gap
     view = await store.view(sid, opened.number)

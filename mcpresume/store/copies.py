@@ -65,7 +65,7 @@ def split(blob: bytes, offset: int, lengths: Sequence[int]) -> tuple[list[bytes]
 @dataclasses.dataclass(frozen=True, slots=True)
 class LastAppend:
     """One append this process made: its events' first seq, their stream, sizes and bodies' field, when,
-    their bytes, and the session's version after it."""
+    their bytes, the session's version after it, and the last seq of its stream evicted so far (then)."""
 
     first: int
     stream: int
@@ -74,54 +74,113 @@ class LastAppend:
     at: float
     size: int
     version: int
+    evicted_through: int = 0
     made: float = dataclasses.field(default_factory=time.monotonic)  # for ``FRESH`` s only
 
+    @property
+    def end(self) -> int:
+        """The seq after its last event."""
+        return self.first + len(self.lengths)
 
-# ``Copies.read`` answers only this long after the append: every eviction is a script (which forgets it) but
-# one, Redis expiring the events key, which an append puts off by the window's age limit plus 60 s.
+
+# ``Copies.read`` answers only this long after an append: every eviction is a script (which forgets the
+# copies, or, an append of this process, says how far its stream is evicted) but one, Redis expiring the
+# events key, which an append puts off by the window's age limit plus 60 s.
 FRESH: Final = 1.0
+# A session's last appends kept for reads: a view one or a few appends behind its pump reads them here too.
+RECENT: Final = 8
 
 
 class Copies:
-    """The bodies this process holds, each session's last append by this process while nothing else is
-    known to have changed the session since, and the sessions' epochs (the cursors a read writes)."""
+    """The bodies this process holds; each session's last appends by this process (``RECENT`` at most, one
+    after the other: consecutive seqs and versions) while nothing else is known to have changed the session
+    since; and the sessions' epochs (the cursors a read writes)."""
 
-    __slots__ = ("bodies", "epochs", "last")
+    __slots__ = ("bodies", "epochs", "recent")
 
     def __init__(self) -> None:
         self.bodies = Bodies()
-        self.last: dict[str, LastAppend] = {}
+        self.recent: dict[str, list[LastAppend]] = {}
         self.epochs: dict[str, bytes] = {}
 
+    def appended(self, session_id: str, copy: LastAppend) -> None:
+        """This process's append, just made: the session's history since the one before it, if that is the
+        last known change; else the first of a new run."""
+        recent = self.recent.get(session_id)
+        if recent and recent[-1].version + 1 == copy.version and recent[-1].end == copy.first:
+            if recent[-1].stream != copy.stream:
+                recent.clear()  # one stream's at a time: a read of it then needs no other stream's facts
+            elif len(recent) == RECENT:
+                del recent[0]
+            recent.append(copy)
+        else:
+            self.recent[session_id] = [copy]
+
     def changed(self, session_id: str) -> None:
-        """The session changed otherwise than by the last append (or may have): reads go to Redis."""
-        self.last.pop(session_id, None)
+        """The session changed otherwise than by this process's appends (or may have): reads go to Redis."""
+        self.recent.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
-        self.last.pop(session_id, None)
+        self.recent.pop(session_id, None)
         self.epochs.pop(session_id, None)
 
     def read(
         self, session_id: str, streams: Sequence[int], after: int, max_events: int, max_bytes: int
     ) -> ReadResult | None:
-        """The read, answered here, when its reader is at the event before this process's last append to
-        the session and nothing else is known to have changed the session since: the events after the
-        position are that append's (seqs are the session's, so none can be in between), none of them was
-        evicted by it, and the answer is the store's as of that append's version (a change since, of this
-        process or another, is news after that version: the view reads again). A view keeping up with a
-        stream of this process's pump then costs no round trip per event. None: ask Redis."""
-        last = self.last.get(session_id)
-        if last is None or last.first != after + 1 or last.stream not in streams:
+        """The read, answered here, when its reader is within this process's last appends to the session and
+        nothing else is known to have changed the session since the first of them: the events after the
+        position are those appends' (seqs are the session's, so none of another stream can be in between),
+        none of those was evicted (the last append says how far its stream is), and the answer is the
+        store's as of the last append's version (a change since, of this process or another, is news after
+        that version: the view reads again). As many events as a read from Redis would give (``max_events``,
+        ``max_bytes``, at least one). A view keeping up with a stream of this process's pump then costs no
+        round trip per read. None: ask Redis."""
+        recent = self.recent.get(session_id)
+        if not recent:
             return None
-        if time.monotonic() - last.made > FRESH:
-            del self.last[session_id]
+        last = recent[-1]
+        if last.stream not in streams or not recent[0].first <= after + 1 < last.end:
             return None
-        count = len(last.lengths)
-        if count > max_events or (last.size > max_bytes and count > 1):
+        if after < last.evicted_through:
+            return None  # evicted past the reader: Redis says how (a gap)
+        if time.monotonic() - recent[0].made > FRESH:
+            del self.recent[session_id]
             return None
-        epoch, blob = self.epochs.get(session_id), self.bodies.get(last.field)
-        if epoch is None or blob is None:
+        epoch = self.epochs.get(session_id)
+        if epoch is None:
             return None
-        blocks, size = split(blob, 0, last.lengths)
-        segment = Segment.of(last.stream, last.first, blocks, last.at, size)
-        return ReadResult([segment], False, False, last.version, False, epoch)
+        segments: list[Segment] = []
+        events = size = 0
+        more = False
+        for copy in recent:
+            if copy.end <= after + 1:
+                continue
+            blob = self.bodies.get(copy.field)
+            if blob is None:
+                return None
+            skip = max(0, after + 1 - copy.first)
+            count = len(copy.lengths)
+            if not skip and events + count <= max_events and (size + copy.size <= max_bytes or not events):
+                # the usual case: the whole append (as a read from Redis takes a whole entry)
+                blocks, _ = split(blob, 0, copy.lengths)
+                segments.append(Segment.of(copy.stream, copy.first, blocks, copy.at, copy.size))
+                events += count
+                size += copy.size
+                continue
+            offset = sum(copy.lengths[:skip]) if skip else 0
+            taken = 0
+            taken_bytes = 0
+            for length in copy.lengths[skip:]:
+                if events >= max_events or (events > 0 and size + length > max_bytes):
+                    more = True
+                    break
+                taken += 1
+                taken_bytes += length
+                events += 1
+                size += length
+            if taken:
+                blocks, _ = split(blob, offset, copy.lengths[skip : skip + taken])
+                segments.append(Segment.of(copy.stream, copy.first + skip, blocks, copy.at, taken_bytes))
+            if more:
+                break
+        return ReadResult(segments, False, False, last.version, more, epoch)

@@ -434,10 +434,9 @@ class RedisStore:
             evicted = _evicted(result[3:11])
             if field:
                 self._copies.bodies.put(field, blob)
-            if field and evicted.undelivered[0] == 0:  # none of its own events evicted right away
                 first = last - len(bodies) + 1
-                copy = LastAppend(first, stream, sizes, field, now, len(blob), version)
-                self._copies.last[session_id] = copy
+                copy = LastAppend(first, stream, sizes, field, now, len(blob), version, int(result[11]))
+                self._copies.appended(session_id, copy)
             else:
                 self._copies.changed(session_id)
             self._redis.notify(session_id, version)

@@ -1,7 +1,7 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
 -- answered request keys JSON or '', event count, their sizes (4 bytes little-endian each), the BD field the client set
 -- to their bodies (concatenated) in the same MULTI, their bytes):
--- {'ok', version, last seq, counts...} | {'gone'} | {'noop'} | {'stale', last seq} |
+-- {'ok', version, last seq, counts..., the stream's last seq evicted} | {'gone'} | {'noop'} | {'stale', last seq} |
 -- {'blocked', (reader index, seq it must reach)...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
@@ -101,4 +101,5 @@ save_meta()
 publish(meta.ver)
 local out = {'ok', tonumber(meta.ver), s.l}
 for _, v in ipairs(flat_counts(counts)) do out[#out + 1] = v end
+out[#out + 1] = s.e or 0  -- the stream's last seq evicted (this process's copies of its appends: copies.py)
 return out
