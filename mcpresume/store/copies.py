@@ -139,12 +139,15 @@ class Copies:
         if not recent:
             return None
         last = recent[-1]
-        if last.stream not in streams or not recent[0].first <= after + 1 < last.end:
-            return None
-        if after < last.evicted_through:
-            return None  # evicted past the reader: Redis says how (a gap)
-        if time.monotonic() - recent[0].made > FRESH:
+        if last.stream not in streams or not after + 1 < last.end or after < last.evicted_through:
+            return None  # (evicted past the reader: Redis says how, a gap)
+        now = time.monotonic()
+        if now - last.made > FRESH:
             del self.recent[session_id]
+            return None
+        while now - recent[0].made > FRESH:
+            del recent[0]
+        if recent[0].first > after + 1:
             return None
         epoch = self.epochs.get(session_id)
         if epoch is None:
