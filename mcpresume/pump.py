@@ -227,6 +227,7 @@ class Pump:
                     self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
                     self._duplicates = events.duplicates
                 await self._append(batches)
+                del batches  # not held while the stream idles until its next chunk
                 if events.complete:
                     return End.COMPLETE
             if parser.close():
