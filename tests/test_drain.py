@@ -253,3 +253,23 @@ async def test_a_task_of_the_replicas_own_ends_before_the_pumps() -> None:
     async with asyncio.timeout(HANG_GUARD):
         await drain.run(ctx, serving, close_store=False)  # type: ignore[arg-type]
     assert steps[:3] == ["serving", "takeover ended", "pumps (hand over: True)"]
+
+
+async def test_a_view_is_registered_only_inside_its_block_and_woken_through_its_waker_with_its_key() -> None:
+    drain = Drain()
+    woken: list[str] = []
+
+    class Waker:
+        def wake(self, key: str) -> None:
+            woken.append(key)
+
+    with drain.view(True, Waker(), "s1") as view:
+        assert not view.ending
+    assert drain.end_views() == 0  # left its block: nothing to end
+    with pytest.raises(RuntimeError), drain.view(True, Waker(), "s2"):
+        raise RuntimeError("the view failed")
+    assert drain.end_views() == 0  # left by an error: unregistered too
+    with drain.view(True, Waker(), "s3") as view:
+        assert drain.end_views(standalone_only=True) == 1
+        assert view.ending and woken == ["s3"]
+    assert drain.end_views() == 0
