@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -329,7 +328,7 @@ async def serve_view(
     # Opened after the drain ended such views, it is ending from the start: it sends what is there now,
     # then ends as they did.
     try:
-        with ctx.drain.view(plan.standalone, functools.partial(ctx.local.news.wake, session_id)) as view:
+        with ctx.drain.view(plan.standalone, ctx.local.news, session_id) as view:
             outcome = await follow(
                 writer,
                 ctx.store,

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcpresume.errors import ShuttingDown
 
@@ -57,17 +57,43 @@ class Interrupted(Exception):
     """The drain ended the ``Drain.interruptible`` block this is raised out of."""
 
 
+class Waker(Protocol):
+    """What wakes a view's wait (``local.News``): ``wake(key)`` wakes whatever waits on ``key``."""
+
+    def wake(self, key: str, /) -> None: ...
+
+
 class View:
     """One thing a drain ends: ``standalone`` (a GET stream: ended at the drain's start) or not (ended at
-    its deadline). ``ending``: the drain ended it. ``wake``: how the drain wakes its wait (None: its task is
-    cancelled, ``Drain.interruptible``)."""
+    its deadline). ``ending``: the drain ended it. ``waker``: how the drain wakes its wait,
+    ``waker.wake(key)`` (None: its task is cancelled, ``Drain.interruptible``).
 
-    __slots__ = ("ending", "standalone", "wake")
+    Its own context manager (``Drain.view``): registered with the drain while inside. An idle view holds
+    this one object for it, not a generator, its context manager and a bound callback (~600 bytes)."""
 
-    def __init__(self, standalone: bool, wake: Callable[[], None] | None = None) -> None:
+    __slots__ = ("_registry", "ending", "key", "standalone", "waker")
+
+    def __init__(
+        self,
+        standalone: bool,
+        waker: Waker | None = None,
+        key: str = "",
+        registry: dict[View, None] | None = None,
+    ) -> None:
         self.standalone = standalone
-        self.wake = wake
+        self.waker = waker
+        self.key = key
         self.ending = False
+        self._registry = registry  # where it is registered while inside (None: never, it is ending)
+
+    def __enter__(self) -> View:
+        if self._registry is not None:
+            self._registry[self] = None
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._registry is not None:
+            self._registry.pop(self, None)
 
 
 class Drain:
@@ -142,8 +168,8 @@ class Drain:
         for view in views:
             del self._views[view]
             view.ending = True
-            if view.wake is not None:
-                view.wake()
+            if view.waker is not None:
+                view.waker.wake(view.key)
         for task in tasks:
             self._tasks.pop(task).ending = True
             task.cancel()  # the only interruption there is: Drain.interruptible takes it back
@@ -156,20 +182,15 @@ class Drain:
         deadline came (step 4 ended the ones open then; this one came after)."""
         return self.started and (standalone or self.deadline_came)
 
-    @contextlib.contextmanager
-    def view(self, standalone: bool, wake: Callable[[], None]) -> Iterator[View]:
-        """While inside, the drain ends the view by setting ``View.ending`` and calling ``wake``. A view
-        opened after the drain ended its kind is ending from the start."""
-        view = View(standalone, wake)
+    def view(self, standalone: bool, waker: Waker, key: str) -> View:
+        """``with drain.view(...) as view``: while inside, the drain ends the view by setting
+        ``View.ending`` and calling ``waker.wake(key)``. A view opened after the drain ended its kind is
+        ending from the start."""
         if self.ends_at_once(standalone):
+            view = View(standalone, waker, key)
             view.ending = True
-            yield view
-            return
-        self._views[view] = None
-        try:
-            yield view
-        finally:
-            self._views.pop(view, None)
+            return view
+        return View(standalone, waker, key, self._views)
 
     @contextlib.contextmanager
     def interruptible(self, standalone: bool, *, register: bool = True) -> Iterator[None]:

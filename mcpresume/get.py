@@ -105,6 +105,7 @@ class Gets:
                     )
                 case _:  # pragma: no cover
                     assert_never(step)
+        del facts  # planned: not held by the frame of a view that stays open
         match step:
             case Relay():
                 return await passthrough(ctx, request, None)

@@ -61,6 +61,13 @@ def client_sse_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tupl
     return kept + SSE_HEADERS if kept else SSE_HEADERS  # one shared list when nothing else is kept
 
 
+# A live stream keeps its pump record as long as it lives (a standalone stream: as long as its session): one
+# (header, value) pair per known revision for every record, not a pair and a header value string each.
+_VERSION_HEADERS: Final = {
+    v: (PROTOCOL_VERSION_HEADER, v) for v in ("2025-03-26", "2025-06-18", "2025-11-25", *MODERN_VERSIONS)
+}
+
+
 def pump_record(
     ctx: ProxyContext, request: web.Request, session_id: str, request_ids: tuple[str | int, ...]
 ) -> PumpRecord:
@@ -69,6 +76,6 @@ def pump_record(
     resume_headers = [(SESSION_HEADER, session_id)]
     version = request.headers.get(PROTOCOL_VERSION_HEADER)
     if version is not None:
-        resume_headers.append((PROTOCOL_VERSION_HEADER, version))
+        resume_headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))
     resume_headers += credential_headers_of(ctx, request)
     return PumpRecord(request_ids, request.path_qs, tuple(resume_headers))

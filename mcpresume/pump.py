@@ -217,17 +217,17 @@ class Pump:
 
     async def _read(self, response: UpstreamAnswer) -> End:
         parser = SSEParser(self.settings.max_event_bytes)
-        events = self.events
-        feed = events.feed
+        events = self.events  # (events.feed is not kept in a local: a bound method held per idle stream)
         self._connection = response
         try:
             content = response.content
             while chunk := await content.readany():  # not iter_any(): no iterator object per stream
-                batches = feed(parser.feed_batched(chunk))
+                batches = events.feed(parser.feed_batched(chunk))
                 if events.duplicates != self._duplicates:  # an upstream replay, dropped
                     self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
                     self._duplicates = events.duplicates
                 await self._append(batches)
+                del batches  # not held while the stream idles until its next chunk
                 if events.complete:
                     return End.COMPLETE
             if parser.close():

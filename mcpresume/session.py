@@ -453,6 +453,12 @@ class SessionState:
         if state is None or not _ENDS[state.live]:
             return
         state.live = False  # ended
+        # What taking the stream's pump over needed (``orphans`` lists live streams only): an ended stream
+        # keeps none of it (its record, its request ids and credential headers, the response keys it got),
+        # so an idle session holds no more than its events and its stream's seqs.
+        state.pump = None
+        state.upstream_cursor = None
+        state.answered = ()
         if self.standalone == stream:
             self.standalone = None
         self.version += 1

@@ -7,7 +7,6 @@ HTTP in ``tests/test_lifecycle.py``, ``tests/test_routing.py`` and ``tests/test_
 from __future__ import annotations
 
 import asyncio
-import functools
 import types
 from typing import Any
 
@@ -52,7 +51,7 @@ async def _parked_view(drain: Drain, *, standalone: bool) -> tuple[asyncio.Task[
     writer = ClientWriter(client, BufferedTransport(), 30.0)  # type: ignore[arg-type]
 
     async def view() -> Any:
-        with drain.view(standalone, functools.partial(local.news.wake, "s")) as flag:
+        with drain.view(standalone, local.news, "s") as flag:
             return await follow(
                 writer,
                 store,
@@ -97,7 +96,7 @@ async def test_a_view_opened_after_the_deadline_sends_what_is_there_then_ends() 
     drain.begin(0.0)
     drain.end_views()  # the deadline came
     assert drain.ends_at_once(standalone=False)
-    with drain.view(False, lambda: None) as view:
+    with drain.view(False, LocalSessions().news, "s") as view:
         assert view.ending
     assert drain.end_views() == 0  # it was never registered: nothing to end
 
@@ -254,3 +253,23 @@ async def test_a_task_of_the_replicas_own_ends_before_the_pumps() -> None:
     async with asyncio.timeout(HANG_GUARD):
         await drain.run(ctx, serving, close_store=False)  # type: ignore[arg-type]
     assert steps[:3] == ["serving", "takeover ended", "pumps (hand over: True)"]
+
+
+async def test_a_view_is_registered_only_inside_its_block_and_woken_through_its_waker_with_its_key() -> None:
+    drain = Drain()
+    woken: list[str] = []
+
+    class Waker:
+        def wake(self, key: str) -> None:
+            woken.append(key)
+
+    with drain.view(True, Waker(), "s1") as view:
+        assert not view.ending
+    assert drain.end_views() == 0  # left its block: nothing to end
+    with pytest.raises(RuntimeError), drain.view(True, Waker(), "s2"):
+        raise RuntimeError("the view failed")
+    assert drain.end_views() == 0  # left by an error: unregistered too
+    with drain.view(True, Waker(), "s3") as view:
+        assert drain.end_views(standalone_only=True) == 1
+        assert view.ending and woken == ["s3"]
+    assert drain.end_views() == 0

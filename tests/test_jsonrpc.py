@@ -283,3 +283,18 @@ def test_an_event_serialized_as_a_notification_is_never_taken_for_a_response() -
     request = b'{"jsonrpc":"2.0","method":"sampling/createMessage","id":3,"params":{}}'
     assert response_key(request) is None
     assert response_key(b'{"jsonrpc":"2.0","id":3,"result":{"method":"x"}}') == request_key(3)
+
+
+def test_request_keys_of_small_integer_ids_are_one_string_each_and_the_same_keys() -> None:
+    """Small integer ids share one key string per process (an idle session's claim map keeps one); every
+    id still has the key it always had, and True, False and 1.0 are no integer ids' keys."""
+    assert request_key(1) == "n:1" and request_key(1) is request_key(1)
+    assert request_key(0) == "n:0" and request_key(1023) == "n:1023"
+    assert (
+        request_key(1024) == "n:1024"
+        and request_key(-1) == "n:-1"
+        and request_key(10**20) == "n:" + "1" + "0" * 20
+    )
+    assert request_key("1") == "s:1"
+    assert request_key(True) == "n:True" and request_key(False) == "n:False"
+    assert request_key(int("7")) is request_key(7)

@@ -29,6 +29,7 @@ from mcpresume.session import (
     ClaimOutcome,
     ClaimState,
     NewEvent,
+    PumpRecord,
     SessionState,
     StreamEffect,
     StreamInput,
@@ -235,6 +236,27 @@ def test_end_stream_keeps_its_events_and_the_response() -> None:
     session.end_stream(stream, now=9.0)
     session.end_stream(42, now=9.0)
     assert session.version == version + 1 and session.last_active == 4.0
+
+
+def test_an_ended_stream_keeps_nothing_of_its_pump() -> None:
+    """A live stream keeps what taking its pump over needs (its record, the upstream's cursor, the responses
+    it got); once ended it is no orphan, and it keeps none of it: an idle session's retained stream is its
+    events and seqs only."""
+    session = make_session()
+    record = PumpRecord((1,), "/mcp", (("Mcp-Session-Id", "sess-1"),))
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0, pump=record).stream
+    session.append(stream, [msg()], now=0.0)
+    session.pumped_at(stream, "up-1")
+    session.append(stream, [response(1)], now=0.0)
+    [orphan] = session.orphans()
+    assert (orphan.pump, orphan.upstream_cursor, orphan.answered) == (record, "up-1", ("n:1",))
+    session.end_stream(stream, now=1.0)
+    assert session.orphans() == []
+    state = session.streams[stream]
+    assert (state.pump, state.upstream_cursor, state.answered) == (None, None, ())
+    assert seqs(session.read([stream], 0).events) == [1, 2, 3]  # its events stay, priming to response
+    session.pumped_at(stream, "up-2")  # a late cursor for an ended stream is not kept either
+    assert state.upstream_cursor is None
 
 
 def test_end_stream_clears_the_standalone_stream() -> None:
