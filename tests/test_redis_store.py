@@ -589,3 +589,24 @@ async def test_the_store_works_on_redis_cluster(
     dropped, _ = await store.reap(now=2.0 + SESSION_TTL + 1)
     assert set(sids) <= set(dropped)
     assert not any([await store.has_session(sid) for sid in sids])
+
+
+async def test_an_ended_stream_keeps_no_pump_record_in_redis(redis_db: str, make_store: Make) -> None:
+    """The pump record (with the client's credentials), the upstream's cursor and the answered keys are what
+    a takeover of a live stream needs; an ended stream keeps none of them in Redis."""
+    store = await make_store(redis_db)
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    record = PumpRecord((1,), "/mcp", (("Authorization", "Bearer secret"),))
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0, pump=record)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg()], now=0.0, upstream_cursor="up-1")
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        live = await client.hget(session_keys(sid)[2], str(opened.number))
+        assert live is not None and b"secret" in live and b"up-1" in live
+        await store.end_stream(sid, opened.number, now=1.0)
+        ended = await client.hget(session_keys(sid)[2], str(opened.number))
+        assert ended is not None and b"secret" not in ended and b"up-1" not in ended
+    finally:
+        await client.aclose()

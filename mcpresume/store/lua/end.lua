@@ -4,6 +4,9 @@ local n, now = tonumber(ARGV[A]), ARGV[A + 1]
 local s = stream(n)
 if not s or s.v == 0 then return false end
 s.v = 0; mark(n)
+-- what only resuming it upstream needed (orphans lists live streams only): the pump record, with the client's
+-- credentials, is not kept past the stream's end (SessionState.end_stream)
+s.pm = nil; s.u = nil; s.a = nil
 if meta.sa == tostring(n) then set('sa', '') end
 if s.o == 'post' then set('lp', num('lp') - 1) end
 set('ver', num('ver') + 1)
