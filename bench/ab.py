@@ -1,8 +1,9 @@
-"""``python -m bench.ab REV [FRAMING ...]``: one stream of 256 B events through nginx, through mcpresume at
-``REV`` (its ``mcpresume/`` tree from ``git archive``, in a temp dir) and through the working tree's, in
-each upstream framing (default: all of ``bench.upstream.FRAMINGS``), 3 interleaved runs each in rotating
-order, medians: whether a change made the proxy faster or slower, measured side by side in one run (the
-ratios to nginx move with the machine's load from run to run, these comparisons much less)."""
+"""``python -m bench.ab REV [FRAMING ...] [--streams N]``: one stream (``--streams``: N at once) of 256 B
+events through nginx, through mcpresume at ``REV`` (its ``mcpresume/`` tree from ``git archive``, in a temp
+dir) and through the working tree's, in each upstream framing (default: all of ``bench.upstream.FRAMINGS``),
+3 interleaved runs each in rotating order, medians: whether a change made the proxy faster or slower,
+measured side by side in one run (the ratios to nginx move with the machine's load from run to run, these
+comparisons much less)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rev", help="the git revision to compare with")
     parser.add_argument("framings", nargs="*", help=f"of {', '.join(FRAMINGS)} (default: all)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=1, help="concurrent streams per run (default 1)")
     args = parser.parse_args(argv)
     unknown = set(args.framings) - set(FRAMINGS)
     if unknown:
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.reps):
                 for framing in args.framings:
                     for name in names[rep % 3 :] + names[: rep % 3]:
-                        spec = throughput_spec(targets[name].url, MODES["full"], 1, 256, framing)
+                        spec = throughput_spec(targets[name].url, MODES["full"], args.streams, 256, framing)
                         cpu0 = _cpu(targets[name])
                         result = run_client(procs, spec, timeout=120)
                         cpu1 = _cpu(targets[name])
