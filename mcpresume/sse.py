@@ -545,7 +545,7 @@ class SSEParser:
         if end == len(chunk) or self._state != _OPEN or not self._at_boundary():
             return events
         try:
-            events.extend(self._blocks(chunk[end:]))
+            events.extend(self._blocks(chunk, end))  # from end on, without a copy of the rest
         except EventTooLarge:
             if not events:
                 raise
@@ -562,19 +562,19 @@ class SSEParser:
             and (self._event is None and self._retry is None)
         )
 
-    def _blocks(self, chunk: bytes) -> list[SSEEvent | SSERun]:
-        """The fast paths, from an event boundary. First the whole chunk as one run: one findall() over the
-        complete events, accepted when its matches tile them exactly (no byte skipped, so each match began
-        at an event boundary, which makes it the same event the line parser would read). Otherwise one event
-        at a time: a canonical event (``[id][event][id] data`` lines, one data line) by one regex match;
-        anything else (comments, retry, several data lines, other spellings, the unfinished tail) through
-        the line parser, one block at a time, so every path gives the same events. After the first single
-        event the rest of the chunk is tried as a run once more (a stream's first chunk often starts with a
-        priming event), never more, so a chunk costs at most a few scans."""
+    def _blocks(self, chunk: bytes, start: int = 0) -> list[SSEEvent | SSERun]:
+        """The fast paths, from an event boundary (``start``). First the whole chunk as one run: one
+        findall() over the complete events, accepted when its matches tile them exactly (no byte skipped,
+        so each match began at an event boundary, which makes it the same event the line parser would
+        read). Otherwise one event at a time: a canonical event (``[id][event][id] data`` lines, one data
+        line) by one regex match; anything else (comments, retry, several data lines, other spellings, the
+        unfinished tail) through the line parser, one block at a time, so every path gives the same events.
+        After the first single event the rest of the chunk is tried as a run once more (a stream's first
+        chunk often starts with a priming event), never more, so a chunk costs at most a few scans."""
         events: list[SSEEvent | SSERun] = []
         limit = self._max
         match = _CANONICAL.match
-        pos = self._run(chunk, 0, events)
+        pos = self._run(chunk, start, events)
         retried = False
         while True:
             found = match(chunk, pos)
@@ -613,7 +613,7 @@ class SSEParser:
         goes on (``pos`` if nothing was taken). The spelling that matched last time is tried first (a
         stream writes every event the same way); another one only if its first event is there (one
         anchored match), so a chunk costs one findall, two at a change of spelling."""
-        end = chunk.rfind(b"\n\n") + 2
+        end = chunk.rfind(b"\n\n", pos) + 2
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
             return pos
