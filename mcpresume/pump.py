@@ -137,6 +137,10 @@ class Pumps:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _holding(events: SSERun | list[NewEvent]) -> str:
+    return f"holding {len(events)} event(s) read upstream"
+
+
 class Pump:
     """Reads one logical upstream stream, over as many upstream connections as it takes."""
 
@@ -274,7 +278,7 @@ class Pump:
         passes (then it evicts from now on)."""
         local, sid, settings = self.local, self.job.session_id, self.settings
         pausing = settings.pause and not self._paused_out
-        put = self._through_outage(self._put_last if last else self._put)
+        put = self._held_put_last if last else self._held_put
         guard = local.guard(sid, keep_undelivered=pausing)
         appended = await put(events, guard)
         refused_with = seen = guard  # the guard the append was refused with; the readers as last seen
@@ -302,25 +306,36 @@ class Pump:
                     appended = await put(events, None)
         self.metrics.evicted(appended.evicted)
 
-    def _through_outage(
-        self, put: Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]]
-    ) -> Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]]:
-        """``put``, held through an outage of the shared store (``_outlast``)."""
+    async def _held_put(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+        """``_put``, held through an outage of the shared store (``_outlast``). The first try is a plain
+        call: no closure and no message made for every append."""
+        try:
+            return await self._put(events, guard)
+        except StoreUnavailable as error:
+            put = self._put
+            return await self._outlast(lambda: put(events, guard), _holding(events), error)
 
-        def held(events: SSERun | list[NewEvent], guard: Guard | None) -> Awaitable[Appended]:
-            return self._outlast(lambda: put(events, guard), f"holding {len(events)} event(s) read upstream")
+    async def _held_put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+        """``_put_last``, held through an outage of the shared store, as ``_held_put``."""
+        try:
+            return await self._put_last(events, guard)
+        except StoreUnavailable as error:
+            put = self._put_last
+            return await self._outlast(lambda: put(events, guard), _holding(events), error)
 
-        return held
-
-    async def _outlast(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+    async def _outlast(
+        self, call: Callable[[], Awaitable[T]], what: str, first: StoreUnavailable | None = None
+    ) -> T:
         """``call``, through an outage of the shared store: what was read from the upstream is never
         dropped. The pump stops reading meanwhile (TCP backpressure holds the upstream) and retries, backing
         off; after ``store_outage_grace`` it lets go of the upstream connection (the stream is resumed
-        upstream from its last id once the events held are in), and after ``session_ttl`` it gives up."""
-        try:
-            return await call()
-        except StoreUnavailable as error:
-            first = error
+        upstream from its last id once the events held are in), and after ``session_ttl`` it gives up.
+        ``first``: the call failed once already, with that error."""
+        if first is None:
+            try:
+                return await call()
+            except StoreUnavailable as error:
+                first = error
         loop = asyncio.get_running_loop()
         started, delay = loop.time(), OUTAGE_RETRY_MIN
         job = self.job

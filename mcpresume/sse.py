@@ -9,7 +9,7 @@ Parsing follows the WHATWG HTML standard, section "Server-sent events", subsecti
 stream" (cited below as *WHATWG*). Per chunk, ``SSEParser.feed`` does work proportional to the chunk only:
 
 1. Line endings are normalised to LF, only when the chunk contains a CR at all: when every CR is half of a
-   CRLF, by deleting the CRs (one ``translate``), else with two C-level ``replace`` calls. A CR that ends a
+   CRLF, by deleting the CRs (one ``replace``), else with two C-level ``replace`` calls. A CR that ends a
    chunk is remembered, so an LF starting the next chunk is dropped: CRLF split
    across two reads is one line ending, not a line ending plus a blank line.
 2. ``split(b"\\n")`` cuts the chunk into complete lines plus an unterminated tail. The tail is kept as a
@@ -524,9 +524,10 @@ class SSEParser:
             self._skip_lf = chunk[-1:] == b"\r"
             # CRLF first, so a pair becomes one LF rather than two.
             if _LONE_CR.search(chunk) is None:
-                # Every CR is half of a CRLF: deleting them (a table lookup per byte) is a third of the
-                # cost of replacing the pairs (a substring search and a copy).
-                chunk = chunk.translate(None, b"\r")
+                # Every CR is half of a CRLF: deleting them is a twelfth of the cost of replacing the pairs
+                # (a two-byte substring search and a copy). A one-byte replace (memchr, then a copy of
+                # each line) is a third of translate's table lookup per byte: 9 vs 32 us per 64 KiB.
+                chunk = chunk.replace(b"\r", b"")
             else:
                 chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
@@ -544,7 +545,7 @@ class SSEParser:
         if end == len(chunk) or self._state != _OPEN or not self._at_boundary():
             return events
         try:
-            events.extend(self._blocks(chunk[end:]))
+            events.extend(self._blocks(chunk, end))  # from end on, without a copy of the rest
         except EventTooLarge:
             if not events:
                 raise
@@ -561,19 +562,19 @@ class SSEParser:
             and (self._event is None and self._retry is None)
         )
 
-    def _blocks(self, chunk: bytes) -> list[SSEEvent | SSERun]:
-        """The fast paths, from an event boundary. First the whole chunk as one run: one findall() over the
-        complete events, accepted when its matches tile them exactly (no byte skipped, so each match began
-        at an event boundary, which makes it the same event the line parser would read). Otherwise one event
-        at a time: a canonical event (``[id][event][id] data`` lines, one data line) by one regex match;
-        anything else (comments, retry, several data lines, other spellings, the unfinished tail) through
-        the line parser, one block at a time, so every path gives the same events. After the first single
-        event the rest of the chunk is tried as a run once more (a stream's first chunk often starts with a
-        priming event), never more, so a chunk costs at most a few scans."""
+    def _blocks(self, chunk: bytes, start: int = 0) -> list[SSEEvent | SSERun]:
+        """The fast paths, from an event boundary (``start``). First the whole chunk as one run: one
+        findall() over the complete events, accepted when its matches tile them exactly (no byte skipped,
+        so each match began at an event boundary, which makes it the same event the line parser would
+        read). Otherwise one event at a time: a canonical event (``[id][event][id] data`` lines, one data
+        line) by one regex match; anything else (comments, retry, several data lines, other spellings, the
+        unfinished tail) through the line parser, one block at a time, so every path gives the same events.
+        After the first single event the rest of the chunk is tried as a run once more (a stream's first
+        chunk often starts with a priming event), never more, so a chunk costs at most a few scans."""
         events: list[SSEEvent | SSERun] = []
         limit = self._max
         match = _CANONICAL.match
-        pos = self._run(chunk, 0, events)
+        pos = self._run(chunk, start, events)
         retried = False
         while True:
             found = match(chunk, pos)
@@ -612,7 +613,7 @@ class SSEParser:
         goes on (``pos`` if nothing was taken). The spelling that matched last time is tried first (a
         stream writes every event the same way); another one only if its first event is there (one
         anchored match), so a chunk costs one findall, two at a change of spelling."""
-        end = chunk.rfind(b"\n\n") + 2
+        end = chunk.rfind(b"\n\n", pos) + 2
         size = end - pos
         if size < 8:  # no complete event after pos, or rfind found none
             return pos

@@ -71,6 +71,10 @@ class Event:
 MAX_SEGMENT: Final = 1024
 # Below this many events a segment grows by exact-size concatenation, above it in place (amortized).
 _EXACT_BELOW: Final = 16
+# An append of at least this many events is a segment of its own, not joined to the newest one: its
+# events are evicted together, as one segment (no sum of the evicted events' sizes, no shift of the
+# events left behind), and were not copied into another's lists. Its segment costs little per event.
+_OWN_SEGMENT_FROM: Final = 64
 
 
 @dataclass(slots=True, eq=False)
@@ -207,6 +211,7 @@ class Window:
             and newest.stream == segment.stream
             and newest.seq + len(newest.blocks) == segment.seq
             and len(newest.blocks) + len(segment.blocks) <= MAX_SEGMENT
+            and len(segment.blocks) < _OWN_SEGMENT_FROM
         ):
             if len(newest.blocks) < _EXACT_BELOW:
                 # Concatenation allocates exactly; extend would over-allocate (a 2-block list gets 8 slots),

@@ -343,3 +343,15 @@ def test_appends_of_the_stream_that_appended_last_join_its_segment_up_to_a_bound
     evicted = window.expire(15.005)  # exactly the events stamped up to 5.00 are older than ttl
     assert evicted.counts == {EvictReason.TTL: [500, 500]}
     assert window.oldest == Event(501, 1, b"e", 5.01) and len(window) == seq - 500
+
+
+def test_a_large_append_is_a_segment_of_its_own_and_is_evicted_whole() -> None:
+    window = Window(WindowLimits(max_events=256, max_bytes=BIG, ttl=10.0))
+    seq = 1
+    for _ in range(4):  # reads of 128 events each, as a pump appends a 64 KiB read of 256 B events
+        window.add(Segment.of(1, seq, [b"e%d" % k for k in range(seq, seq + 128)], 0.0), 0.0)
+        seq += 128
+    window.add(Segment.of(1, seq, [b"small"], 0.0), 0.0)  # a small append joins the newest segment
+    assert [(s.seq, len(s.blocks)) for s in window.segments] == [(258, 127), (385, 129)]
+    assert [e.body for e in window] == [b"e%d" % k for k in range(258, 513)] + [b"small"]
+    assert window.bytes == sum(len(e.body) for e in window)
