@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
     parser.add_argument("rev", help="the git revision to compare with")
     parser.add_argument("framings", nargs="*", help=f"of {', '.join(FRAMINGS)} (default: all)")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=6)  # 6: each order of the three as often
     parser.add_argument("--streams", type=int, default=1, help="concurrent streams per run (default 1)")
     args = parser.parse_args(argv)
     unknown = set(args.framings) - set(FRAMINGS)
