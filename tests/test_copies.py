@@ -79,3 +79,15 @@ def test_a_reader_behind_what_its_stream_had_evicted_asks_redis() -> None:
     append(copies, 4, 2, version=6, evicted_through=2)
     assert seqs(copies, 1) is None
     assert seqs(copies, 2) == [3, 4, 5]
+
+
+def test_a_read_takes_what_a_read_from_redis_would_by_bytes_too() -> None:
+    """Over ``max_bytes`` a read stops where Redis's would: a whole append only if it fits (or is one
+    event), else event by event, at least one."""
+    copies = Copies()
+    copies.epochs[SID] = b"epoch"
+    append(copies, 2, 3, version=5)  # three events of 3 bytes
+    result = copies.read(SID, (1,), 1, READ_MAX_EVENTS, 4)
+    assert result is not None and [e.seq for e in result.events] == [2] and result.more
+    result = copies.read(SID, (1,), 1, READ_MAX_EVENTS, 6)
+    assert result is not None and [e.seq for e in result.events] == [2, 3] and result.more

@@ -163,7 +163,8 @@ class Copies:
                 return None
             skip = max(0, after + 1 - copy.first)
             count = len(copy.lengths)
-            if not skip and events + count <= max_events and (size + copy.size <= max_bytes or not events):
+            whole_fits = size + copy.size <= max_bytes or (not events and count == 1)
+            if not skip and events + count <= max_events and whole_fits:
                 # the usual case: the whole append (as a read from Redis takes a whole entry)
                 blocks, _ = split(blob, 0, copy.lengths)
                 segments.append(Segment.of(copy.stream, copy.first, blocks, copy.at, copy.size))
