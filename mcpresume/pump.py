@@ -278,9 +278,9 @@ class Pump:
         passes (then it evicts from now on)."""
         local, sid, settings = self.local, self.job.session_id, self.settings
         pausing = settings.pause and not self._paused_out
-        put = self._held_put_last if last else self._held_put
+        put = self._put_last if last else self._put
         guard = local.guard(sid, keep_undelivered=pausing)
-        appended = await put(events, guard)
+        appended = await self._held(put, events, guard)
         refused_with = seen = guard  # the guard the append was refused with; the readers as last seen
         if appended.blocked is not None:
             loop = asyncio.get_running_loop()
@@ -295,32 +295,28 @@ class Pump:
                 if seen != before and refused_with is not None and not may_pass(appended, refused_with, seen):
                     continue  # a reader moved, not yet far enough for the append to pass: no round trip
                 refused_with = seen
-                appended = await put(events, seen)
+                appended = await self._held(put, events, seen)
             if appended.blocked is not None:
                 if pausing:
                     self._paused_out = True  # paused for session_ttl with nobody reading
                     refused_with = local.guard(sid)
-                    appended = await put(events, refused_with)
+                    appended = await self._held(put, events, refused_with)
                 if appended.blocked is not None:
                     self._drop_lagging(appended.blocked, refused_with)  # the indexes are into that guard
-                    appended = await put(events, None)
+                    appended = await self._held(put, events, None)
         self.metrics.evicted(appended.evicted)
 
-    async def _held_put(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
-        """``_put``, held through an outage of the shared store (``_outlast``). The first try is a plain
-        call: no closure and no message made for every append."""
+    async def _held(
+        self,
+        put: Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]],
+        events: SSERun | list[NewEvent],
+        guard: Guard | None,
+    ) -> Appended:
+        """``put(events, guard)`` (``_put`` or ``_put_last``), held through an outage of the shared store
+        (``_outlast``). The first try is a plain call: no closure and no message made for every append."""
         try:
-            return await self._put(events, guard)
+            return await put(events, guard)
         except StoreUnavailable as error:
-            put = self._put
-            return await self._outlast(lambda: put(events, guard), _holding(events), error)
-
-    async def _held_put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
-        """``_put_last``, held through an outage of the shared store, as ``_held_put``."""
-        try:
-            return await self._put_last(events, guard)
-        except StoreUnavailable as error:
-            put = self._put_last
             return await self._outlast(lambda: put(events, guard), _holding(events), error)
 
     async def _outlast(
