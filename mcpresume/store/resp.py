@@ -91,8 +91,7 @@ class _Protocol(asyncio.Protocol):
         assert self.transport is not None  # Link._usable
         if self.posted:
             self.posted.append(data)
-            data = b"".join(self.posted)
-            self._unpost()
+            data = self._take_posted()
         self.transport.write(data)
 
     def post(self, data: bytes) -> None:
@@ -108,9 +107,12 @@ class _Protocol(asyncio.Protocol):
         self._flush = None
         transport = self.transport
         if self.posted and self.lost is None and transport is not None and not transport.is_closing():
-            data = b"".join(self.posted)
-            self._unpost()
-            transport.write(data)
+            transport.write(self._take_posted())
+
+    def _take_posted(self) -> bytes:
+        data = b"".join(self.posted)
+        self._unpost()
+        return data
 
     def _unpost(self) -> None:
         self.posted.clear()
