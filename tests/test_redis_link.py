@@ -22,7 +22,7 @@ from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
-from mcpresume.store.resp import POST_DELAY, Link
+from mcpresume.store.resp import POST_DELAY, Link, pack
 from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisProcess
@@ -208,17 +208,17 @@ async def test_posted_commands_go_out_with_the_next_call_in_order_or_on_their_ow
         writes: list[bytes] = []
         protocol.transport = _CountedWrites(protocol.transport, writes)  # type: ignore[assignment]
         for _ in range(3):
-            assert link.post("INCR", key)
+            assert link.post(pack("INCR", key))
         assert writes == []  # held back
         assert await link.call("GET", key) == b"3"  # after all three
         assert len(writes) == 1 and writes[0].count(b"INCR") == 3
-        assert link.post("INCR", key)
+        assert link.post(pack("INCR", key))
         deadline = asyncio.get_running_loop().time() + 10
         while await client.get(key) != b"4":  # no call follows: it went on its own
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(POST_DELAY)
         assert len(writes) == 2
-        assert link.post("INCR", key)
+        assert link.post(pack("INCR", key))
         await link.settle()
         assert await client.get(key) == b"5" and len(writes) == 3
     finally:

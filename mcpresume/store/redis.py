@@ -413,8 +413,6 @@ class RedisStore:
         sizes = array("I", map(len, bodies))
         field = f"{self.token}:{next(self._fields):x}".encode() if bodies else b""
         args = (
-            self.token,
-            session_id,
             "" if expected is None else str(expected),
             str(stream),
             _now_arg(now),

@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from mcpresume.cursor import new_epoch
 from mcpresume.errors import StoreUnavailable
-from mcpresume.store.resp import Link, pack
+from mcpresume.store.resp import Link, bulks, pack
 
 if TYPE_CHECKING:
     from mcpresume.metrics import Metrics
@@ -73,6 +73,33 @@ def session_keys(session_id: str) -> tuple[str, ...]:
     """The session's six keys (cached: a stream's every call names them, and the tag is a SHA-256)."""
     prefix = "mcpresume:{" + session_tag(session_id) + "}:"
     return tuple(prefix + part for part in ("meta", "ev", "st", "rq", "ro", "bd"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _script_head(sha: str, session_id: str, token: str) -> tuple[int, bytes]:
+    """A script's call on a session up to its own arguments (EVALSHA, the script, the session's keys, this
+    process's token, the session id), packed once: (how many arguments, their bulk strings)."""
+    keys = session_keys(session_id)
+    head: tuple[str | int, ...] = ("EVALSHA", sha, len(keys), *keys, token, session_id)
+    return len(head), bulks(head)
+
+
+def script_command(sha: str, session_id: str, token: str, args: Sequence[str | bytes]) -> bytes:
+    """The packed EVALSHA of script ``sha`` on the session, with the script's own ``args``."""
+    count, head = _script_head(sha, session_id, token)
+    return b"*%d\r\n" % (count + len(args)) + head + bulks(args)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bodies_frames(session_id: str, ttl_ms: int) -> tuple[bytes, bytes]:
+    """The append's writes of the bodies, packed once per session: HSET of the bodies' hash up to its field
+    and value, and its PEXPIRE."""
+    key = session_keys(session_id)[5]
+    return b"*4\r\n" + bulks(("HSET", key)), pack("PEXPIRE", key, ttl_ms)
+
+
+_MULTI: Final = pack("MULTI")
+_EXEC: Final = pack("EXEC")
 
 
 def no_script(reply: object) -> bool:
@@ -271,18 +298,19 @@ class RedisCalls:
 
     async def script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
         """One script of one session (``lua/<name>.lua``), bounded and measured (``call``)."""
-        return await self.call(op, self._run(name, session_keys(session_id), (self.token, session_id, *args)))
+        return await self.call(op, self._run(name, session_id, args))
 
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+    async def _run(self, name: str, session_id: str, args: Sequence[str | bytes]) -> Any:
         """EVALSHA through the link (loaded first if Redis does not have it: restarted, flushed), or through
-        redis-py's script object, which does the same."""
+        redis-py's script object, which does the same; ``args``: the script's own."""
         if self._link is None:
-            return await self._scripts[name](keys=list(keys), args=list(args))
-        sha = self._scripts[name].sha
-        reply = await self._link.call("EVALSHA", sha, len(keys), *keys, *args)
+            keys, all_args = list(session_keys(session_id)), [self.token, session_id, *args]
+            return await self._scripts[name](keys=keys, args=all_args)
+        command = script_command(self._scripts[name].sha, session_id, self.token, args)
+        reply = (await self._link.send(command, 1))[0]
         if no_script(reply):
             await self._load(name)
-            reply = await self._link.call("EVALSHA", sha, len(keys), *keys, *args)
+            reply = (await self._link.send(command, 1))[0]
         if isinstance(reply, ResponseError):
             raise reply
         return reply
@@ -321,7 +349,7 @@ class RedisCalls:
 
         def command(session_id: str, args: Sequence[str]) -> tuple[str | bytes | int, ...]:
             keys = session_keys(session_id)
-            return ("EVALSHA", sha, len(keys), *keys, self.token, session_id, *args)
+            return ("EVALSHA", sha, len(keys), *keys, self.token, session_id, *args)  # packed by ``batch``
 
         replies = await self.batch(op, [command(sid, args) for sid, args in calls])
         if any(no_script(reply) for reply in replies):
@@ -338,31 +366,26 @@ class RedisCalls:
 
     async def append(self, session_id: str, field: bytes, blob: bytes, args: tuple[str | bytes, ...]) -> Any:
         """The append script, after the bodies are written under ``field``, in one MULTI (one round trip);
-        ``args``: the script's, this process's token and the session id first."""
-        keys = session_keys(session_id)
-        script = self._scripts["append"]
+        ``args``: the script's own."""
         if not field:
-            return await self._run("append", keys, args)
+            return await self._run("append", session_id, args)
+        script = self._scripts["append"]
         for attempt in (1, 2):
             if self._link is not None:
-                data = b"".join(
-                    (
-                        pack("MULTI"),
-                        pack("HSET", keys[5], field, blob),
-                        pack("PEXPIRE", keys[5], self.events_ttl_ms),
-                        pack("EVALSHA", script.sha, len(keys), *keys, *args),
-                        pack("EXEC"),
-                    )
-                )
+                hset, pexpire = _bodies_frames(session_id, self.events_ttl_ms)
+                evalsha = script_command(script.sha, session_id, self.token, args)
+                data = b"".join((_MULTI, hset, bulks((field, blob)), pexpire, evalsha, _EXEC))
                 replies = await self._link.send(data, 5)
                 results = replies[-1]
                 if isinstance(results, ResponseError):
                     raise results
             else:
+                keys = session_keys(session_id)
                 async with self.client.pipeline(transaction=True) as pipe:
                     pipe.hset(keys[5], field, blob)
                     pipe.pexpire(keys[5], self.events_ttl_ms)  # the script refreshes it; this, if it failed
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    own = (self.token, session_id, *args)
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *own)
                     results = await pipe.execute(raise_on_error=False)
             result = results[-1]
             if no_script(result) and attempt == 1:
@@ -394,9 +417,7 @@ class RedisCalls:
         (nothing sent) where there is no link, or it is not connected."""
         if self._link is None:
             return False
-        keys = session_keys(session_id)
-        sha = self._scripts[name].sha
-        return self._link.post("EVALSHA", sha, len(keys), *keys, self.token, session_id, *args)
+        return self._link.post(script_command(self._scripts[name].sha, session_id, self.token, args))
 
     async def hmget(self, op: str, key: str, fields: Sequence[bytes]) -> list[bytes | None]:
         if self._link is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import hiredis
@@ -33,7 +33,13 @@ POST_DELAY: Final = 0.005
 
 def pack(*args: str | bytes | int) -> bytes:
     """A command in RESP: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n" % len(args) + bulks(args)
+
+
+def bulks(args: Sequence[str | bytes | int]) -> bytes:
+    """``args`` as RESP bulk strings, without the array's header: a command's arguments that are the same on
+    every call are packed once (``redis_calls.Frames``) and joined to the rest."""
+    out = []
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(_BULK % len(data))
@@ -175,14 +181,14 @@ class Link:
         protocol.write(data)
         return future
 
-    def post(self, *args: str | bytes | int) -> bool:
-        """Send one command without waiting for its reply (an error reply goes to ``on_error``): it is written
-        with the next command, or within ``POST_DELAY``, and every later command on this connection is
-        executed after it. False (nothing sent) when not connected."""
+    def post(self, command: bytes) -> bool:
+        """Send one packed command without waiting for its reply (an error reply goes to ``on_error``): it is
+        written with the next command, or within ``POST_DELAY``, and every later command on this connection
+        is executed after it. False (nothing sent) when not connected."""
         protocol = self._usable()
         if protocol is None:
             return False
-        protocol.post(pack(*args))
+        protocol.post(command)
         return True
 
     async def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> None:
