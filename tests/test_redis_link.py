@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from mcpresume.flow import Appended, Guard, may_pass
 from mcpresume.metrics import Metrics
 from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.sse import frame_body
+from mcpresume.store.marks import MARK_DELAY
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
 from mcpresume.store.resp import POST_DELAY, Link, pack
@@ -258,6 +260,80 @@ async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
     await store.mark_delivered(sid, [opened.number], 3)
     view = await store.view(sid, opened.number)
     assert view is not None and view.stream is not None and view.stream.delivered == 3
+
+
+async def _delivered_in_redis(redis_url: str, sid: str, stream: int) -> int:
+    """The stream's delivered seq as Redis holds it (no call of the store's, which would send a held mark)."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        raw = await client.hget(session_keys(sid)[2], str(stream))
+    finally:
+        await client.aclose()
+    assert raw is not None
+    delivered: int = json.loads(raw).get("d", 0)
+    return delivered
+
+
+async def _script_calls(redis_url: str) -> int:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    calls: int = stats.get("cmdstat_evalsha", {}).get("calls", 0)
+    return calls
+
+
+async def test_a_delivery_mark_rides_in_the_session_s_next_append_even_one_refused(
+    redis_db: str, make_store: Make
+) -> None:
+    """Held, not sent: the session's next append applies it in its own script call (no call of its own);
+    an append refused as stale (another process appended meanwhile) applies it too."""
+    store = await make_store(redis_db)
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(b"one")], now=0.0)
+    calls = await _script_calls(redis_db)
+    await store.mark_delivered(sid, [opened.number], 1)
+    assert await _delivered_in_redis(redis_db, sid, opened.number) == 0  # held
+    await store.append(sid, opened.number, [msg(b"two")], now=0.0)
+    assert await _delivered_in_redis(redis_db, sid, opened.number) == 1
+    assert await _script_calls(redis_db) == calls + 1  # the append's alone
+    other = await make_store(redis_db)
+    await other.append(sid, opened.number, [msg(b"three, by another process")], now=0.0)
+    await store.mark_delivered(sid, [opened.number], 3)
+    refused = await store.append(sid, opened.number, [msg(b"four")], now=0.0)
+    assert not refused.evicted and refused.blocked is None  # stale: not appended
+    assert await _delivered_in_redis(redis_db, sid, opened.number) == 3
+
+
+async def test_a_delivery_mark_no_append_takes_goes_alone_and_one_whose_append_failed_is_held_again(
+    own_redis: RedisProcess, make_store: Make
+) -> None:
+    url = f"redis://127.0.0.1:{own_redis.port}/0"
+    store = await make_store(url, op_timeout=0.3)
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await store.append(sid, opened.number, [msg(b"one"), msg(b"two")], now=0.0)
+    await store.mark_delivered(sid, [opened.number], 1)
+    deadline = asyncio.get_running_loop().time() + 10
+    while await _delivered_in_redis(url, sid, opened.number) != 1:  # within MARK_DELAY, and a write's
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(MARK_DELAY)
+    await store.mark_delivered(sid, [opened.number], 2)
+    own_redis.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.append(sid, opened.number, [msg(b"three")], now=0.0)
+    finally:
+        own_redis.resume()
+    while await _delivered_in_redis(url, sid, opened.number) != 2:  # held again, then sent alone
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(MARK_DELAY)
 
 
 async def test_a_subscribed_link_hands_over_each_message_and_says_when_it_is_lost(redis_db: str) -> None:

@@ -74,6 +74,7 @@ from mcpresume.session import (
 from mcpresume.sse import SSERun, priming_block
 from mcpresume.store import OpenedStream, StoreStats
 from mcpresume.store.copies import Copies, LastAppend, split
+from mcpresume.store.marks import Marks
 from mcpresume.store.redis_calls import RedisCalls, session_keys
 from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
 
@@ -182,6 +183,7 @@ class RedisStore:
         # against a repeated call); bounded by the streams this process pumps.
         self._tails: dict[tuple[str, int], int] = {}
         self._copies = Copies()  # this process's copies of what it appended (store/copies.py)
+        self._marks = Marks(self._send_mark)  # delivery marks waiting for their session's append (marks.py)
         self._fields = itertools.count()
         constants = (
             f"local META_TTL, EV_TTL = {self.meta_ttl_ms}, {self.events_ttl_ms}\n"
@@ -206,6 +208,7 @@ class RedisStore:
         await self._redis.start()
 
     async def close(self) -> None:
+        self._marks.flush_all()  # posted: the close waits for Redis to apply them
         await self._redis.close()
 
     async def ready(self) -> bool:
@@ -229,12 +232,14 @@ class RedisStore:
     async def _script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
         if op not in _READS_UNCHANGED:
             self._copies.changed(session_id)  # a read's answer may change: ask Redis (``Copies.read``)
+        self._marks.flush(session_id)  # the session's delivery mark goes first
         return await self._redis.script(op, name, session_id, *args)
 
     async def _script_each(self, op: str, name: str, calls: Sequence[tuple[str, Sequence[str]]]) -> list[Any]:
-        if op not in _READS_UNCHANGED:
-            for session_id, _ in calls:
+        for session_id, _ in calls:
+            if op not in _READS_UNCHANGED:
                 self._copies.changed(session_id)
+            self._marks.flush(session_id)
         return await self._redis.script_each(op, name, calls)
 
     async def create_session(
@@ -412,6 +417,7 @@ class RedisStore:
         blob = b"".join(bodies)
         sizes = array("I", map(len, bodies))
         field = f"{self.token}:{next(self._fields):x}".encode() if bodies else b""
+        carried = self._marks.take(session_id)
         args = (
             "" if expected is None else str(expected),
             str(stream),
@@ -423,8 +429,14 @@ class RedisStore:
             _wire(sizes),
             field,
             str(len(blob)),
+            "" if carried is None else " ".join(map(str, (carried[0], *carried[1]))),
         )
-        result = await self._call("append", self._redis.append(session_id, field, blob, args))
+        try:
+            result = await self._call("append", self._redis.append(session_id, field, blob, args))
+        except BaseException:
+            if carried is not None:  # not known to be applied: held again (applied twice is the same)
+                self._marks.add(session_id, carried[1], carried[0])
+            raise
         status = _text(result[0])
         if status == "ok":
             version, last = int(result[1]), int(result[2])
@@ -460,12 +472,17 @@ class RedisStore:
         await self._script("group_streams", "group", session_id, *map(str, streams))
 
     async def mark_delivered(self, session_id: str, streams: Sequence[int], seq: int) -> None:
-        """Through the link, written without waiting for the reply: a view's next call (its read) and the
-        pumps' appends go on the same connection, so Redis applies the mark before any of them; a view waits
-        for no round trip after each write. An error reply is counted and logged (``_posted_error``)."""
-        args = (str(seq), *map(str, streams))
-        if not self._redis.post_script("delivered", session_id, *args):
-            await self._script("mark_delivered", "delivered", session_id, *args)
+        """Held for the session's next append to apply (``marks.py``), or written ahead of this process's next
+        other call on the session, or alone within ``MARK_DELAY``: on the link, without waiting for the reply
+        (an error reply is counted and logged, ``_posted_error``), so a view waits for no round trip after
+        each write. Without a link (a Cluster), a call of its own."""
+        if self._redis.posts:
+            self._marks.add(session_id, streams, seq)
+        else:
+            await self._script("mark_delivered", "delivered", session_id, str(seq), *map(str, streams))
+
+    def _send_mark(self, session_id: str, seq: int, streams: tuple[int, ...]) -> bool:
+        return self._redis.post_script("delivered", session_id, str(seq), *map(str, streams))
 
     async def view(self, session_id: str, stream: int) -> SessionView | None:
         raw = await self._script("view", "view", session_id, str(stream))

@@ -411,6 +411,11 @@ class RedisCalls:
         if not task.cancelled():
             task.exception()  # retrieved: a failure here shows again at the next call
 
+    @property
+    def posts(self) -> bool:
+        """Whether calls can be posted (``post_script``): there is a link, connected or not yet."""
+        return self._link is not None
+
     def post_script(self, name: str, session_id: str, *args: str) -> bool:
         """A script's call written on the link without waiting for its reply (an error reply is counted and
         logged, ``_posted_error``): every later call of this process on the link comes after it. False

@@ -104,6 +104,13 @@ local function publish(version)
   if heard_elsewhere() then redis.call('PUBLISH', CHANNEL, TOKEN .. ' ' .. version .. ' ' .. SID) end
 end
 
+-- A delivery mark (delivered.lua, or carried by the session's next append: mcpresume/store/marks.py): the
+-- last seq a client of stream n was sent; it only moves forward.
+local function mark_delivered(n, seq)
+  local s = stream(n)
+  if s and (s.d or 0) < seq then s.d = seq; mark(n) end
+end
+
 local function drop_all() redis.call('DEL', META, EV, ST, RQ, RO, BD) end
 
 local function new_counts()
