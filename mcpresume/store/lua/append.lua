@@ -7,7 +7,7 @@
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])
-if not load_meta() then redis.call('DEL', BD); return {'gone'} end
+if not load_meta({'epoch', 'nseq', 'ver', 'ne', 'nb', 'hc', 'hb', 'rx', 'ls'}) then redis.call('DEL', BD); return {'gone'} end
 local marked, synced = false, false
 if ARGV[A + 10] ~= '' then
   local seq = nil

@@ -9,11 +9,28 @@ local A = 3
 local CHANNEL = 'mcpresume:news'
 
 local meta, dirty = nil, {}
-local function load_meta()
-  local raw = redis.call('HGETALL', META)
-  if #raw == 0 then return nil end
-  meta = {}
-  for i = 1, #raw, 2 do meta[raw[i]] = raw[i + 1] end
+-- The session's meta (nil: the session is unknown): every field, or (``fields``, 'epoch' first: the
+-- append's few, out of twenty) those, and any other when first read.
+local function load_meta(fields)
+  if fields == nil then
+    local raw = redis.call('HGETALL', META)
+    if #raw == 0 then return nil end
+    meta = {}
+    for i = 1, #raw, 2 do meta[raw[i]] = raw[i + 1] end
+    return meta
+  end
+  local values = redis.call('HMGET', META, unpack(fields))
+  if not values[1] then return nil end
+  local absent = {}
+  meta = setmetatable({}, {__index = function(t, field)
+    if absent[field] then return nil end
+    local value = redis.call('HGET', META, field)
+    if value then rawset(t, field, value) else absent[field] = true; value = nil end
+    return value
+  end})
+  for i = 1, #fields do
+    if values[i] then meta[fields[i]] = values[i] else absent[fields[i]] = true end
+  end
   return meta
 end
 local function num(field) return tonumber(meta[field]) or 0 end
