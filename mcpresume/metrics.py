@@ -151,6 +151,15 @@ class Metrics:
             buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
+        self._store_seconds: dict[str, Histogram] = {}
+
+    def store_call(self, op: str, seconds: float) -> None:
+        """A call to the shared store took ``seconds`` (the label's child looked up once per op: the
+        lookup was 2% of the proxy's CPU at 1k events/s on the Redis store)."""
+        child = self._store_seconds.get(op)
+        if child is None:
+            child = self._store_seconds[op] = self.store_seconds.labels(op)
+        child.observe(seconds)
 
     def evicted(self, evicted: Evicted) -> None:
         children = self._evicted

@@ -292,7 +292,7 @@ class RedisCalls:
             raise StoreUnavailable(f"the session store did not answer ({op})") from error
         finally:
             if self.metrics is not None:
-                self.metrics.store_seconds.labels(op).observe(time.perf_counter() - started)
+                self.metrics.store_call(op, time.perf_counter() - started)
         self._up = True
         return result
 
