@@ -71,6 +71,28 @@ async def test_each_call_gets_its_own_reply_when_calls_interleave_and_one_gives_
         link.close()
 
 
+async def test_a_reply_later_than_the_reply_timeout_fails_the_connection_and_the_next_call_reconnects(
+    own_redis: RedisProcess,
+) -> None:
+    """One timer watches the oldest command (replies come in order): past ``reply_timeout`` every call in
+    flight raises ``TimeoutError``; once Redis answers again, the next call gets a new connection."""
+    link = Link(f"redis://127.0.0.1:{own_redis.port}/0", connect_timeout=5.0, reply_timeout=0.2)
+    try:
+        assert await link.call("PING") == b"PONG"
+        own_redis.pause()
+        try:
+            calls = [asyncio.ensure_future(link.call("ECHO", f"call {i}")) for i in range(3)]
+            async with asyncio.timeout(10):  # (a hang, not a pass, if nothing watched the replies)
+                for call in calls:
+                    with pytest.raises(TimeoutError, match="no reply from Redis within 0.2 s"):
+                        await call
+        finally:
+            own_redis.resume()
+        assert await link.call("ECHO", "again") == b"again"
+    finally:
+        link.close()
+
+
 async def test_the_url_s_password_and_database_are_used(own_redis: RedisProcess, make_store: Make) -> None:
     assert _raw(own_redis.port, b"CONFIG", b"SET", b"requirepass", b"s3cret") == b"+OK\r\n"
     url = f"redis://:s3cret@127.0.0.1:{own_redis.port}/3"

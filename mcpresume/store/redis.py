@@ -432,7 +432,8 @@ class RedisStore:
             "" if carried is None else " ".join(map(str, (carried[0], *carried[1]))),
         )
         try:
-            result = await self._call("append", self._redis.append(session_id, field, blob, args))
+            appended = self._redis.append(session_id, field, blob, args)
+            result = await self._redis.call("append", appended, linked=self._redis.has_link)
         except BaseException:
             if carried is not None:  # not known to be applied: held again (applied twice is the same)
                 self._marks.add(session_id, carried[1], carried[0])
@@ -476,7 +477,7 @@ class RedisStore:
         other call on the session, or alone within ``MARK_DELAY``: on the link, without waiting for the reply
         (an error reply is counted and logged, ``_posted_error``), so a view waits for no round trip after
         each write. Without a link (a Cluster), a call of its own."""
-        if self._redis.posts:
+        if self._redis.has_link:
             self._marks.add(session_id, streams, seq)
         else:
             await self._script("mark_delivered", "delivered", session_id, str(seq), *map(str, streams))

@@ -166,7 +166,9 @@ class RedisCalls:
             )
             self.client = aioredis.Redis(connection_pool=pool)
             if Link.supports(self.url):
-                self._link = Link(self.url, self.op_timeout, on_error=self._posted_error)
+                self._link = Link(
+                    self.url, self.op_timeout, on_error=self._posted_error, reply_timeout=self.op_timeout
+                )
         self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
@@ -275,12 +277,16 @@ class RedisCalls:
         if self._news is not None:
             self._news(session_id, version)
 
-    async def call(self, op: str, call: Awaitable[T]) -> T:
-        """Run one store call: bounded, measured, every failure a ``StoreUnavailable``."""
+    async def call(self, op: str, call: Awaitable[T], *, linked: bool = False) -> T:
+        """Run one store call: bounded, measured, every failure a ``StoreUnavailable``. ``linked``: a call on
+        the link, which bounds its own replies (``reply_timeout``) and connects (``connect_timeout``)."""
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.op_timeout):
+            if linked:
                 result = await call
+            else:
+                async with asyncio.timeout(self.op_timeout):
+                    result = await call
         except (RedisError, OSError, TimeoutError) as error:
             if isinstance(error, TimeoutError) and self._link is not None:
                 self._link.close()  # replies may still come, behind the next calls': start afresh
@@ -298,7 +304,7 @@ class RedisCalls:
 
     async def script(self, op: str, name: str, session_id: str, *args: str | bytes) -> Any:
         """One script of one session (``lua/<name>.lua``), bounded and measured (``call``)."""
-        return await self.call(op, self._run(name, session_id, args))
+        return await self.call(op, self._run(name, session_id, args), linked=self.has_link)
 
     async def _run(self, name: str, session_id: str, args: Sequence[str | bytes]) -> Any:
         """EVALSHA through the link (loaded first if Redis does not have it: restarted, flushed), or through
@@ -332,7 +338,7 @@ class RedisCalls:
             chunk = commands[start : start + 256]
             if self._link is not None:
                 data = b"".join(pack(*command) for command in chunk)
-                replies += await self.call(op, self._link.send(data, len(chunk)))
+                replies += await self.call(op, self._link.send(data, len(chunk)), linked=True)
             else:
                 replies += await self.call(op, self._pipelined(chunk))
         return replies
@@ -412,8 +418,9 @@ class RedisCalls:
             task.exception()  # retrieved: a failure here shows again at the next call
 
     @property
-    def posts(self) -> bool:
-        """Whether calls can be posted (``post_script``): there is a link, connected or not yet."""
+    def has_link(self) -> bool:
+        """Whether the hot calls go on the link (``resp.Link``, connected or not yet), which also takes posted
+        calls (``post_script``)."""
         return self._link is not None
 
     def post_script(self, name: str, session_id: str, *args: str) -> bool:
@@ -427,7 +434,7 @@ class RedisCalls:
     async def hmget(self, op: str, key: str, fields: Sequence[bytes]) -> list[bytes | None]:
         if self._link is None:
             return list(await self.call(op, self.client.hmget(key, fields)))
-        fetched = await self.call(op, self._link.call("HMGET", key, *fields))
+        fetched = await self.call(op, self._link.call("HMGET", key, *fields), linked=True)
         if isinstance(fetched, ResponseError):
             raise StoreUnavailable(f"the session store refused a read ({op}): {fetched}")
         return list(fetched)

@@ -53,10 +53,16 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=ResponseError)
         # per command written: the future of its reply (None: posted, the reply unwanted but for an error,
-        # ``on_error``), with how many replies it takes (a MULTI's all), and those come so far
-        self.waiting: collections.deque[tuple[asyncio.Future[list[Any]] | None, int, list[Any]]] = (
+        # ``on_error``), with how many replies it takes (a MULTI's all), those come so far, and when it was
+        # written (the loop's clock)
+        self.waiting: collections.deque[tuple[asyncio.Future[list[Any]] | None, int, list[Any], float]] = (
             collections.deque()
         )
+        # Replies come in order: when the oldest command waits longer than this, the connection fails (every
+        # call on it raises ``TimeoutError``). One timer for them all, where a time-out per call (asyncio's)
+        # cost each call a timer of its own. None: no limit.
+        self.reply_timeout: float | None = None
+        self._watch: asyncio.TimerHandle | None = None
         self.lost: BaseException | None = None
         self.on_error: Callable[[ResponseError], None] | None = None
         self.on_message: Callable[[bytes], None] | None = None  # subscribed: a published message's data
@@ -83,7 +89,7 @@ class _Protocol(asyncio.Protocol):
             if not waiting:
                 self.fail(RedisConnectionError("a reply nobody asked for"))
                 return
-            future, count, replies = waiting[0]
+            future, count, replies, _ = waiting[0]
             replies.append(reply)
             if len(replies) == count:
                 waiting.popleft()
@@ -103,10 +109,28 @@ class _Protocol(asyncio.Protocol):
     def post(self, data: bytes) -> None:
         """``data`` (one command, its reply unwanted but for an error) written with the next write, or
         after ``POST_DELAY`` if none comes: one system call (and one wake-up of Redis) for both, in order."""
-        self.waiting.append((None, 1, []))
+        loop = asyncio.get_running_loop()
+        self.waiting.append((None, 1, [], loop.time()))
+        self.watch()
         self.posted.append(data)
         if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(POST_DELAY, self.flush)
+            self._flush = loop.call_later(POST_DELAY, self.flush)
+
+    def watch(self) -> None:
+        """The reply time-out's timer, if it is not running: to be called after each command queued."""
+        if self._watch is None and self.reply_timeout is not None:
+            self._watch = asyncio.get_running_loop().call_later(self.reply_timeout, self._check)
+
+    def _check(self) -> None:
+        self._watch = None
+        if not self.waiting or self.lost is not None or self.reply_timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self.waiting[0][3] + self.reply_timeout
+        if loop.time() >= due:
+            self.fail(TimeoutError(f"no reply from Redis within {self.reply_timeout} s"))
+        else:
+            self._watch = loop.call_at(due, self._check)
 
     def flush(self) -> None:
         """The posted commands written now."""
@@ -132,12 +156,18 @@ class _Protocol(asyncio.Protocol):
     def fail(self, error: BaseException) -> None:
         self.lost = error
         self._unpost()  # their slots in ``waiting`` go with the others
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if not self.closed.done():
             self.closed.set_result(None)
         while self.waiting:
-            future, _, _ = self.waiting.popleft()
+            future, _, _, _ = self.waiting.popleft()
             if future is not None and not future.done():
-                future.set_exception(RedisConnectionError(str(error) or type(error).__name__))
+                if isinstance(error, TimeoutError):
+                    future.set_exception(TimeoutError(str(error)))
+                else:
+                    future.set_exception(RedisConnectionError(str(error) or type(error).__name__))
         if self.transport is not None:
             self.transport.abort()
 
@@ -146,11 +176,16 @@ class Link:
     """Commands to one Redis server over one connection (connected on first use, again after a failure)."""
 
     def __init__(
-        self, url: str, connect_timeout: float, on_error: Callable[[ResponseError], None] | None = None
+        self,
+        url: str,
+        connect_timeout: float,
+        on_error: Callable[[ResponseError], None] | None = None,
+        reply_timeout: float | None = None,
     ) -> None:
         self.options = parse_url(url)
         self.connect_timeout = connect_timeout
         self.on_error = on_error  # the error reply to a command posted (``post``)
+        self.reply_timeout = reply_timeout  # (``_Protocol.reply_timeout``)
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -177,7 +212,8 @@ class Link:
         if protocol is None:
             return None
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        protocol.waiting.append((future, count, []))
+        protocol.waiting.append((future, count, [], future.get_loop().time()))
+        protocol.watch()
         protocol.write(data)
         return future
 
@@ -231,6 +267,7 @@ class Link:
                         _Protocol, options.get("host", "localhost"), options.get("port", 6379)
                     )
                 protocol.on_error = self.on_error
+                protocol.reply_timeout = self.reply_timeout
                 self._protocol = protocol
                 setup = []
                 if options.get("password"):
