@@ -31,7 +31,7 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import CHANNEL, session_keys
 from mcpresume.store.resp import Link
-from mcpresume.window import EventKind, Evicted, WindowLimits
+from mcpresume.window import EventKind, Evicted, EvictReason, WindowLimits
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess
 
@@ -292,6 +292,46 @@ async def test_a_guarded_append_that_would_evict_unsent_events_appends_nothing(
     fits = await store.append(sid, opened.number, [msg()], now=0.0, guard=Guard(((lagging[0], 1),)))
     assert fits.blocked is None and fits.evicted.counts
     assert seqs(await store.read(sid, [opened.number], 1)) == [2, 3, 4]
+
+
+async def test_events_stored_by_an_earlier_version_one_field_each_read_the_same(
+    redis_db: str, make_store: Make
+) -> None:
+    """Entries written with a field per value (s t c z k n, before the two-field layout) are read, viewed
+    and evicted as their two-field copies are: a Redis holding an earlier version's sessions serves them."""
+    writer, reader = await make_store(redis_db), await make_store(redis_db)  # reader: no copies, Redis only
+    sid = new_session_id()
+    await writer.create_session(sid, now=0.0)
+    opened = await writer.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    await writer.append(sid, opened.number, [msg(5), msg(7)], now=1.0)
+    await writer.append(sid, opened.number, [msg(9)], now=2.0)
+    before = await reader.read(sid, [opened.number], 1)
+    view_before = await reader.view(sid, opened.number)
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        key = session_keys(sid)[1]
+        entries = await client.xrange(key)
+        assert all(set(fields) == {b"m", b"z"} for _, fields in entries)
+        await client.delete(key)
+        for entry_id, fields in entries:
+            stream, at, count, size, field = fields[b"m"].split(b" ")
+            old = {"s": stream, "t": at, "c": count, "z": fields[b"z"], "k": field, "n": size}
+            await client.xadd(key, old, id=entry_id)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+    assert (
+        _shape(await reader.read(sid, [opened.number], 1)) == _shape(before) == ([2, 3, 4], [1.0, 1.0, 2.0])
+    )
+    assert await reader.view(sid, opened.number) == view_before
+    evicted = await writer.append(sid, opened.number, [msg() for _ in range(7)], now=3.0)
+    assert evicted.evicted.counts[EvictReason.COUNT][0] == 3  # the priming event's entry, and seqs 2-3's
+    assert seqs(await reader.read(sid, [opened.number], 3)) == list(range(4, 12))
+
+
+def _shape(result: ReadResult | None) -> tuple[list[int], list[float]]:
+    assert result is not None
+    return [event.seq for event in result.events], [t for segment in result.segments for t in segment.times]
 
 
 async def test_every_key_of_a_session_is_in_one_slot_and_the_meta_outlives_the_events(

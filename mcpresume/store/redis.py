@@ -10,10 +10,10 @@ they share a slot and the store works on Redis Cluster unchanged:
   restart, old cursors get 404, never a replay.
 * ``…:ev`` (stream): the window's events as runs, one entry per append (the window's segments), entry id
   ``<seq of its first event>-0``: the proxy's own sequence numbers, so a read after a position is one
-  XRANGE. Fields: the stream number, the append time (wall clock), the count, each event's size, the field
-  of ``…:bd`` holding their bodies, and the bodies' bytes. The oldest entry may be cut: the meta keeps how
-  many of its events are evicted. One entry per run, not per event: an upstream read of a hundred events is
-  one XADD.
+  XRANGE. Two fields (``lua/common.lua``): the stream number, the append time (wall clock), the count, the
+  bodies' bytes and the field of ``…:bd`` holding them; and each event's size. The oldest entry may be cut:
+  the meta keeps how many of its events are evicted. One entry per run, not per event: an upstream read of
+  a hundred events is one XADD.
 * ``…:bd`` (hash): field -> the bodies of one entry as appended (SSE events without their id lines;
   ``ReadResult.body`` writes the cursors). Bodies never pass through a script: a 64 KiB string costs a Lua
   script about 90 us to take in or hand out, a plain command about 10 (measured, docs/performance.md). An

@@ -6,8 +6,11 @@ local n = tonumber(ARGV[A])
 local out = {epoch = meta.epoch, la = meta.la, lp = num('lp'), nst = num('nst'), nseq = num('nseq')}
 local oldest = redis.call('XRANGE', EV, '-', '+', 'COUNT', 1)[1]
 local newest = redis.call('XREVRANGE', EV, '+', '-', 'COUNT', 1)[1]
-if oldest then out.oldest = {tonumber(oldest[2][2]), seq_of(oldest[1]) + num('hc')} end
-if newest then out.newest = {tonumber(newest[2][2]), seq_of(newest[1]) + tonumber(newest[2][6]) - 1} end
+if oldest then out.oldest = {entry(oldest).s, seq_of(oldest[1]) + num('hc')} end
+if newest then
+  local e = entry(newest)
+  out.newest = {e.s, e.first + e.c - 1}
+end
 local s = stream(n)
 if s then
   out.st = s
