@@ -46,9 +46,13 @@ from mcpresume.upstream_events import Batch, End, UpstreamEvents, refuses_resume
 log = logging.getLogger("mcpresume.pump")
 T = TypeVar("T")
 
-# Events appended per store call, at most (and never more than half the window). An upstream read can hold
-# hundreds of small events; appending them in slices lets a pump wait for a reading client between slices
-# instead of evicting under it.
+# Events appended per store call, at most (and never more than the window's events, nor, for large events,
+# much more than half its bytes: ``Pump._append``). An upstream read can hold hundreds of small events;
+# appending them in slices lets a pump wait for a reading client between slices instead of evicting under
+# it. A slice of a whole window, not half of one: a store call costs about 20 us whatever it holds, and at
+# full speed a reader takes a window per write, so half-window slices made two calls where one does (one
+# stream of 256 B events: 8-12% of the proxy's CPU per event, bench.ab). The byte bound keeps what a reader
+# in the way must take within stall_timeout at about half the window's bytes when events are large.
 APPEND_SLICE: Final = 256
 # Retries of an append while the shared store is down: from this many seconds, doubling, to the second.
 OUTAGE_RETRY_MIN: Final = 0.05
@@ -81,6 +85,7 @@ class PumpSettings:
     pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
     store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
+    window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -183,7 +188,7 @@ class Pump:
         self.settings = settings
         # What the events mean (the pure part): what to append, what is pending, where to resume from.
         self.events = UpstreamEvents(job.request_ids)
-        self.step = max(1, min(APPEND_SLICE, settings.window_events // 2))
+        self.step = max(1, min(APPEND_SLICE, settings.window_events))
         self.attempts = 0  # resume attempts since the last progress
         self._paused_out = False  # overflow = pause already waited session_ttl once
         self._duplicates = 0  # of events.duplicates, those already counted in the metrics
@@ -255,9 +260,14 @@ class Pump:
         if not batches:
             return
         self.attempts = 0  # progress
-        step, metrics = self.step, self.metrics
+        metrics, window_bytes = self.metrics, self.settings.window_bytes
         final = batches[-1]
         for batch in batches:
+            step = self.step
+            if window_bytes is not None and len(batch) > 1:
+                size = batch.size if isinstance(batch, SSERun) else sum(len(event.body) for event in batch)
+                if 2 * size > window_bytes:  # large events: slices of about half the window's bytes
+                    step = max(1, min(step, len(batch) * window_bytes // (2 * size)))
             for start in range(0, len(batch), step):
                 if len(batch) <= step:
                     part = batch

@@ -32,6 +32,7 @@ class PumpStarter:
             pause=settings.overflow == "pause",
             session_ttl=settings.session_ttl,
             store_outage_grace=settings.store_outage_grace,
+            window_bytes=settings.window_bytes,
         )
 
     def _pump(self, job: PumpJob) -> Pump:
