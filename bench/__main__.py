@@ -105,7 +105,7 @@ MODES: dict[str, dict[str, Any]] = {
 # mcpresume runs with its default settings except these: the memory scenarios hold 10,000+ sessions, and
 # 9,500 open GET streams (more than max_connections' default 4096; the cap is still fitted to the
 # descriptor limit, which the benchmark raises to the hard one).
-SESSIONS_CAP = {"max_sessions": 200_000, "max_connections": 30_000}
+SESSIONS_CAP: dict[str, Any] = {"max_sessions": 200_000, "max_connections": 30_000}  # settings: Any
 SCENARIOS = ("throughput", "latency", "resume", "memory", "sessions", "redis")
 REDIS_TP_CONFIGS = [(1, 256), (100, 256), (1, 4096)]
 

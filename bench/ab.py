@@ -8,9 +8,7 @@ comparisons much less)."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -34,29 +32,20 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="mcpresume-ab-") as base_dir,
         tempfile.TemporaryDirectory(prefix="mcpresume-ab-new-") as new_dir,
     ):
-        archive = subprocess.run(
-            ["git", "archive", args.rev, "mcpresume"], cwd=procs_mod.ROOT, check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
-        # The working tree's code runs from a copy too, so both proxies start alike (same kind of
-        # directory, no bytecode cached): run from the tree itself, the second-started one measured ~7%
-        # faster than the other on the same code (100 streams, A/A).
-        ignore = shutil.ignore_patterns("__pycache__")
-        shutil.copytree(procs_mod.ROOT / "mcpresume", Path(new_dir) / "mcpresume", ignore=ignore)
+        procs_mod.tree(Path(base_dir), args.rev)
+        procs_mod.tree(Path(new_dir))  # the working tree's, from a copy too (``tree``)
         procs = procs_mod.Processes()
         try:
             upstream = procs.start_upstream()
             nginx = procs.start_nginx(upstream)
             if nginx is None:
                 raise SystemExit("nginx is not installed")
-            root = procs_mod.ROOT
-            started = {}
-            try:  # each proxy runs from its directory (cwd and PYTHONPATH)
-                for name, directory in (("base", base_dir), ("new", new_dir)):
-                    procs_mod.ROOT = Path(directory)
-                    started[name] = procs.start_mcpresume(upstream, name=f"mcpresume-{name}", **SESSIONS_CAP)
-            finally:
-                procs_mod.ROOT = root
+            started = {
+                name: procs.start_mcpresume(
+                    upstream, name=f"mcpresume-{name}", root=Path(directory), **SESSIONS_CAP
+                )
+                for name, directory in (("base", base_dir), ("new", new_dir))
+            }
             base, new = started["base"], started["new"]
             targets = {"nginx": nginx, "base": base, "new": new}
             names = list(targets)

@@ -116,26 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         if nginx is None:
             raise SystemExit("nginx is not installed")
         targets = {"nginx": nginx}
-        trees = {"working tree": procs.tmp / "new"}
-        shutil.copytree(
-            procs_mod.ROOT / "mcpresume",
-            trees["working tree"] / "mcpresume",
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
+        trees = {"working tree": procs_mod.tree(procs.tmp / "new")}
         if args.rev:
-            trees[args.rev] = procs.tmp / "base"
-            trees[args.rev].mkdir()
-            archive = subprocess.run(
-                ["git", "archive", args.rev, "mcpresume"], cwd=procs_mod.ROOT, check=True, capture_output=True
-            ).stdout
-            subprocess.run(["tar", "-x", "-C", str(trees[args.rev])], input=archive, check=True)
-        root = procs_mod.ROOT
-        try:  # each proxy runs from its own copy (as bench.ab's do)
-            for index, (name, directory) in enumerate(trees.items()):
-                procs_mod.ROOT = directory
-                targets[name] = procs.start_mcpresume(upstream, name=f"mcpresume-{index}", **SESSIONS_CAP)
-        finally:
-            procs_mod.ROOT = root
+            trees[args.rev] = procs_mod.tree(procs.tmp / "base", args.rev)
+        for index, (name, directory) in enumerate(trees.items()):  # each proxy from its own copy
+            targets[name] = procs.start_mcpresume(
+                upstream, name=f"mcpresume-{index}", root=directory, **SESSIONS_CAP
+            )
         pids = {
             name: [child.pid, *(_children(child.pid) if name == "nginx" else [])]
             for name, child in targets.items()

@@ -119,6 +119,23 @@ class Child:
         return ""
 
 
+def tree(directory: Path, rev: str | None = None) -> Path:
+    """``directory`` with a copy of ``mcpresume/``: at git revision ``rev`` (``git archive``), or the
+    working tree's (no bytecode). Two proxies compared side by side each run from a copy, so both start
+    alike: run from the checkout itself, the second-started one measured ~7% faster than the other on the
+    same code (100 streams, A/A)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if rev is None:
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "mcpresume", directory / "mcpresume", ignore=ignore)
+    else:
+        archive = subprocess.run(
+            ["git", "archive", rev, "mcpresume"], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    return directory
+
+
 @dataclass
 class Processes:
     """The children of one benchmark run, and their temp dir."""
@@ -126,13 +143,15 @@ class Processes:
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="mcpresume-bench-")))
     children: list[Child] = field(default_factory=list)
 
-    def _spawn(self, name: str, argv: list[str], port: int, *, stdout_ready: bool = False) -> Child:
+    def _spawn(
+        self, name: str, argv: list[str], port: int, *, stdout_ready: bool = False, root: Path = ROOT
+    ) -> Child:
         log = self.tmp / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(root))
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv,
-                cwd=str(ROOT),
+                cwd=str(root),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if stdout_ready else out,
@@ -174,8 +193,12 @@ class Processes:
         wait_port(port, 30, child.proc)
         return child
 
-    def start_mcpresume(self, upstream: Child, name: str = "mcpresume", **settings: object) -> Child:
-        """``advertise=True``: pass ``--advertise-url`` (this proxy's own URL), as a shared store needs."""
+    def start_mcpresume(
+        self, upstream: Child, name: str = "mcpresume", *, root: Path = ROOT, **settings: object
+    ) -> Child:
+        """``advertise=True``: pass ``--advertise-url`` (this proxy's own URL), as a shared store needs.
+        ``root``: the directory whose ``mcpresume/`` runs (cwd and PYTHONPATH; ``tree``), this checkout's
+        by default."""
         port = free_port()
         if settings.pop("advertise", False):
             settings["advertise_url"] = f"http://{LOOPBACK}:{port}/mcp"
@@ -197,7 +220,7 @@ class Processes:
         ]
         for key, value in settings.items():
             argv += ["--" + key.replace("_", "-"), str(value)]
-        child = self._spawn(name, argv, port)
+        child = self._spawn(name, argv, port, root=root)
         wait_port(port, 30, child.proc)
         return child
 
