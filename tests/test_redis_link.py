@@ -50,6 +50,15 @@ def _raw(port: int, *command: bytes) -> bytes:
         return sock.recv(1024)
 
 
+async def _new_stream(store: RedisStore) -> tuple[str, int]:
+    """A new session with one POST stream open (its priming event: seq 1): (session id, stream number)."""
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None
+    return sid, opened.number
+
+
 # -- the connection ------------------------------------------------------------------------------------------
 
 
@@ -97,11 +106,8 @@ async def test_the_url_s_password_and_database_are_used(own_redis: RedisProcess,
     assert _raw(own_redis.port, b"CONFIG", b"SET", b"requirepass", b"s3cret") == b"+OK\r\n"
     url = f"redis://:s3cret@127.0.0.1:{own_redis.port}/3"
     store = await make_store(url)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await store.append(sid, opened.number, [msg(b"in db 3")], now=0.0)
+    sid, number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"in db 3")], now=0.0)
     client = aioredis.Redis.from_url(url)
     try:
         assert await client.exists(session_keys(sid)[5]) == 1  # the bodies, written through the link
@@ -112,24 +118,21 @@ async def test_the_url_s_password_and_database_are_used(own_redis: RedisProcess,
         await client.aclose()
     wrong = await make_store(f"redis://:wrong@127.0.0.1:{own_redis.port}/3")
     with pytest.raises(StoreUnavailable):
-        await wrong.read(sid, [opened.number], 0)
+        await wrong.read(sid, [number], 0)
 
 
 async def test_scripts_flushed_from_redis_are_loaded_again(redis_db: str, make_store: Make) -> None:
     """After SCRIPT FLUSH (or a Redis restart) every EVALSHA gets NOSCRIPT: the store loads the script and
     calls again, also for the append inside its MULTI."""
     store = await make_store(redis_db)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
+    sid, number = await _new_stream(store)
     client = aioredis.Redis.from_url(redis_db)
     try:
         await client.script_flush()
-        appended = await store.append(sid, opened.number, [msg(b"one")], now=0.0)
+        appended = await store.append(sid, number, [msg(b"one")], now=0.0)
         assert appended.blocked is None
         await client.script_flush()
-        result = await store.read(sid, [opened.number], 1)
+        result = await store.read(sid, [number], 1)
         assert result is not None and [e.seq for e in result.events] == [2]
     finally:
         await client.aclose()
@@ -142,20 +145,17 @@ async def test_another_process_reads_the_bodies_by_hmget_and_gets_the_same_bytes
     redis_db: str, make_store: Make
 ) -> None:
     writer, reader = await make_store(redis_db), await make_store(redis_db)
-    sid = new_session_id()
-    await writer.create_session(sid, now=0.0)
-    opened = await writer.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await writer.append(sid, opened.number, [msg(b"a" * 300), msg(b"b")], now=0.0)
-    await writer.append(sid, opened.number, [msg(b"c" * 70_000)], now=0.0)
-    mine = await writer.read(sid, [opened.number], 0)
-    theirs = await reader.read(sid, [opened.number], 0)
+    sid, number = await _new_stream(writer)
+    await writer.append(sid, number, [msg(b"a" * 300), msg(b"b")], now=0.0)
+    await writer.append(sid, number, [msg(b"c" * 70_000)], now=0.0)
+    mine = await writer.read(sid, [number], 0)
+    theirs = await reader.read(sid, [number], 0)
     assert mine is not None and theirs is not None
     assert [(e.seq, e.body) for e in theirs.events] == [(e.seq, e.body) for e in mine.events]
     sent = [e.body.split(b"\n", 1)[1] for e in theirs.events]  # each as appended, its cursor line aside
     assert sent[1:] == [msg(b"a" * 300).body, msg(b"b").body, msg(b"c" * 70_000).body]
     assert len(reader._copies.bodies) == 3  # the priming event's and both appends': copies for its next reads
-    cut = await reader.read(sid, [opened.number], 2)  # from inside the first append's run
+    cut = await reader.read(sid, [number], 2)  # from inside the first append's run
     assert cut is not None
     assert [e.body.split(b"\n", 1)[1] for e in cut.events] == [msg(b"b").body, msg(b"c" * 70_000).body]
 
@@ -258,29 +258,26 @@ async def test_a_delivery_mark_is_not_waited_for_yet_every_later_call_sees_it(
     After SCRIPT FLUSH the posted mark's NOSCRIPT reply is counted, and the script is loaded again."""
     metrics = Metrics(CollectorRegistry())
     store = await make_store(redis_db, metrics=metrics)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await store.append(sid, opened.number, [msg(b"one"), msg(b"two")], now=0.0)
+    sid, number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"one"), msg(b"two")], now=0.0)
     for seq in (1, 2):
-        await store.mark_delivered(sid, [opened.number], seq)
-        view = await store.view(sid, opened.number)
+        await store.mark_delivered(sid, [number], seq)
+        view = await store.view(sid, number)
         assert view is not None and view.stream is not None and view.stream.delivered == seq
     client = aioredis.Redis.from_url(redis_db)
     try:
         await client.script_flush()
     finally:
         await client.aclose()
-    await store.mark_delivered(sid, [opened.number], 3)  # lost: Redis no longer has the script
-    await store.view(sid, opened.number)  # (loads the view script again; the mark's reply came before)
+    await store.mark_delivered(sid, [number], 3)  # lost: Redis no longer has the script
+    await store.view(sid, number)  # (loads the view script again; the mark's reply came before)
     assert metrics.registry.get_sample_value("mcpresume_store_errors_total", {"op": "mark_delivered"}) == 1.0
     deadline = asyncio.get_running_loop().time() + 30
     while store._redis.reloading is not None:  # the reload's reply, on the same connection
         assert asyncio.get_running_loop().time() < deadline
-        await store.view(sid, opened.number)
-    await store.mark_delivered(sid, [opened.number], 3)
-    view = await store.view(sid, opened.number)
+        await store.view(sid, number)
+    await store.mark_delivered(sid, [number], 3)
+    view = await store.view(sid, number)
     assert view is not None and view.stream is not None and view.stream.delivered == 3
 
 
@@ -312,23 +309,20 @@ async def test_a_delivery_mark_rides_in_the_session_s_next_append_even_one_refus
     """Held, not sent: the session's next append applies it in its own script call (no call of its own);
     an append refused as stale (another process appended meanwhile) applies it too."""
     store = await make_store(redis_db)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await store.append(sid, opened.number, [msg(b"one")], now=0.0)
+    sid, number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"one")], now=0.0)
     calls = await _script_calls(redis_db)
-    await store.mark_delivered(sid, [opened.number], 1)
-    assert await _delivered_in_redis(redis_db, sid, opened.number) == 0  # held
-    await store.append(sid, opened.number, [msg(b"two")], now=0.0)
-    assert await _delivered_in_redis(redis_db, sid, opened.number) == 1
+    await store.mark_delivered(sid, [number], 1)
+    assert await _delivered_in_redis(redis_db, sid, number) == 0  # held
+    await store.append(sid, number, [msg(b"two")], now=0.0)
+    assert await _delivered_in_redis(redis_db, sid, number) == 1
     assert await _script_calls(redis_db) == calls + 1  # the append's alone
     other = await make_store(redis_db)
-    await other.append(sid, opened.number, [msg(b"three, by another process")], now=0.0)
-    await store.mark_delivered(sid, [opened.number], 3)
-    refused = await store.append(sid, opened.number, [msg(b"four")], now=0.0)
+    await other.append(sid, number, [msg(b"three, by another process")], now=0.0)
+    await store.mark_delivered(sid, [number], 3)
+    refused = await store.append(sid, number, [msg(b"four")], now=0.0)
     assert not refused.evicted and refused.blocked is None  # stale: not appended
-    assert await _delivered_in_redis(redis_db, sid, opened.number) == 3
+    assert await _delivered_in_redis(redis_db, sid, number) == 3
 
 
 async def test_a_delivery_mark_no_append_takes_goes_alone_and_one_whose_append_failed_is_held_again(
@@ -336,24 +330,21 @@ async def test_a_delivery_mark_no_append_takes_goes_alone_and_one_whose_append_f
 ) -> None:
     url = f"redis://127.0.0.1:{own_redis.port}/0"
     store = await make_store(url, op_timeout=0.3)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await store.append(sid, opened.number, [msg(b"one"), msg(b"two")], now=0.0)
-    await store.mark_delivered(sid, [opened.number], 1)
+    sid, number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"one"), msg(b"two")], now=0.0)
+    await store.mark_delivered(sid, [number], 1)
     deadline = asyncio.get_running_loop().time() + 10
-    while await _delivered_in_redis(url, sid, opened.number) != 1:  # within MARK_DELAY, and a write's
+    while await _delivered_in_redis(url, sid, number) != 1:  # within MARK_DELAY, and a write's
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(MARK_DELAY)
-    await store.mark_delivered(sid, [opened.number], 2)
+    await store.mark_delivered(sid, [number], 2)
     own_redis.pause()
     try:
         with pytest.raises(StoreUnavailable):
-            await store.append(sid, opened.number, [msg(b"three")], now=0.0)
+            await store.append(sid, number, [msg(b"three")], now=0.0)
     finally:
         own_redis.resume()
-    while await _delivered_in_redis(url, sid, opened.number) != 2:  # held again, then sent alone
+    while await _delivered_in_redis(url, sid, number) != 2:  # held again, then sent alone
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(MARK_DELAY)
 
@@ -393,20 +384,17 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
     store, other = await make_store(own_redis.url), await make_store(own_redis.url)
     heard: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     store.set_news(lambda sid, version: heard.put_nowait((sid, version)))
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
-    assert opened is not None
-    await store.append(sid, opened.number, [msg(b"one")], now=0.0)
-    await store.append(sid, opened.number, [msg(b"two"), msg(b"three")], now=0.0)
+    sid, number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"one")], now=0.0)
+    await store.append(sid, number, [msg(b"two"), msg(b"three")], now=0.0)
     # a process that made no append reads from Redis: at the event before the last append, before the one
     # before it (seq 1 is the stream's priming event), and within the last one, one event at most
     reads = [(2, READ_MAX_EVENTS), (1, READ_MAX_EVENTS), (3, READ_MAX_EVENTS), (1, 1)]
-    from_redis = [await other.read(sid, [opened.number], after, most) for after, most in reads]
+    from_redis = [await other.read(sid, [number], after, most) for after, most in reads]
     own_redis.pause()
     try:
         for (after, most), expected in zip(reads, from_redis, strict=True):
-            local = await store.read(sid, [opened.number], after, most)
+            local = await store.read(sid, [number], after, most)
             assert local is not None and expected is not None
             assert (local.body(), local.version, local.complete, local.gap, local.more) == (
                 expected.body(),
@@ -417,9 +405,9 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
             )
         assert [e.seq for e in local.events] == [2] and local.more
         with pytest.raises(StoreUnavailable):
-            await store.read(sid, [opened.number], 0)  # before the first of them (the priming event)
+            await store.read(sid, [number], 0)  # before the first of them (the priming event)
         with pytest.raises(StoreUnavailable):
-            await store.read(sid, [opened.number + 1], 2)  # another stream
+            await store.read(sid, [number + 1], 2)  # another stream
     finally:
         own_redis.resume()
     await other.open_stream(sid, StreamOrigin.GET, [], now=0.0)  # a change by another process
@@ -428,7 +416,7 @@ async def test_a_read_of_this_process_s_last_append_needs_no_round_trip(
     own_redis.pause()
     try:
         with pytest.raises(StoreUnavailable):
-            await store.read(sid, [opened.number], 2)
+            await store.read(sid, [number], 2)
     finally:
         own_redis.resume()
 
@@ -439,19 +427,16 @@ async def test_a_read_of_events_evicted_from_this_process_s_last_appends_asks_re
     """The window (4 events) evicts the first of three appends as the last is made: a reader still before
     it asks Redis, which says it fell behind (a gap); a reader past it is answered here."""
     store = await make_store(own_redis.url)
-    sid = new_session_id()
-    await store.create_session(sid, now=0.0)
-    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)  # its priming event: seq 1
-    assert opened is not None
+    sid, number = await _new_stream(store)  # its priming event: seq 1
     for texts in ([b"two"], [b"three", b"four"], [b"five", b"six"]):
-        await store.append(sid, opened.number, [msg(t) for t in texts], now=0.0)
+        await store.append(sid, number, [msg(t) for t in texts], now=0.0)
     own_redis.pause()
     try:
-        local = await store.read(sid, [opened.number], 2)
+        local = await store.read(sid, [number], 2)
         assert local is not None and [e.seq for e in local.events] == [3, 4, 5, 6]
         with pytest.raises(StoreUnavailable):
-            await store.read(sid, [opened.number], 1)  # seq 2 is evicted: not answered here
+            await store.read(sid, [number], 1)  # seq 2 is evicted: not answered here
     finally:
         own_redis.resume()
-    behind = await store.read(sid, [opened.number], 1)
+    behind = await store.read(sid, [number], 1)
     assert behind is not None and behind.gap
