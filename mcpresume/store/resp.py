@@ -109,17 +109,18 @@ class _Protocol(asyncio.Protocol):
     def post(self, data: bytes) -> None:
         """``data`` (one command, its reply unwanted but for an error) written with the next write, or
         after ``POST_DELAY`` if none comes: one system call (and one wake-up of Redis) for both, in order."""
-        loop = asyncio.get_running_loop()
-        self.waiting.append((None, 1, [], loop.time()))
-        self.watch()
+        self.expect(None, 1)
         self.posted.append(data)
         if self._flush is None:
-            self._flush = loop.call_later(POST_DELAY, self.flush)
+            self._flush = asyncio.get_running_loop().call_later(POST_DELAY, self.flush)
 
-    def watch(self) -> None:
-        """The reply time-out's timer, if it is not running: to be called after each command queued."""
+    def expect(self, future: asyncio.Future[list[Any]] | None, count: int) -> None:
+        """A command's ``count`` replies to come, for ``future`` (None: posted), watched by the reply
+        time-out's timer (started if it is not running)."""
+        loop = asyncio.get_running_loop()
+        self.waiting.append((future, count, [], loop.time()))
         if self._watch is None and self.reply_timeout is not None:
-            self._watch = asyncio.get_running_loop().call_later(self.reply_timeout, self._check)
+            self._watch = loop.call_later(self.reply_timeout, self._check)
 
     def _check(self) -> None:
         self._watch = None
@@ -212,8 +213,7 @@ class Link:
         if protocol is None:
             return None
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        protocol.waiting.append((future, count, [], future.get_loop().time()))
-        protocol.watch()
+        protocol.expect(future, count)
         protocol.write(data)
         return future
 
