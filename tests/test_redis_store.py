@@ -437,6 +437,33 @@ async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -
     assert await store.replica_url("pod-a", now=105.0) is None and await store.live_replicas(now=105.0) == 0
 
 
+async def test_a_routing_lookup_that_redis_refuses_is_store_unavailable_not_an_answer(
+    redis_db: str, make_store: Make
+) -> None:
+    """The owner and the replica's URL are read in one round trip each, pipelined: an error reply (here a
+    key of the wrong type, written by something else) fails the lookup as an outage does (503), never reads
+    as "no owner" or "no live replica", which would route the request to the wrong place."""
+    store = await make_store(redis_db)
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
+    client = aioredis.Redis.from_url(redis_db)
+    try:
+        await client.delete(session_keys(sid)[0], "mcpresume:{replicas}:urls")
+        await client.set(session_keys(sid)[0], "not a hash")
+        await client.set("mcpresume:{replicas}:urls", "not a hash")
+        with pytest.raises(StoreUnavailable):
+            await store.owner(sid)
+        with pytest.raises(StoreUnavailable):
+            await store.replica_url("pod-a", now=105.0)
+        await client.delete(session_keys(sid)[0], "mcpresume:{replicas}:urls")
+        assert await store.owner(sid) is None and await store.replica_url("pod-a", now=105.0) is None
+        await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
+        assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"
+    finally:
+        await client.aclose()
+
+
 # -- news ------------------------------------------------------------------------------------------------
 
 

@@ -305,7 +305,10 @@ class RedisStore:
             del self._tails[key]
 
     async def owner(self, session_id: str) -> str | None:
-        owner = await self._call("owner", self._client.hget(session_keys(session_id)[0], "own"))
+        # On every request routing depends on: through the link (a call through redis-py costs about 115 us
+        # of this process's CPU, one on the link about 38).
+        command = ("HGET", session_keys(session_id)[0], "own")
+        (owner,) = await self._redis.batch("owner", [command], strict=True)
         return _text(owner)
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
@@ -670,10 +673,14 @@ class RedisStore:
         await self._call("register_replica", register())
 
     async def replica_url(self, replica_id: str, now: float) -> str | None:
-        lease = await self._call("replica_url", self._client.zscore(REPLICAS, replica_id))
+        # Every request to another replica's session: the lease and the URL in one round trip (both keys
+        # share the {replicas} hash tag, so a cluster serves them from one node too).
+        lease, url = await self._redis.batch(
+            "replica_url", [("ZSCORE", REPLICAS, replica_id), ("HGET", REPLICA_URLS, replica_id)], strict=True
+        )
         if lease is None or float(lease) <= now:
             return None
-        return _text(await self._call("replica_url", self._client.hget(REPLICA_URLS, replica_id)))
+        return _text(url)
 
     async def release_replica(self, replica_id: str) -> None:
         await self._call("release_replica", self._client.zrem(REPLICAS, replica_id))

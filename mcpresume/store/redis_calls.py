@@ -329,18 +329,22 @@ class RedisCalls:
         else:
             await self.client.script_load(source)
 
-    async def batch(self, op: str, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
+    async def batch(
+        self, op: str, commands: Sequence[Sequence[str | bytes | int]], *, strict: bool = False
+    ) -> list[Any]:
         """Many commands, pipelined: 256 per write (the link) or per pipeline (redis-py), replies in order,
-        an error reply as a ``ResponseError`` in its place. Housekeeping visits every session: one command
-        each, not one call each (a call through redis-py costs ~90 us of this process's CPU)."""
+        an error reply as a ``ResponseError`` in its place (``strict``: the call's failure, as any other).
+        Housekeeping visits every session: one command each, not one call each (a call through redis-py
+        costs ~90 us of this process's CPU); routing asks a few keys per request, in one round trip."""
         replies: list[Any] = []
         for start in range(0, len(commands), 256):
             chunk = commands[start : start + 256]
             if self._link is not None:
                 data = b"".join(pack(*command) for command in chunk)
-                replies += await self.call(op, self._link.send(data, len(chunk)), linked=True)
+                sent: Awaitable[list[Any]] = self._link.send(data, len(chunk))
             else:
-                replies += await self.call(op, self._pipelined(chunk))
+                sent = self._pipelined(chunk)
+            replies += await self.call(op, _raising(sent) if strict else sent, linked=self._link is not None)
         return replies
 
     async def _pipelined(self, commands: Sequence[Sequence[str | bytes | int]]) -> list[Any]:
@@ -438,3 +442,12 @@ class RedisCalls:
         if isinstance(fetched, ResponseError):
             raise StoreUnavailable(f"the session store refused a read ({op}): {fetched}")
         return list(fetched)
+
+
+async def _raising(replies: Awaitable[list[Any]]) -> list[Any]:
+    """``replies``, or the first error reply among them raised."""
+    done = await replies
+    for reply in done:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return done
