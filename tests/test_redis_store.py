@@ -28,7 +28,7 @@ from mcpresume.resume import decide
 from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
 from mcpresume.sse import SSEParser, SSERun, frame_body
 from mcpresume.store.memory import MemoryStore
-from mcpresume.store.redis import RedisStore
+from mcpresume.store.redis import REPLICA_URLS, RedisStore
 from mcpresume.store.redis_calls import CHANNEL, session_keys
 from mcpresume.store.resp import Link
 from mcpresume.window import EventKind, Evicted, EvictReason, WindowLimits
@@ -440,7 +440,7 @@ async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -
 async def test_a_routing_lookup_that_redis_refuses_is_store_unavailable_not_an_answer(
     redis_db: str, make_store: Make
 ) -> None:
-    """The owner and the replica's URL are read in one round trip each, pipelined: an error reply (here a
+    """The owner and the replica's URL are read in one round trip each, on the link: an error reply (here a
     key of the wrong type, written by something else) fails the lookup as an outage does (503), never reads
     as "no owner" or "no live replica", which would route the request to the wrong place."""
     store = await make_store(redis_db)
@@ -449,14 +449,13 @@ async def test_a_routing_lookup_that_redis_refuses_is_store_unavailable_not_an_a
     await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
     client = aioredis.Redis.from_url(redis_db)
     try:
-        await client.delete(session_keys(sid)[0], "mcpresume:{replicas}:urls")
-        await client.set(session_keys(sid)[0], "not a hash")
-        await client.set("mcpresume:{replicas}:urls", "not a hash")
+        await client.set(session_keys(sid)[0], "not a hash")  # SET replaces a key of any type
+        await client.set(REPLICA_URLS, "not a hash")
         with pytest.raises(StoreUnavailable):
             await store.owner(sid)
         with pytest.raises(StoreUnavailable):
             await store.replica_url("pod-a", now=105.0)
-        await client.delete(session_keys(sid)[0], "mcpresume:{replicas}:urls")
+        await client.delete(session_keys(sid)[0], REPLICA_URLS)
         assert await store.owner(sid) is None and await store.replica_url("pod-a", now=105.0) is None
         await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
         assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"

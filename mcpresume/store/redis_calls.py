@@ -369,9 +369,7 @@ class RedisCalls:
                 again, await self.batch(op, [command(*calls[i]) for i in again]), strict=True
             ):
                 replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                raise reply
+        _raise_refusal(replies)
         return replies
 
     async def append(self, session_id: str, field: bytes, blob: bytes, args: tuple[str | bytes, ...]) -> Any:
@@ -444,10 +442,15 @@ class RedisCalls:
         return list(fetched)
 
 
-async def _raising(replies: Awaitable[list[Any]]) -> list[Any]:
-    """``replies``, or the first error reply among them raised."""
-    done = await replies
-    for reply in done:
+def _raise_refusal(replies: Sequence[Any]) -> None:
+    """The first error reply among ``replies`` raised, if any."""
+    for reply in replies:
         if isinstance(reply, ResponseError):
             raise reply
+
+
+async def _raising(replies: Awaitable[list[Any]]) -> list[Any]:
+    """``replies``, or the first error reply among them raised (inside the call: a failure like any other)."""
+    done = await replies
+    _raise_refusal(done)
     return done
