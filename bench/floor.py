@@ -10,7 +10,7 @@ below while it is built on aiohttp:
 * client half: a bare ``aiohttp.ClientSession`` (uvloop) holding N streaming GET responses open against a
   raw asyncio server in a child process that sends the headers and one chunk.
 * held-GET half: the same, held by mcpresume's own reader of long-lived upstream GETs
-  (``mcpresume.heldget``, what the proxy uses for a standalone stream), for comparison.
+  (``mcpresume.streams.heldget``, what the proxy uses for a standalone stream), for comparison.
 
 Each half is the RSS growth of the measuring process over N held streams (after 50 for warm-up), divided
 by N, each half in a fresh process (memory one half freed would be reused by the next and hide it).
@@ -150,7 +150,7 @@ async def client_half(count: int) -> float:
 
 
 async def held_half(count: int) -> float:
-    from mcpresume.upstream import Upstream
+    from mcpresume.streams.upstream import Upstream
 
     async with _serving() as port:
         upstream = Upstream(f"http://{LOOPBACK}:{port}/", connect_timeout=10, first_byte_timeout=10)

@@ -58,8 +58,8 @@ def _top(
 
 
 async def run(sessions: int, streams: int, out: Path) -> Path:
-    from mcpresume.app import start_proxy
-    from mcpresume.config import load_settings
+    from mcpresume.daemon.app import start_proxy
+    from mcpresume.process.config import load_settings
 
     procs = Processes()
     try:

@@ -25,14 +25,14 @@ import orjson
 import uvloop
 
 from bench.upstream import FRAMINGS, Framing, burst_pieces
-from mcpresume.attach import ClientWriter, follow
-from mcpresume.local import LocalSessions
-from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.session import SessionState, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.session import SessionState, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import WindowLimits
+from mcpresume.http.view import ClientWriter, follow
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.metrics import Metrics
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import WindowLimits
+from mcpresume.streams.pump import Pump, PumpJob, PumpSettings
 
 EVENTS = 200_000  # per measure (--events to change)
 CHUNK = 64 * 1024
@@ -75,7 +75,7 @@ def run(framing: Framing, payload: bytes | None = None) -> float:
     job = PumpJob("s", priming.stream, (7,), "x")
     settings = PumpSettings(4 << 20, 30.0, 256, 1000, 5)
     pump = Pump(job, _Null(), _Null(), _Null(), _Null(), lambda: 0.0, settings)  # only its core is used
-    from mcpresume.sse import SSEParser, SSERun
+    from mcpresume.core.sse import SSEParser, SSERun
 
     parser = SSEParser(4 << 20)
     position = priming.seq

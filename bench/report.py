@@ -711,7 +711,7 @@ def profile_summary(
             )
         ]
         parts += ["", "### Inclusive time, mcpresume functions", ""]
-        boring = ("<module> (mcpresume/__main__.py)", "main (mcpresume/cli.py)")
+        boring = ("<module> (mcpresume/__main__.py)", "main (mcpresume/daemon/cli.py)")
         ours = [(k, v) for k, v in inclusive.most_common() if "mcpresume/" in k and k not in boring][:top]
         parts += [_table(["function", "inclusive"], [[f"`{k}`", f"{v / total:.1%}"] for k, v in ours])]
         parts += ["", "### Hottest lines (self)", ""]

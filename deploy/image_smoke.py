@@ -73,7 +73,7 @@ async def check(mcp_url: str, admin_url: str) -> int:
 
 
 async def hold(mcp_url: str, ready_file: Path) -> int:
-    from mcpresume.demo import ScriptedClient, sse_events
+    from mcpresume.daemon.demo import ScriptedClient, sse_events
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout) as http:

@@ -1,4 +1,4 @@
-from mcpresume.cli import main
+from mcpresume.daemon.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

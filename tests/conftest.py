@@ -12,10 +12,10 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from mcpresume.core.window import WindowLimits
 from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.store.redis import RedisStore
-from mcpresume.window import WindowLimits
 from tests.support import EVENT_STORE_RETRY_MS
 from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess
 

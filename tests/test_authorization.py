@@ -26,8 +26,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from mcpresume.app import RunningProxy
-from mcpresume.credentials import (
+from mcpresume.core.credentials import (
     MAX_CREDENTIALS,
     MAX_PING_ANSWER,
     Access,
@@ -37,6 +36,7 @@ from mcpresume.credentials import (
     credential_fields,
     remember,
 )
+from mcpresume.daemon.app import RunningProxy
 from tests.conftest import ServeApp
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy, sse_events
 from tests.support.scripted import catch_all, initialize_answer
@@ -252,7 +252,7 @@ async def test_a_reattach_with_the_owners_cursors_is_refused(http, proxy, upstre
     for cursor in cursors[:-1]:  # every one below the newest would replay the result
         async with http.get(proxy.url, headers=intruder.headers(**{"Last-Event-ID": cursor})) as response:
             assert SECRET.encode() not in await refused(response)
-    # POST + Last-Event-ID (the design note's client): refused before anything is forwarded.
+    # POST + Last-Event-ID (the re-POST case): refused before anything is forwarded.
     _, body = intruder.tool_call("secret", {})
     async with http.post(
         proxy.url, data=body, headers=intruder.headers(**{"Last-Event-ID": cursors[0]})

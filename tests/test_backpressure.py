@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.app import reap_once
-from mcpresume.attach import ClientWriter, Stalled
-from mcpresume.sse import SSEParser
+from mcpresume.core.sse import SSEParser
+from mcpresume.daemon.app import reap_once
+from mcpresume.http.view import ClientWriter, Stalled
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
 from tests.support.poll import until
@@ -134,9 +134,9 @@ async def _paused(store: object, session_id: str) -> bool:
 
 
 async def test_abandoned_sessions_stay_bounded_and_are_reaped(serve: ServeApp) -> None:
-    """The design note's second failure: 200 sessions whose clients vanish mid-stream and never return.
-    What the proxy holds (traced allocations in mcpresume's own code) stays under sessions x window bound +
-    a small per-session overhead, and falls back near the baseline after session_ttl."""
+    """The abandoned sessions (docs/how-it-works.md): 200 sessions whose clients vanish mid-stream and never
+    return. What the proxy holds (traced allocations in mcpresume's own code) stays under sessions x window
+    bound + a small per-session overhead, and falls back near the baseline after session_ttl."""
     sessions, window_bytes = 200, 16 << 10
     upstream = ScriptedUpstream(total=60, pad=1024)  # ~60 KiB per call, four windows' worth
     url = await serve(upstream.app())

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mcpresume import __version__
-from mcpresume.cli import main
-from mcpresume.config import Settings, SettingsError, load_settings
+from mcpresume.daemon.cli import main
+from mcpresume.process.config import Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +116,7 @@ def test_demo_runs_end_to_end() -> None:
 def test_serve_freezes_what_start_up_allocated() -> None:
     import gc
 
-    from mcpresume.cli import freeze_long_lived
+    from mcpresume.daemon.cli import freeze_long_lived
 
     try:
         frozen = freeze_long_lived()
@@ -187,7 +187,7 @@ def test_demo_on_a_port_in_use_says_so(busy_port: int) -> None:
 async def test_demo_on_a_default_port_in_use_moves_and_says_so(
     busy_port: int, example_upstream: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mcpresume.demo import _start
+    from mcpresume.daemon.demo import _start
 
     settings = load_settings({}).model_copy(update={"port": busy_port, "metrics_port": 0})
     settings.model_fields_set.discard("port")  # as if 8080 were the default taken by something else
@@ -206,7 +206,7 @@ def test_demo_without_the_demo_extra_is_one_line_naming_it() -> None:
     # The demo extra's packages made unimportable, as in an install without [demo] (the image's).
     code = (
         "import sys; sys.modules['mcp'] = sys.modules['uvicorn'] = None\n"
-        "from mcpresume.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from mcpresume.daemon.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     done = _run("demo", "--once", "--port", "0", "--metrics-port", "0", code=code)
     assert done.returncode == 2
@@ -240,7 +240,7 @@ def test_every_option_shows_its_default_and_its_variable() -> None:
 
 
 def test_demo_help_lists_only_what_the_demo_uses() -> None:
-    from mcpresume.cli import DEMO_SETTINGS
+    from mcpresume.daemon.cli import DEMO_SETTINGS
 
     text = _help("demo")
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", text[text.index("options:") :]))

@@ -1,4 +1,5 @@
-"""config/mcpresume.toml documents every setting at its default: it must never drift from config.py."""
+"""config/mcpresume.toml documents every setting at its default: it must never drift from
+process/config.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpresume.config import Settings, SettingsError, load_settings
+from mcpresume.process.config import Settings, SettingsError, load_settings
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "config" / "mcpresume.toml"
 EXAMPLE_UPSTREAM = "http://127.0.0.1:8000/mcp"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from array import array
 
-from mcpresume.session import READ_MAX_EVENTS
+from mcpresume.core.session import READ_MAX_EVENTS
 from mcpresume.store.copies import FRESH, RECENT, Copies, LastAppend
 
 SID = "s"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume import cursor as cursor_module
-from mcpresume.cursor import (
+from mcpresume.core import cursor as cursor_module
+from mcpresume.core.cursor import (
     EPOCH_LEN,
     MAX_COUNTER,
     MAX_CURSOR_LEN,

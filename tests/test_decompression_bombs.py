@@ -1,8 +1,8 @@
 """A hostile or broken upstream's gzip bomb (about 1 MiB on the wire, 1 GiB inflated) on every path whose
-answer the proxy reads decompressed: a POST's SSE answer (the pooled client, aiohttp's decoder), a POST's
-JSON answer, and the standalone GET (a held GET, ``heldget.py``'s decoder). The proxy runs in this process,
-so its peak RSS is this process's: reset (``/proc/self/clear_refs``) before the bomb, read after
-(``VmHWM``). Each client gets the bounded error, and the peak stays far below what the bomb expands to.
+answer the proxy reads decompressed: a POST's SSE answer (the pooled client, aiohttp's decoder), a POST's JSON
+answer, and the standalone GET (a held GET, ``streams/heldget.py``'s decoder). The proxy runs in this process,
+so its peak RSS is this process's: reset (``/proc/self/clear_refs``) before the bomb, read after (``VmHWM``).
+Each client gets the bounded error, and the peak stays far below what the bomb expands to.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.metrics import Metrics
+from mcpresume.process.metrics import Metrics
 from tests.support.metrics import sample
 from tests.support.proxy import collect, error_of, running_proxy
 from tests.support.scripted import initialize_answer

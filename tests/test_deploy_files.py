@@ -24,11 +24,11 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from mcpresume.app import build_admin_app
-from mcpresume.attach import DRAIN_GRACE
-from mcpresume.config import Settings
-from mcpresume.metrics import Metrics
-from mcpresume.resume import OUTCOMES
+from mcpresume.core.resume import OUTCOMES
+from mcpresume.daemon.app import build_admin_app
+from mcpresume.process.config import Settings
+from mcpresume.process.drain import DRAIN_GRACE
+from mcpresume.process.metrics import Metrics
 from tests.support.proxy import running_proxy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from mcpresume.config import Settings, check_advertise_url
-from mcpresume.headers import SESSION_HEADER
+from mcpresume.core.headers import SESSION_HEADER
+from mcpresume.process.config import Settings, check_advertise_url
 from tests.conftest import ServeApp
 from tests.support.poll import until
 from tests.test_deploy_files import _compose, _settings

@@ -1,4 +1,5 @@
-"""The drain (``mcpresume.drain``): a view ended by its flag, an await interrupted, the order of its steps.
+"""The drain (``mcpresume.process.drain``): a view ended by its flag, an await interrupted, the order of its
+steps.
 
 The drain as an operator sees it (SIGTERM, readyz, streams that finish or re-attach) is tested over real
 HTTP in ``tests/test_lifecycle.py``, ``tests/test_routing.py`` and ``tests/test_hop.py``.
@@ -12,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from mcpresume.attach import ClientWriter, ViewEnd, follow
-from mcpresume.drain import Drain, Interrupted
-from mcpresume.errors import ShuttingDown
-from mcpresume.local import LocalSessions
-from mcpresume.session import NewEvent, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.errors import ShuttingDown
+from mcpresume.core.session import NewEvent, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind, WindowLimits
+from mcpresume.http.context import ProxyContext
+from mcpresume.http.view import ClientWriter, ViewEnd, follow
+from mcpresume.process.drain import Drain, Interrupted
+from mcpresume.process.local import LocalSessions
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, WindowLimits
 from tests.support.transport import BufferedTransport
 
 HANG_GUARD = 10.0  # a drain that fails to end something hangs: this turns it into a failure
@@ -179,29 +181,33 @@ async def test_an_upstream_wait_the_drain_ends_is_shutting_down() -> None:
         await asyncio.wait_for(task, HANG_GUARD)
 
 
-class _Recorder:
-    """What ``Drain.run`` drives, each part noting when it was called."""
+def _recording_context(steps: list[str], drain: Drain, *, lease: bool, owns_store: bool) -> ProxyContext:
+    """A real ``ProxyContext`` (what ``Drain.run`` closes, ``drain.Closing``) over parts that each note
+    when they are called."""
 
-    def __init__(self, steps: list[str], drain: Drain, *, lease: bool) -> None:
-        async def note(step: str, *_: Any, **__: Any) -> None:
-            steps.append(step)
+    async def note(step: str, *_: Any, **__: Any) -> None:
+        steps.append(step)
 
-        self.settings = types.SimpleNamespace(drain_timeout=0.0)
-        self.pumps = types.SimpleNamespace(
-            drain=lambda timeout, *, hand_over: note(f"pumps (hand over: {hand_over})")
-        )
-        self.lease = types.SimpleNamespace(stop=lambda: note("lease released")) if lease else None
-        self.hop = types.SimpleNamespace(close=lambda: note("hop closed")) if lease else None
-        self.upstream = types.SimpleNamespace(close=lambda: note("upstream closed"))
-        self.store = types.SimpleNamespace(close=lambda: note("store closed"))
-        self.drain = drain
+    part = types.SimpleNamespace
+    return ProxyContext(
+        settings=part(drain_timeout=0.0),  # type: ignore[arg-type]
+        store=part(close=lambda: note("store closed")),  # type: ignore[arg-type]
+        metrics=part(),  # type: ignore[arg-type]
+        upstream=part(close=lambda: note("upstream closed")),  # type: ignore[arg-type]
+        clock=lambda: 0.0,
+        pumps=part(drain=lambda within, *, hand_over: note(f"pumps (hand over: {hand_over})")),  # type: ignore[arg-type]
+        hop=part(close=lambda: note("hop closed")) if lease else None,  # type: ignore[arg-type]
+        lease=part(stop=lambda: note("lease released")) if lease else None,  # type: ignore[arg-type]
+        drain=drain,
+        owns_store=owns_store,
+    )
 
 
 @pytest.mark.parametrize("shared", [False, True])
 async def test_the_steps_run_in_order(shared: bool) -> None:
     drain = Drain()
     steps: list[str] = []
-    ctx = _Recorder(steps, drain, lease=shared)
+    ctx = _recording_context(steps, drain, lease=shared, owns_store=True)
     entered = asyncio.Event()
 
     async def waiting(standalone: bool) -> None:
@@ -222,7 +228,7 @@ async def test_the_steps_run_in_order(shared: bool) -> None:
         await asyncio.gather(*views)  # aiohttp waits for its handlers
 
     async with asyncio.timeout(HANG_GUARD):
-        await drain.run(ctx, serving, close_store=True)  # type: ignore[arg-type]
+        await drain.run(ctx, serving)
     expected = ["standalone ended", "serving", "the rest ended"]
     expected += [f"pumps (hand over: {shared})"]
     expected += ["lease released", "hop closed"] if shared else []
@@ -235,7 +241,7 @@ async def test_a_task_of_the_replicas_own_ends_before_the_pumps() -> None:
     is left of the deadline, here none) before it ends the pumps, so none it starts escapes them."""
     drain = Drain()
     steps: list[str] = []
-    ctx = _Recorder(steps, drain, lease=True)
+    ctx = _recording_context(steps, drain, lease=True, owns_store=False)
 
     async def takeover() -> None:
         try:
@@ -251,8 +257,15 @@ async def test_a_task_of_the_replicas_own_ends_before_the_pumps() -> None:
         steps.append("serving")
 
     async with asyncio.timeout(HANG_GUARD):
-        await drain.run(ctx, serving, close_store=False)  # type: ignore[arg-type]
-    assert steps[:3] == ["serving", "takeover ended", "pumps (hand over: True)"]
+        await drain.run(ctx, serving)
+    assert steps == [
+        "serving",
+        "takeover ended",
+        "pumps (hand over: True)",
+        "lease released",
+        "hop closed",
+        "upstream closed",
+    ]  # the store not closed: not the app's own
 
 
 async def test_a_view_is_registered_only_inside_its_block_and_woken_through_its_waker_with_its_key() -> None:

@@ -1,4 +1,4 @@
-"""A view's loop (``attach.follow``) against the memory store: what it reads, and when it waits."""
+"""A view's loop (``http.view.follow``) against the memory store: what it reads, and when it waits."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from mcpresume.attach import VIEW_ENDINGS, ClientWriter, Finish, ViewEnd, follow
-from mcpresume.local import LocalSessions
-from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind, WindowLimits
+from mcpresume.http.view import VIEW_ENDINGS, ClientWriter, Finish, ViewEnd, follow
+from mcpresume.process.local import LocalSessions
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, WindowLimits
 from tests.support.transport import BufferedTransport
 
 # Long enough that a test never meets a heartbeat: a view that parks when it should read again fails by

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.jsonrpc import NOTIFICATION_PREFIXES
-from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.session import SessionState, StreamOrigin
-from mcpresume.sse import SSEEvent, SSEParser, SSERun
-from mcpresume.window import WindowLimits
+from mcpresume.core.jsonrpc import NOTIFICATION_PREFIXES
+from mcpresume.core.session import SessionState, StreamOrigin
+from mcpresume.core.sse import SSEEvent, SSEParser, SSERun
+from mcpresume.core.window import WindowLimits
+from mcpresume.process.metrics import Metrics
+from mcpresume.streams.pump import Pump, PumpJob, PumpSettings
 
 BIG = 1 << 20
 REQUEST_ID = 7

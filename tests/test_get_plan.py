@@ -1,6 +1,6 @@
-"""What a GET on the MCP endpoint gets (``mcpresume.get_plan``): its two tables, row by row, without sockets.
+"""What a GET on the MCP endpoint gets (``mcpresume.core.get``): its two tables, row by row, without sockets.
 
-The handler that carries the plans out (``get.Gets.serve``) is tested over real HTTP in
+The handler that carries the plans out (``http.get.Gets.serve``) is tested over real HTTP in
 ``tests/test_resume_http.py``, ``tests/test_streams.py`` and ``tests/test_authorization.py``.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mcpresume.errors import CursorOutOfWindow, SessionGone, UnknownSession
-from mcpresume.get_plan import (
+from mcpresume.core.errors import CursorOutOfWindow, SessionGone, UnknownSession
+from mcpresume.core.get import (
     GetFacts,
     Join,
     Need,
@@ -23,7 +23,7 @@ from mcpresume.get_plan import (
     plan_get,
     plan_standalone,
 )
-from mcpresume.resume import ReAttach, SessionView, StreamView
+from mcpresume.core.resume import ReAttach, SessionView, StreamView
 
 EPOCH = "aaaabbbbcccc"
 OUT_OF_WINDOW = CursorOutOfWindow("events after the cursor were evicted from the window")

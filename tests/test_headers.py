@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpresume.headers import (
+from mcpresume.core.headers import (
     LOOPBACK_HOSTS,
     effective_allowed_hosts,
     end_to_end,

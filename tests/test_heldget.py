@@ -1,4 +1,4 @@
-"""Held GETs (``mcpresume.heldget``): the long-lived upstream GET streams, read through h11.
+"""Held GETs (``mcpresume.streams.heldget``): the long-lived upstream GET streams, read through h11.
 
 Over real loopback sockets against a raw server that sends exactly the bytes a test scripts (framing a real
 HTTP server would never get wrong on demand: a cut chunk, a broken head, a 1xx before the answer), on both
@@ -26,10 +26,10 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.core.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.examples.upstream import serve_example_upstream
-from mcpresume.heldget import HIGH_WATER, HeldGet, NotHTTP11
-from mcpresume.upstream import Upstream
+from mcpresume.streams.heldget import HIGH_WATER, HeldGet, NotHTTP11
+from mcpresume.streams.upstream import Upstream
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, running_proxy, sse_events
 from tests.support.scripted import SESSION, catch_all, initialize_answer

@@ -1,5 +1,6 @@
-"""The hop (mcpresume/hop.py) over real sockets: a front replica that routes with route.route and forwards
-with Hop, and a real aiohttp "owner" on loopback that streams SSE at the test's pace and echoes what it got.
+"""The hop (mcpresume/replicas/hop.py) over real sockets: a front replica that routes with route.route and
+forwards with Hop, and a real aiohttp "owner" on loopback that streams SSE at the test's pace and echoes what
+it got.
 
 The front is what the proxy's MCP handler will do once the store knows owners: read the body, decide, and
 carry the decision out. The owner of the session is another replica whose URL the test's registry holds.
@@ -21,13 +22,13 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
-from mcpresume.drain import Drain
-from mcpresume.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
-from mcpresume.hop import Hop, owner_head_timeout, plan
-from mcpresume.metrics import Metrics
-from mcpresume.route import Forward, Refuse, Route, Serve, TakeOver
+from mcpresume.core.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
+from mcpresume.core.route import Forward, Refuse, Route, Serve, TakeOver
+from mcpresume.core.window import WindowLimits
+from mcpresume.process.drain import Drain
+from mcpresume.process.metrics import Metrics
+from mcpresume.replicas.hop import Hop, owner_head_timeout, plan
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import WindowLimits
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.sse import frame_body
+from mcpresume.core.sse import frame_body
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, running_proxy
 from tests.support.scripted import initialize_answer
@@ -457,7 +457,7 @@ def test_the_cap_fits_the_descriptor_limit() -> None:
     code = """
 import resource
 import subprocess
-from mcpresume.listener import connection_budget
+from mcpresume.http.listener import connection_budget
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 print(connection_budget(4096), connection_budget(100))
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 1024))

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.app import reap_once
+from mcpresume.daemon.app import reap_once
 from tests.conftest import ServeApp
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.errors import BadRequest, InvalidJson
-from mcpresume.jsonrpc import ClientMessage, error_response, parse_client_body, request_key, response_key
+from mcpresume.core.errors import BadRequest, InvalidJson
+from mcpresume.core.jsonrpc import ClientMessage, error_response, parse_client_body, request_key, response_key
 
 
 def body(doc: object) -> bytes:

@@ -1,4 +1,4 @@
-"""The lease (mcpresume/lease.py) and the settings it runs on (advertise_url, owner_lease_ttl).
+"""The lease (mcpresume/replicas/lease.py) and the settings it runs on (advertise_url, owner_lease_ttl).
 
 The registry is a fake here: the real one is the Redis store's, and the contract suite tests that; what
 this file tests is the renewer's own behaviour (when it calls, what it counts, what it releases).
@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from mcpresume.config import Settings, SettingsError, check_advertise_url, load_settings
-from mcpresume.lease import Lease, renew_interval
-from mcpresume.metrics import Metrics
+from mcpresume.core.window import WindowLimits
+from mcpresume.process.config import Settings, SettingsError, check_advertise_url, load_settings
+from mcpresume.process.metrics import Metrics
+from mcpresume.replicas.lease import Lease, renew_interval
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import WindowLimits
 from tests.support.metrics import sample
 
 URL = "http://10.0.0.5:8080/mcp"

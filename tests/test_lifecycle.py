@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.app import RunningProxy
+from mcpresume.daemon.app import RunningProxy
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.scripted import SESSION, catch_all, initialize_answer
 

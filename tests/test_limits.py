@@ -20,14 +20,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from mcpresume.context import log_id
-from mcpresume.cursor import new_epoch
-from mcpresume.flow import Guard
-from mcpresume.local import LocalSessions
-from mcpresume.session import NewEvent, SessionState, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.cursor import new_epoch
+from mcpresume.core.flow import Guard
+from mcpresume.core.session import NewEvent, SessionState, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import Event, EventKind, EvictReason, Window, WindowLimits
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.logs import log_id
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import Event, EventKind, EvictReason, Window, WindowLimits
 from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy

@@ -1,10 +1,10 @@
-"""Parked waiters (local.py): one future each, time-outs on a shared clock (no timer per waiter)."""
+"""Parked waiters (process/local.py): one future each, time-outs on a shared clock (no timer per waiter)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from mcpresume.local import GONE, TICK, News, Parking, _Waiters
+from mcpresume.process.local import GONE, TICK, News, Parking, _Waiters
 
 
 async def test_waiters_parked_together_share_one_timer_and_all_time_out() -> None:

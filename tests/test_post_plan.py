@@ -1,8 +1,8 @@
-"""What a POST and a DELETE on the MCP endpoint get (``mcpresume.post_plan``, ``mcpresume.delete_plan``):
+"""What a POST and a DELETE on the MCP endpoint get (``mcpresume.core.post``, ``mcpresume.core.delete``):
 their tables, row by row, without sockets.
 
-The executors that carry the plans out (``post.Posts``, ``delete.serve_delete``) are tested over real HTTP
-in ``tests/test_forwarding.py``, ``tests/test_review_findings.py``, ``tests/test_limits.py``,
+The executors that carry the plans out (``http.post.Posts``, ``http.delete.serve_delete``) are tested over
+real HTTP in ``tests/test_forwarding.py``, ``tests/test_review_findings.py``, ``tests/test_limits.py``,
 ``tests/test_authorization.py`` and ``tests/test_lifecycle.py``.
 """
 
@@ -13,17 +13,17 @@ from dataclasses import replace
 
 import pytest
 
-from mcpresume.delete_plan import DeleteFacts, Drop, Keep, plan_delete
-from mcpresume.delete_plan import Need as DeleteNeed
-from mcpresume.errors import (
+from mcpresume.core.delete import DeleteFacts, Drop, Keep, plan_delete
+from mcpresume.core.delete import Need as DeleteNeed
+from mcpresume.core.errors import (
     CursorOutOfWindow,
     DuplicateRequest,
     TooManySessions,
     TooManyStreams,
     UnknownSession,
 )
-from mcpresume.get_plan import Relay, Resumed
-from mcpresume.post_plan import (
+from mcpresume.core.get import Relay, Resumed
+from mcpresume.core.post import (
     ANSWER_STEPS,
     CLAIM_ENDS,
     Answer,
@@ -44,8 +44,8 @@ from mcpresume.post_plan import (
     tail_of,
     upstream_outcome,
 )
-from mcpresume.resume import ReAttach, StreamView
-from mcpresume.session import Claim, ClaimOutcome
+from mcpresume.core.resume import ReAttach, StreamView
+from mcpresume.core.session import Claim, ClaimOutcome
 
 MAX_SESSIONS, MAX_STREAMS = 100, 8
 OUT_OF_WINDOW = CursorOutOfWindow("events after the cursor were evicted from the window")

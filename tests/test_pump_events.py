@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from mcpresume.flow import Appended
-from mcpresume.local import LocalSessions
-from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, Pumps, PumpSettings
-from mcpresume.session import NewEvent
-from mcpresume.sse import SSEParser, SSERun
-from mcpresume.upstream_events import MAX_RESUME_DELAY, End, UpstreamEvents, refuses_resume, resume_delay
-from mcpresume.window import EventKind, Evicted
+from mcpresume.core.flow import Appended
+from mcpresume.core.pump import MAX_RESUME_DELAY, End, UpstreamEvents, refuses_resume, resume_delay
+from mcpresume.core.session import NewEvent
+from mcpresume.core.sse import SSEParser, SSERun
+from mcpresume.core.window import EventKind, Evicted
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.metrics import Metrics
+from mcpresume.streams.pump import Pump, PumpJob, Pumps, PumpSettings
 
 NOTE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}'
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mcpresume.flow import Appended, Guard
-from mcpresume.local import LocalSessions
-from mcpresume.metrics import Metrics
-from mcpresume.pump import Pump, PumpJob, PumpSettings
-from mcpresume.session import NewEvent, StreamOrigin
-from mcpresume.sse import SSERun, frame_body
+from mcpresume.core.flow import Appended, Guard
+from mcpresume.core.session import NewEvent, StreamOrigin
+from mcpresume.core.sse import SSERun, frame_body
+from mcpresume.core.window import EventKind, WindowLimits
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.metrics import Metrics
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, WindowLimits
+from mcpresume.streams.pump import Pump, PumpJob, PumpSettings
 
 
 class RecordingStore(MemoryStore):

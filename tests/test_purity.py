@@ -1,4 +1,4 @@
-"""The pure core imports no framework and no I/O (ARCHITECTURE.md: "the pure core").
+"""The pure core (``mcpresume/core/``) imports no framework and no I/O (ARCHITECTURE.md: "the pure core").
 
 Each core module is imported in a fresh interpreter with a meta-path finder installed first, so any attempt
 to import a forbidden package is recorded, even one guarded by ``try: ... except ImportError``; the
@@ -9,6 +9,7 @@ imports cannot hide another's.
 from __future__ import annotations
 
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,22 +18,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-CORE_MODULES = (
-    "errors",
-    "sse",
-    "cursor",
-    "window",
-    "session",
-    "resume",
-    "jsonrpc",
-    "headers",
-    "credentials",
-    "upstream_events",
-    "flow",
-    "route",
-    "get_plan",
-    "post_plan",
-    "delete_plan",
+# Every module of the core package: the folder is the list (``pyproject.toml``'s import contract says the
+# same of the whole package; this probe also sees imports made at run time, and in a fresh interpreter).
+CORE_MODULES = tuple(
+    sorted(f"core.{m.name}" for m in pkgutil.iter_modules([str(REPO_ROOT / "mcpresume" / "core")]))
 )
 
 # The shell's frameworks, and the standard library's doors to I/O and concurrency.
@@ -48,7 +37,7 @@ FORBIDDEN = (
 )
 
 # The mcpresume modules a core module may import: only other core modules (imports point inward).
-ALLOWED_OWN = {"mcpresume", *(f"mcpresume.{m}" for m in CORE_MODULES)}
+ALLOWED_OWN = {"mcpresume", "mcpresume.core", *(f"mcpresume.{m}" for m in CORE_MODULES)}
 
 _PROBE = r"""
 import json, sys
@@ -100,7 +89,7 @@ def test_core_module_imports_no_framework_no_io_and_no_shell(module: str) -> Non
     # The probe itself is meaningful only if the interpreter did not start with a forbidden module loaded.
     assert report["baseline"] == []
     # The module under test is this checkout's, not some other installed copy.
-    assert Path(str(report["file"])).resolve() == REPO_ROOT / "mcpresume" / f"{module}.py"
+    assert Path(str(report["file"])).resolve() == REPO_ROOT / "mcpresume" / f"{module.replace('.', '/')}.py"
     assert report["attempts"] == [], f"mcpresume.{module} tried to import {report['attempts']}"
     assert report["loaded"] == [], f"mcpresume.{module} loaded {report['loaded']}"
     own = set(report["own"])
@@ -109,7 +98,7 @@ def test_core_module_imports_no_framework_no_io_and_no_shell(module: str) -> Non
 
 
 def test_probe_detects_a_forbidden_import() -> None:
-    """The probe is not vacuous: the shell's store does import asyncio, and the probe sees it."""
-    report = _probe("store.memory")
+    """The probe is not vacuous: the process layer's local state imports asyncio, and the probe sees it."""
+    report = _probe("process.local")
     assert "asyncio" in report["attempts"]
     assert "asyncio" in report["loaded"]

@@ -16,16 +16,16 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from mcpresume.errors import StoreUnavailable
-from mcpresume.flow import Appended, Guard, may_pass
-from mcpresume.metrics import Metrics
-from mcpresume.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.errors import StoreUnavailable
+from mcpresume.core.flow import Appended, Guard, may_pass
+from mcpresume.core.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind, Evicted, WindowLimits
+from mcpresume.process.metrics import Metrics
 from mcpresume.store.marks import MARK_DELAY
 from mcpresume.store.redis import RedisStore
 from mcpresume.store.redis_calls import session_keys
 from mcpresume.store.resp import POST_DELAY, Link, pack
-from mcpresume.window import EventKind, Evicted, WindowLimits
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisProcess
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
+import operator
+import re
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,19 +23,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from prometheus_client import CollectorRegistry
 from redis.crc import key_slot
 
-from mcpresume.cursor import Cursor
-from mcpresume.errors import CursorOutOfWindow, StoreUnavailable
-from mcpresume.flow import Guard
-from mcpresume.local import GONE, News
-from mcpresume.metrics import Metrics
-from mcpresume.resume import decide
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
-from mcpresume.sse import SSEParser, SSERun, frame_body
+import mcpresume.store
+from mcpresume.core.cursor import Cursor
+from mcpresume.core.errors import CursorOutOfWindow, StoreUnavailable
+from mcpresume.core.flow import Guard
+from mcpresume.core.resume import decide
+from mcpresume.core.session import Claim, ClaimOutcome, NewEvent, Orphan, PumpRecord, ReadResult, StreamOrigin
+from mcpresume.core.sse import SSEParser, SSERun, frame_body
+from mcpresume.core.window import EventKind, Evicted, EvictReason, WindowLimits
+from mcpresume.process.local import News
+from mcpresume.process.metrics import Metrics
+from mcpresume.store import GONE
 from mcpresume.store.memory import MemoryStore
 from mcpresume.store.redis import REPLICA_URLS, RedisStore
 from mcpresume.store.redis_calls import CHANNEL, session_keys
 from mcpresume.store.resp import Link
-from mcpresume.window import EventKind, Evicted, EvictReason, WindowLimits
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess
 
@@ -59,12 +65,33 @@ def seqs(result: ReadResult | None) -> list[int]:
 
 # -- the same answers as the memory store ----------------------------------------------------------------
 
+LUA = Path(mcpresume.store.__file__).parent / "lua"
+TWIN = re.compile(r"^-- Twin: (\S+\.py) (.+)$", re.MULTILINE)
+
+
+def test_every_lua_script_names_its_python_twin() -> None:
+    """Each script (and each rule of ``common.lua`` that re-implements the core's) names the Python it
+    mirrors, and the name resolves: a renamed or moved twin fails here, not silently in a comment."""
+    named = 0
+    for script in sorted(LUA.glob("*.lua")):
+        twins = TWIN.findall(script.read_text())
+        assert twins or script.name == "common.lua", f"{script.name} names no Python twin"
+        for path, qualnames in twins:
+            module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+            for qualname in qualnames.split(", "):
+                assert operator.attrgetter(qualname)(module), f"{script.name}: {path} {qualname}"
+                named += 1
+    assert named >= 25  # 17 scripts, some with two twins, and six rules of common.lua
+
 
 class RedisAgainstMemory(RuleBasedStateMachine):
     """The shared operations (streams, appends evicting by count, bytes and age, guarded appends, ends,
     groups, claims, deliveries, activity, expiry) on both stores: every answer of the Redis store, and every
     view and read after each step, equals the memory store's. The memory store's session is checked against
-    a reference model by tests/test_session.py's machine; this one carries that over to Redis."""
+    a reference model by tests/test_session.py's machine; this one carries that over to Redis. The Lua
+    scripts are the Python's twins: each names the function it mirrors (``-- Twin:``, checked by
+    ``test_every_lua_script_names_its_python_twin``), and this machine is what holds each pair to one
+    behaviour."""
 
     url = ""  # set by the test below (the Redis of the test session, emptied)
 

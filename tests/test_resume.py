@@ -1,4 +1,5 @@
-"""The resume decision: one test per row of resume.py's table, the row order, and the design note's case."""
+"""The resume decision: one test per row of core/resume.py's table, the row order, and the re-POST
+case (docs/how-it-works.md)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.cursor import Cursor, CursorParseError, encode_cursor, parse_cursor
-from mcpresume.errors import (
+from mcpresume.core.cursor import Cursor, CursorParseError, encode_cursor, parse_cursor
+from mcpresume.core.errors import (
     CursorAhead,
     CursorOutOfWindow,
     ForeignCursor,
@@ -18,10 +19,10 @@ from mcpresume.errors import (
     SessionGone,
     UnknownSession,
 )
-from mcpresume.resume import OUTCOMES, ReAttach, SessionView, StreamView, decide, outcome_label
-from mcpresume.session import NewEvent, SessionState, StreamOrigin
-from mcpresume.sse import frame_body
-from mcpresume.window import Event, EventKind, WindowLimits
+from mcpresume.core.resume import OUTCOMES, ReAttach, SessionView, StreamView, decide, outcome_label
+from mcpresume.core.session import NewEvent, SessionState, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import Event, EventKind, WindowLimits
 from tests.support.events import append_events
 
 EPOCH = "aaaabbbbcccc"
@@ -292,7 +293,7 @@ def test_decide_is_total_and_honest(view: SessionView | None, cursor: Cursor | C
                 assert isinstance(decision, ForeignCursor)
 
 
-# -- the design note's sequence, at the pure level ----------------------------------------------------------
+# -- the re-POST case, at the pure level ------------------------------------------------------------------
 
 
 def _cursor_of(event: Event) -> Cursor:

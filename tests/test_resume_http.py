@@ -1,6 +1,7 @@
 """Resumption over HTTP, against the official SDK server without an event store (it cannot resume itself).
 
-Every row of the decision table, with the body checked; the design note's exact sequence; POST with
+Every row of the decision table, with the body checked; the re-POST case
+(docs/how-it-works.md); POST with
 Last-Event-ID; exactly once per request id.
 """
 
@@ -13,9 +14,9 @@ import aiohttp
 import orjson
 import pytest
 
-from mcpresume.app import RunningProxy, reap_once
-from mcpresume.errors import SessionGone
-from mcpresume.sse import SSEEvent
+from mcpresume.core.errors import SessionGone
+from mcpresume.core.sse import SSEEvent
+from mcpresume.daemon.app import RunningProxy, reap_once
 from tests.support.metrics import sample
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
 
@@ -75,7 +76,7 @@ async def test_design_note_sequence_resume_sends_only_what_was_missed(http, prox
 
 
 async def collect_bytes(raw: bytes) -> list:
-    from mcpresume.sse import SSEParser
+    from mcpresume.core.sse import SSEParser
 
     return SSEParser(1 << 20).feed(raw)
 
@@ -336,7 +337,7 @@ async def test_a_re_sent_request_with_a_cursor_gets_its_stream_and_the_cursors_t
 async def test_the_design_notes_client_re_sends_its_request_with_its_last_id_and_gets_only_the_rest(
     http, proxy
 ) -> None:
-    """The design note's exact sequence: the client has e1 and e2, drops, and re-POSTs the same request with
+    """The re-POST case, exactly: the client has e1 and e2, drops, and re-POSTs the same request with
     Last-Event-ID: e2. It gets exactly what follows e2 (its stream was replayed from the start: e1 and e2
     twice), and the request is not run again."""
     client = await started(http, proxy)

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 import mcpresume
-from mcpresume.app import reap_once
-from mcpresume.local import LocalSessions
+from mcpresume.daemon.app import reap_once
+from mcpresume.process.local import LocalSessions
 from tests.support.poll import until
 from tests.support.proxy import ManualClock, collect, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
@@ -145,7 +145,7 @@ async def gated(
 # -- 1. POST + Last-Event-ID drops the new request's JSON answer ---
 
 
-# Regression: POST + Last-Event-ID (post.py) released an application/json answer to the new request
+# Regression: POST + Last-Event-ID (http/post.py) released an application/json answer to the new request
 # unread: the client never got the response, and a re-send was refused as duplicate_request
 async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
     upstream, upstream_url = gated
@@ -161,7 +161,7 @@ async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
         assert sorted(response_ids(events)) == [2, 3]  # ... so its answer must reach the client
 
 
-# Regression: POST + Last-Event-ID (post.py) swallowed an upstream error status for the new request (here
+# Regression: POST + Last-Event-ID (http/post.py) swallowed an upstream error status for the new request (here
 # 500) and answered 200 with only the old stream's tail
 async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
     upstream, upstream_url = gated

@@ -1,4 +1,5 @@
-"""The routing decision (mcpresume/route.py): every input combination, against a table written out here."""
+"""The routing decision (mcpresume/core/route.py): every input combination, against a table written out
+here."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import itertools
 
 import pytest
 
-from mcpresume.errors import jsonrpc_error_body
-from mcpresume.route import (
+from mcpresume.core.errors import jsonrpc_error_body
+from mcpresume.core.route import (
     Forward,
     Kind,
     Owner,

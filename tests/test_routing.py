@@ -14,9 +14,9 @@ import aiohttp
 import orjson
 import pytest
 
-from mcpresume.session import SessionAccess
+from mcpresume.core.session import SessionAccess
+from mcpresume.core.window import WindowLimits
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import WindowLimits
 from tests.support.metrics import sample
 from tests.support.pods import Pod, kill, pods
 from tests.support.poll import until

@@ -13,12 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import mcpresume.session as session_module
-from mcpresume.cursor import Cursor, encode_cursor, parse_cursor
-from mcpresume.errors import CursorAhead, CursorOutOfWindow, ForeignCursor, MalformedCursor, UnknownSession
-from mcpresume.flow import Guard, Readers
-from mcpresume.resume import ReAttach, StreamView, decide
-from mcpresume.session import (
+import mcpresume.core.session as session_module
+from mcpresume.core.cursor import Cursor, encode_cursor, parse_cursor
+from mcpresume.core.errors import (
+    CursorAhead,
+    CursorOutOfWindow,
+    ForeignCursor,
+    MalformedCursor,
+    UnknownSession,
+)
+from mcpresume.core.flow import Guard, Readers
+from mcpresume.core.resume import ReAttach, StreamView, decide
+from mcpresume.core.session import (
     CLAIM_OF_STATE,
     MAX_GONE_STREAMS,
     MAX_REQUEST_IDS,
@@ -37,8 +43,8 @@ from mcpresume.session import (
     StreamPhase,
     claim_refusal,
 )
-from mcpresume.sse import SSEParser, SSERun, frame_body
-from mcpresume.window import Event, EventKind, EvictReason, WindowLimits
+from mcpresume.core.sse import SSEParser, SSERun, frame_body
+from mcpresume.core.window import Event, EventKind, EvictReason, WindowLimits
 from tests.support.events import append_events, kept
 
 EPOCH = "aaaabbbbcccc"

@@ -1,4 +1,4 @@
-"""Tests for mcpresume.sse: the WHATWG event-stream rules one by one, then properties over chunkings."""
+"""Tests for mcpresume.core.sse: the WHATWG event-stream rules one by one, then properties over chunkings."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.errors import EventTooLarge
-from mcpresume.sse import (
+from mcpresume.core.errors import EventTooLarge
+from mcpresume.core.sse import (
     SSEEvent,
     SSEParser,
     SSERun,

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from mcpresume.cursor import EPOCH_LEN, Cursor, encode_cursor, parse_cursor
-from mcpresume.errors import ForeignCursor, TooManySessions
-from mcpresume.flow import Guard
-from mcpresume.local import News
-from mcpresume.resume import ReAttach, StreamView, decide
-from mcpresume.session import Claim, ClaimOutcome, NewEvent, PumpRecord, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.cursor import EPOCH_LEN, Cursor, encode_cursor, parse_cursor
+from mcpresume.core.errors import ForeignCursor, TooManySessions
+from mcpresume.core.flow import Guard
+from mcpresume.core.resume import ReAttach, StreamView, decide
+from mcpresume.core.session import Claim, ClaimOutcome, NewEvent, PumpRecord, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind, EvictReason, WindowLimits
+from mcpresume.process.local import News
 from mcpresume.store import OpenedStream, SessionStore, StoreStats
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, EvictReason, WindowLimits
 from tests.support import new_session_id
 from tests.support.events import kept
 

@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from mcpresume.jsonrpc import response_keys
-from mcpresume.sse import SSEEvent, SSEParser
+from mcpresume.core.jsonrpc import response_keys
+from mcpresume.core.sse import SSEEvent, SSEParser
 from tests.conftest import ServeApp
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, running_proxy

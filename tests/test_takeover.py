@@ -1,7 +1,7 @@
 """A replica's previous process died mid-stream (kill -9, OOM): the streams it was pumping are in the shared
 store, and the process that starts with the same ``replica_id`` takes them over (``SessionStore.orphans``,
-``pumping.PumpStarter.adopt``): each is resumed upstream from the last upstream event id that reached the
-store, or its pending requests are answered with ``upstream_stream_lost``. A client re-attaching with its
+``streams.starter.PumpStarter.adopt``): each is resumed upstream from the last upstream event id that reached
+the store, or its pending requests are answered with ``upstream_stream_lost``. A client re-attaching with its
 cursor gets exactly the events after it, the response once.
 
 The dead process is played by writing to the store what its pump had written (a memory store outlives no
@@ -15,11 +15,11 @@ import asyncio
 import aiohttp
 import orjson
 
-from mcpresume.cursor import encode_cursor
-from mcpresume.session import NewEvent, PumpRecord, StreamOrigin
-from mcpresume.sse import frame_body
+from mcpresume.core.cursor import encode_cursor
+from mcpresume.core.session import NewEvent, PumpRecord, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind, WindowLimits
 from mcpresume.store.memory import MemoryStore
-from mcpresume.window import EventKind, WindowLimits
 from tests.support.proxy import collect, running_proxy
 from tests.support.scripted import SESSION, ScriptedUpstream
 

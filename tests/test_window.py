@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpresume.window import MAX_SEGMENT, Event, Evicted, EvictReason, Segment, Window, WindowLimits
+from mcpresume.core.window import MAX_SEGMENT, Event, Evicted, EvictReason, Segment, Window, WindowLimits
 
 BIG = 10**9
 

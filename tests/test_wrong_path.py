@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from mcpresume.app import unlike_mcp_path
+from mcpresume.daemon.app import unlike_mcp_path
 from tests.support.proxy import ScriptedClient, running_proxy
 
 START_WARNING = "does not look like an MCP endpoint"

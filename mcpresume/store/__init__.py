@@ -4,12 +4,13 @@ implementations.
 The store holds sessions and their epochs, the sequence, streams and their states, the window, request-id
 claims, stream groups and what a resume decision needs: plain data in and out, ``None`` for "session
 gone", wall-clock ``now`` passed in by the caller. What only one process knows (the views it serves, their
-readers, who waits for news) is in ``mcpresume.local``; the two meet in an append's ``Guard`` (``flow.py``).
+readers, who waits for news) is in ``mcpresume.process.local``; the two meet in an append's ``Guard``
+(``core/flow.py``).
 ``memory.MemoryStore`` is the embedded default. Every implementation must pass
 ``tests/test_store_contract.py``.
 
 News: ``read`` returns the session's ``version``, and the store calls the callback given to ``set_news``
-with the session's new version after every change a reader may wait for (``local.GONE`` when the session
+with the session's new version after every change a reader may wait for (``GONE`` when the session
 is dropped). A reader that loops read -> send -> ``News.wait(version)`` therefore never misses an append
 that happened while it was sending.
 """
@@ -18,13 +19,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
-from mcpresume.flow import Appended, Guard
-from mcpresume.resume import SessionView
-from mcpresume.session import Claim, NewEvent, Orphan, PumpRecord, ReadResult, SessionAccess, StreamOrigin
-from mcpresume.sse import SSERun
-from mcpresume.window import Evicted
+from mcpresume.core.flow import Appended, Guard
+from mcpresume.core.resume import SessionView
+from mcpresume.core.session import (
+    Claim,
+    NewEvent,
+    Orphan,
+    PumpRecord,
+    ReadResult,
+    SessionAccess,
+    StreamOrigin,
+)
+from mcpresume.core.sse import SSERun
+from mcpresume.core.window import Evicted
+
+GONE: Final = -1
+"""The version the news callback is told when a session is dropped (``set_news``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +53,21 @@ class StoreStats:
     window_bytes: int
 
 
-class SessionStore(Protocol):
+class StoreMetrics(Protocol):
+    """What a store reports of its own calls (``process.metrics.Metrics`` is one)."""
+
+    def store_call(self, op: str, seconds: float) -> None:
+        """A call to the store took ``seconds``."""
+        ...
+
+    def store_error(self, op: str) -> None:
+        """A call to the store failed (it did not answer, or refused)."""
+        ...
+
+
+class Lifecycle(Protocol):
+    """The store as a whole: started, closed, checked; its news, its housekeeping, its size (the daemon's)."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -53,6 +79,20 @@ class SessionStore(Protocol):
         several proxies may share one store in a process)."""
         ...
 
+    async def reap(self, now: float) -> tuple[list[str], Evicted]:
+        """Drop expired sessions and expired events; returns the dropped session ids and the evictions."""
+        ...
+
+    async def session_count(self) -> int:
+        """How many sessions are tracked (cheap: checked on every initialize)."""
+        ...
+
+    async def stats(self) -> StoreStats: ...
+
+
+class Sessions(Protocol):
+    """Sessions and their incarnations: begun, found, their credentials, dropped, retired, touched."""
+
     async def create_session(
         self, session_id: str, now: float, credential: bytes | None = None, owner: str = ""
     ) -> str:
@@ -61,22 +101,6 @@ class SessionStore(Protocol):
         any, and no credentials are checked in it); ``owner``: the replica whose upstream holds it. Raises
         ``TooManySessions`` at ``max_sessions``."""
         ...
-
-    async def owner(self, session_id: str) -> str | None:
-        """The replica id of the session's owner (None: session unknown)."""
-        ...
-
-    # The replica registry: each replica's address, under a lease it renews (one replica: trivial).
-
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None: ...
-
-    async def replica_url(self, replica_id: str, now: float) -> str | None:
-        """Where the replica takes requests, while its lease holds (None: it expired or was released)."""
-        ...
-
-    async def release_replica(self, replica_id: str) -> None: ...
-
-    async def live_replicas(self, now: float) -> int: ...
 
     async def access(self, session_id: str) -> SessionAccess | None:
         """The session's epoch and the credentials bound to it (None: session unknown)."""
@@ -98,6 +122,21 @@ class SessionStore(Protocol):
 
     async def delete_session(self, session_id: str, epoch: str | None = None) -> bool: ...
 
+    async def retire(self, session_id: str, epoch: str) -> None:
+        """The session's upstream does not know it (after a takeover, in the sidecar layout): its request ids
+        are claimed no more (``claim``: None, so a request is answered 404 ``unknown_session``), while
+        re-attaches still read what the window keeps, to the streams' ends."""
+        ...
+
+    async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        """Client activity: a view attached or left, or is still open. An idle session expires
+        ``session_ttl`` after its last touch."""
+        ...
+
+
+class Claims(Protocol):
+    """Request-id claims: exactly once per request id in a session (invariant #8)."""
+
     async def claim(
         self,
         session_id: str,
@@ -116,6 +155,11 @@ class SessionStore(Protocol):
     async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
         ...
+
+
+class Streams(Protocol):
+    """A session's streams and their window: opened, appended to, ended, grouped, read from a position,
+    delivered."""
 
     async def open_stream(
         self,
@@ -184,10 +228,23 @@ class SessionStore(Protocol):
         before the store has it, provided every later call of this process sees it."""
         ...
 
-    async def touch(self, session_ids: Sequence[str], now: float) -> None:
-        """Client activity: a view attached or left, or is still open. An idle session expires
-        ``session_ttl`` after its last touch."""
+
+class Registry(Protocol):
+    """The replica registry and who owns which session (one replica: trivial)."""
+
+    async def owner(self, session_id: str) -> str | None:
+        """The replica id of the session's owner (None: session unknown)."""
         ...
+
+    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None: ...
+
+    async def replica_url(self, replica_id: str, now: float) -> str | None:
+        """Where the replica takes requests, while its lease holds (None: it expired or was released)."""
+        ...
+
+    async def release_replica(self, replica_id: str) -> None: ...
+
+    async def live_replicas(self, now: float) -> int: ...
 
     async def orphans(self, owner: str) -> list[Orphan]:
         """The live streams (with a pump record) of the sessions ``owner`` owns: after that replica restarted,
@@ -203,18 +260,7 @@ class SessionStore(Protocol):
         """The replicas that own sessions and hold no live lease (dead, or released it on a drain)."""
         ...
 
-    async def retire(self, session_id: str, epoch: str) -> None:
-        """The session's upstream does not know it (after a takeover, in the sidecar layout): its request ids
-        are claimed no more (``claim``: None, so a request is answered 404 ``unknown_session``), while
-        re-attaches still read what the window keeps, to the streams' ends."""
-        ...
 
-    async def reap(self, now: float) -> tuple[list[str], Evicted]:
-        """Drop expired sessions and expired events; returns the dropped session ids and the evictions."""
-        ...
-
-    async def session_count(self) -> int:
-        """How many sessions are tracked (cheap: checked on every initialize)."""
-        ...
-
-    async def stats(self) -> StoreStats: ...
+class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Protocol):
+    """The whole port, as a backend implements it and the daemon holds it; each caller is given the part it
+    needs (``Streams`` a pump, ``Registry`` a lease)."""

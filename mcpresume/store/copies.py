@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
-from mcpresume.session import ReadResult
-from mcpresume.window import Segment
+from mcpresume.core.session import ReadResult
+from mcpresume.core.window import Segment
 
 CACHE_BYTES: Final = 32 << 20
 

@@ -20,12 +20,11 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from mcpresume.cursor import new_epoch
-from mcpresume.errors import TooManySessions
-from mcpresume.flow import NOT_APPENDED, Appended, Guard
-from mcpresume.local import GONE
-from mcpresume.resume import SessionView
-from mcpresume.session import (
+from mcpresume.core.cursor import new_epoch
+from mcpresume.core.errors import TooManySessions
+from mcpresume.core.flow import NOT_APPENDED, Appended, Guard
+from mcpresume.core.resume import SessionView
+from mcpresume.core.session import (
     Claim,
     NewEvent,
     Orphan,
@@ -35,9 +34,9 @@ from mcpresume.session import (
     SessionState,
     StreamOrigin,
 )
-from mcpresume.sse import SSERun
-from mcpresume.store import OpenedStream, StoreStats
-from mcpresume.window import Evicted, WindowLimits
+from mcpresume.core.sse import SSERun
+from mcpresume.core.window import Evicted, WindowLimits
+from mcpresume.store import GONE, OpenedStream, StoreStats
 
 T = TypeVar("T")
 

@@ -48,17 +48,16 @@ import logging
 import sys
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import orjson
 
-from mcpresume.credentials import MAX_CREDENTIALS
-from mcpresume.cursor import new_epoch
-from mcpresume.errors import TooManySessions
-from mcpresume.flow import NOT_APPENDED, Appended, Guard
-from mcpresume.local import GONE
-from mcpresume.resume import SessionView, StreamView
-from mcpresume.session import (
+from mcpresume.core.credentials import MAX_CREDENTIALS
+from mcpresume.core.cursor import new_epoch
+from mcpresume.core.errors import TooManySessions
+from mcpresume.core.flow import NOT_APPENDED, Appended, Guard
+from mcpresume.core.resume import SessionView, StreamView
+from mcpresume.core.session import (
     MAX_GONE_STREAMS,
     MAX_REQUEST_IDS,
     READ_MAX_EVENTS,
@@ -71,15 +70,12 @@ from mcpresume.session import (
     SessionAccess,
     StreamOrigin,
 )
-from mcpresume.sse import SSERun, priming_block
-from mcpresume.store import OpenedStream, StoreStats
+from mcpresume.core.sse import SSERun, priming_block
+from mcpresume.core.window import Evicted, EvictReason, Segment, WindowLimits
+from mcpresume.store import GONE, OpenedStream, StoreMetrics, StoreStats
 from mcpresume.store.copies import Copies, LastAppend, split
 from mcpresume.store.marks import Marks
 from mcpresume.store.redis_calls import RedisCalls, session_keys
-from mcpresume.window import Evicted, EvictReason, Segment, WindowLimits
-
-if TYPE_CHECKING:
-    from mcpresume.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +159,7 @@ class RedisStore:
         session_ttl: float,
         max_sessions: int,
         retry_ms: int | None,
-        metrics: Metrics | None = None,
+        metrics: StoreMetrics | None = None,
         op_timeout: float = 0.9,
         max_connections: int = 64,
     ) -> None:

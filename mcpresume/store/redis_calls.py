@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -29,12 +29,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from mcpresume.cursor import new_epoch
-from mcpresume.errors import StoreUnavailable
+from mcpresume.core.cursor import new_epoch
+from mcpresume.core.errors import StoreUnavailable
+from mcpresume.store import StoreMetrics
 from mcpresume.store.resp import Link, bulks, pack
-
-if TYPE_CHECKING:
-    from mcpresume.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +116,7 @@ class RedisCalls:
         op_timeout: float,
         max_connections: int,
         events_ttl_ms: int,
-        metrics: Metrics | None,
+        metrics: StoreMetrics | None,
     ) -> None:
         self.url = url
         self.op_timeout = op_timeout
@@ -291,7 +289,7 @@ class RedisCalls:
             if isinstance(error, TimeoutError) and self._link is not None:
                 self._link.close()  # replies may still come, behind the next calls': start afresh
             if self.metrics is not None:
-                self.metrics.store_errors.labels(op).inc()
+                self.metrics.store_error(op)
             if self._up:
                 log.warning("store unavailable (%s: %s)", op, type(error).__name__)
             self._up = False
@@ -406,7 +404,7 @@ class RedisCalls:
 
     def _posted_error(self, error: ResponseError) -> None:
         if self.metrics is not None:
-            self.metrics.store_errors.labels("mark_delivered").inc()
+            self.metrics.store_error("mark_delivered")
         log.warning("the session store refused a delivery mark: %s", error)
         if no_script(error) and self._link is not None and self.reloading is None:
             # Redis restarted or flushed its scripts: load it again (the marks meanwhile are lost, as when a

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mcpresume.cursor import encode_cursor
-from mcpresume.session import NewEvent, SessionState
-from mcpresume.sse import encode_frame
-from mcpresume.window import Event, Evicted
+from mcpresume.core.cursor import encode_cursor
+from mcpresume.core.session import NewEvent, SessionState
+from mcpresume.core.sse import encode_frame
+from mcpresume.core.window import Event, Evicted
 
 
 def append_events(

@@ -3,7 +3,7 @@ exported series name (``_total`` included), so a test also breaks when a name a 
 
 from __future__ import annotations
 
-from mcpresume.metrics import Metrics
+from mcpresume.process.metrics import Metrics
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

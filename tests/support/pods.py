@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from mcpresume.app import RunningProxy, start_proxy
-from mcpresume.config import load_settings
+from mcpresume.daemon.app import RunningProxy, start_proxy
 from mcpresume.examples.upstream import serve_example_upstream
+from mcpresume.process.config import load_settings
 from mcpresume.store import SessionStore
 
 

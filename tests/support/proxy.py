@@ -9,10 +9,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from mcpresume.app import RunningProxy, start_proxy
-from mcpresume.config import load_settings
-from mcpresume.demo import ScriptedClient, sse_events
-from mcpresume.sse import SSEEvent
+from mcpresume.core.sse import SSEEvent
+from mcpresume.daemon.app import RunningProxy, start_proxy
+from mcpresume.daemon.demo import ScriptedClient, sse_events
+from mcpresume.process.config import load_settings
 
 __all__ = ["ManualClock", "ScriptedClient", "collect", "error_of", "reattach", "running_proxy", "sse_events"]
 

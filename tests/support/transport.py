@@ -1,4 +1,4 @@
-"""A client transport for ``attach.ClientWriter`` in unit tests: it reports a chosen write-buffer level."""
+"""A client transport for ``http.view.ClientWriter`` in unit tests: it reports a chosen write-buffer level."""
 
 from __future__ import annotations
 

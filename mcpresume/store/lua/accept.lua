@@ -1,4 +1,5 @@
 -- accept_credential (ARGV: epoch, digest hex, protocol version or '', most digests kept).
+-- Twin: mcpresume/core/session.py SessionState.accept_credential
 local epoch, digest, pv, most = ARGV[A], ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3])
 if not load_meta() or meta.epoch ~= epoch or meta.cred == '' then return 0 end
 local list = {}

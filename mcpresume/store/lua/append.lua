@@ -4,6 +4,7 @@
 -- (applied first: delivered.lua's, carried):
 -- {'ok', version, last seq, counts..., the stream's last seq evicted} | {'gone'} | {'noop'} | {'stale', last seq} |
 -- {'blocked', (reader index, seq it must reach)...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
+-- Twin: mcpresume/core/session.py SessionState.append_run, SessionState.refusal
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])

@@ -1,4 +1,5 @@
 -- claim (ARGV: epoch or '', most live streams or '', request keys...): {outcome, stream} or false.
+-- Twin: mcpresume/core/session.py SessionState.claim
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
 if meta.rt == '1' then return false end  -- retired: new requests find the session unknown
 local limit = ARGV[A + 1]

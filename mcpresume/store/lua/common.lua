@@ -123,6 +123,7 @@ end
 
 -- A delivery mark (delivered.lua, or carried by the session's next append: mcpresume/store/marks.py): the
 -- last seq a client of stream n was sent; it only moves forward.
+-- Twin: mcpresume/core/session.py SessionState.mark_delivered
 local function mark_delivered(n, seq)
   local s = stream(n)
   if s and (s.d or 0) < seq then s.d = seq; mark(n) end
@@ -185,7 +186,8 @@ local function sync_expired(counts, touched)
   return false
 end
 
--- Evict oldest first until the window's limits hold (mcpresume/window.py, Window._enforce, event by event):
+-- Evict oldest first until the window's limits hold (event by event where the twin cuts segments):
+-- Twin: mcpresume/core/window.py Window._enforce
 -- expired events first, then by count, then by bytes; the newest event never by count or bytes.
 local function evict(now, counts, touched)
   local ne, nb = num('ne'), num('nb')
@@ -284,7 +286,8 @@ end
 
 -- A stream that ended and holds no event any more is forgotten: (number, last seq) of the last MAX_GONE of
 -- them are kept (a view that sent one whole reads it complete), and the newest standalone one whole (a
--- re-attach at its very end opens a new one). mcpresume/session.py, SessionState._forget_gone_streams.
+-- re-attach at its very end opens a new one).
+-- Twin: mcpresume/core/session.py SessionState._forget_gone_streams
 local function forget_gone(candidates)
   local numbers = {}
   for n, _ in pairs(candidates) do numbers[#numbers + 1] = n end
@@ -338,6 +341,7 @@ end
 
 -- The session's live streams with a pump record (orphans.lua, takeover.lua), in the order they were opened:
 -- {number, origin, pump record, upstream cursor, answered keys} each.
+-- Twin: mcpresume/core/session.py SessionState.orphans
 local function orphans()
   local found = {}
   local raw = redis.call('HGETALL', ST)
@@ -353,6 +357,7 @@ local function orphans()
 end
 
 -- request ids: RQ maps a key to 'p' (pending), 'a' (answered) or a stream number; RO orders them.
+-- Twin: mcpresume/core/session.py SessionState._forget_request
 local function forget_request(key)
   local value = redis.call('HGET', RQ, key)
   if not value then return end
@@ -361,6 +366,7 @@ local function forget_request(key)
   if value == 'p' then set('inf', num('inf') - 1) end
 end
 
+-- Twin: mcpresume/core/session.py SessionState._remember_request
 local function remember_request(key, value)
   local max_ids = MAX_IDS
   if redis.call('HEXISTS', RQ, key) == 1 then forget_request(key) end

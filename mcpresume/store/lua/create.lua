@@ -1,4 +1,5 @@
 -- create_session: a fresh incarnation (ARGV: epoch, now, credential hex or '', owner).
+-- Twin: mcpresume/store/memory.py MemoryStore.create_session
 local epoch, now, cred, owner = ARGV[A], ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local old = redis.call('HMGET', META, 'nst', 'ver')
 local nst, ver = 1, 0

@@ -1,4 +1,5 @@
 -- end_stream (ARGV: stream, now): the version, or false (nothing changed).
+-- Twin: mcpresume/core/session.py SessionState.end_stream
 if not load_meta() then return false end
 local n, now = tonumber(ARGV[A]), ARGV[A + 1]
 local s = stream(n)

@@ -1,4 +1,5 @@
 -- reap, for one session (ARGV: now, session ttl): {'gone'} | {'dropped'} | {'ok', version, counts...}.
+-- Twin: mcpresume/core/session.py SessionState.expire, SessionState.idle
 if not load_meta() then return {'gone'} end
 local now, ttl = tonumber(ARGV[A]), tonumber(ARGV[A + 1])
 if num('lp') == 0 and tonumber(meta.la) + ttl <= now then

@@ -1,4 +1,5 @@
 -- group_streams (ARGV: streams...).
+-- Twin: mcpresume/core/session.py SessionState.group_streams
 if not load_meta() then return 0 end
 local members, order = {}, {}
 local lost = 0

@@ -2,6 +2,7 @@
 -- (stream, first seq, time, sizes, BD field, offset) per run of events, ...}, or false. The bodies are not
 -- returned: the client takes the run's bytes from offset (0-based), as many as its sizes add up to, of the
 -- field's value (HMGET, or its own copy: a field is written once).
+-- Twin: mcpresume/core/session.py SessionState.read
 if not load_meta() then return false end
 settle_expired()
 listen(); save_meta()

@@ -1,4 +1,5 @@
 -- release / settle (ARGV: epoch or '', 'release' or 'settle', request keys...).
+-- Twin: mcpresume/core/session.py SessionState.release, SessionState.settle
 if not load_meta() or not epoch_ok(ARGV[A]) then return 0 end
 local settle = ARGV[A + 1] == 'settle'
 for i = A + 2, #ARGV do

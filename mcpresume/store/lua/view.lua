@@ -1,4 +1,5 @@
 -- view (ARGV: stream): the facts of the resume decision, as JSON, or false.
+-- Twin: mcpresume/core/session.py SessionState.view
 if not load_meta() then return false end
 settle_expired()
 listen(); save_meta()

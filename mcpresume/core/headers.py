@@ -1,0 +1,204 @@
+"""Which headers cross the proxy (pure).
+
+RFC 9110 section 7.6.1: a proxy removes the hop-by-hop fields, and every field named in ``Connection``,
+before forwarding a message. Everything else is end-to-end and passes untouched, notably ``Mcp-Session-Id``,
+``MCP-Protocol-Version``, ``Authorization`` (sessions MUST NOT be used for authentication, so credentials
+go to the upstream as they came), ``Accept``, ``Content-Type``, ``Origin``, ``Last-Event-ID`` and
+``WWW-Authenticate``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from typing import Final
+from urllib.parse import urlsplit, urlunsplit
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",  # not standard, but sent by old clients; never end-to-end
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Framing is the proxy's own on each side: the body is re-framed (chunked or sized) by the HTTP stack.
+_FRAMING: Final = frozenset({"content-length"})
+# Set by a replica that forwards a request to the replica owning its session (its value: the forwarding
+# replica's id). A request that carries it is never forwarded again (core/route.py).
+HOP_HEADER: Final = "Mcp-Resume-Hop"
+
+# The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
+# (the same default as nginx's proxy_pass). Expect: the proxy's HTTP server answers 100-continue itself
+# before the handler runs, so the body is on its way to the proxy: forwarded, the header would make the
+# upstream hop hold the body back for a 100 the upstream may never send.
+# The hop header: what arrives under its name is never passed on, to the upstream or to another replica;
+# a replica that forwards a request sets its own.
+_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect", HOP_HEADER.lower()})
+
+SESSION_HEADER: Final = "Mcp-Session-Id"
+PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
+LAST_EVENT_ID_HEADER: Final = "Last-Event-ID"
+
+SSE_RESPONSE_HEADERS: Final = (
+    ("Content-Type", "text/event-stream"),
+    ("Cache-Control", "no-cache"),
+    # Tell nginx-style intermediaries not to buffer the stream (it would defeat streaming and resumption).
+    ("X-Accel-Buffering", "no"),
+)
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tuple[str, str]]:
+    """The end-to-end subset of ``headers`` (names keep their case; repeated fields keep their order)."""
+    items = list(headers)
+    drop = HOP_BY_HOP | _FRAMING | _connection_tokens(items)
+    if request:
+        drop = drop | _REQUEST_ONLY_DROPS
+    return [(name, value) for name, value in items if name.lower() not in drop]
+
+
+_LOCATIONS: Final = frozenset({"location", "content-location"})
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """scheme, host and port (the scheme's default when absent) of an absolute http(s) URL, else None."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number, a bracket left open
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def rewrite_locations(headers: list[tuple[str, str]], upstream_origin: str) -> list[tuple[str, str]]:
+    """``Location`` and ``Content-Location`` values that point at the upstream's origin, made references
+    to the same path on the proxy (as nginx's ``proxy_redirect default``): the client resolves them against
+    the URL it asked, the proxy's, so a redirect never hands it the upstream's address. The proxy serves
+    every path of the upstream's origin as it is, so only the origin goes. Other values are untouched."""
+    if not any(name.lower() in _LOCATIONS for name, _ in headers):
+        return headers  # almost every answer: nothing to parse, not even the upstream's origin
+    upstream = _origin(upstream_origin)
+    result = []
+    for name, value in headers:
+        if name.lower() in _LOCATIONS and upstream is not None and _origin(value) == upstream:
+            parts = urlsplit(value.strip())
+            value = urlunsplit(("", "", parts.path or "/", parts.query, parts.fragment))
+        result.append((name, value))
+    return result
+
+
+def forwarded(
+    headers: list[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None
+) -> list[tuple[str, str]]:
+    """Add ``X-Forwarded-For/-Proto/-Host``.
+
+    ``X-Forwarded-For`` appends this hop's client to the chain a load balancer in front may have started;
+    ``-Proto`` and ``-Host`` set by that load balancer describe the original request better than we can,
+    so they are kept when present.
+    """
+    names = {name.lower() for name, _ in headers}
+    prior = [value for name, value in headers if name.lower() == "x-forwarded-for"]
+    result = [(n, v) for n, v in headers if n.lower() != "x-forwarded-for"]
+    chain = ", ".join([*prior, client_ip] if client_ip else prior)
+    if chain:
+        result.append(("X-Forwarded-For", chain))
+    if "x-forwarded-proto" not in names:
+        result.append(("X-Forwarded-Proto", proto))
+    if host and "x-forwarded-host" not in names:
+        result.append(("X-Forwarded-Host", host))
+    return result
+
+
+# Spec: a session id "MUST only contain visible ASCII characters (ranging from 0x21 to 0x7E)". The length
+# bound is ours: real ids are 32-64 characters; 256 leaves room and keeps a hostile header out of the store.
+MAX_SESSION_ID_LEN: Final = 256
+
+
+def valid_session_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+
+
+# The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding
+# protection), on any port: a page of another site that a rebinding DNS name points at 127.0.0.1 sends
+# that name in Host, never one of these.
+LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
+ANY_HOST: Final = "*"
+
+
+def split_host(value: str) -> tuple[str, str | None]:
+    """A Host value's name (lower case; an IPv6 literal keeps its brackets) and its port (None: none)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end >= 0:
+            rest = value[end + 1 :]
+            return value[: end + 1], rest[1:] if rest.startswith(":") else None
+        return value, None
+    name, sep, port = value.rpartition(":")
+    return (name, port) if sep else (value, None)
+
+
+def host_allowed(value: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a Host value matches one of ``allowed``: the same name, and the same port when the entry
+    names one (an entry without a port matches any port); ``*`` matches anything. No Host matches nothing
+    but ``*``."""
+    if ANY_HOST in allowed:
+        return True
+    if value is None:
+        return False
+    name, port = split_host(value)
+    for entry in allowed:
+        entry_name, entry_port = split_host(entry)
+        if entry_name == name and (entry_port is None or entry_port == port):
+            return True
+    return False
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a listen address is a loopback one (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def effective_allowed_hosts(allowed: Sequence[str], listen: str) -> tuple[str, ...]:
+    """The Host values the proxy accepts: ``allowed_hosts`` as set; unset, the SDKs' loopback rule when
+    the proxy listens on loopback (it rewrites Host, so the upstream's own check no longer sees the
+    client's), else any."""
+    if allowed:
+        return tuple(allowed)
+    return LOOPBACK_HOSTS if is_loopback(listen) else (ANY_HOST,)
+
+
+def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The size of a raw header block as sent: ``name: value\r\n`` per field."""
+    return sum(len(name) + len(value) + 4 for name, value in headers)
+
+
+def header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of ``name`` (case-insensitive), or None."""
+    lowered = name.lower()
+    for key, value in headers:
+        if key.lower() == lowered:
+            return value
+    return None

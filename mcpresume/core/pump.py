@@ -1,0 +1,271 @@
+"""What the proxy makes of one logical upstream SSE stream's events, without I/O (sans-IO, as h11 is).
+
+A pump (``mcpresume.streams.pump``, the shell) reads the upstream's bytes, parses them
+(``mcpresume.core.sse``) and feeds what the parser returns to an ``UpstreamEvents``; it gets back, in order,
+the batches to append to the session's window: runs of message events kept as they came (``SSERun``, the hot
+path: no call per event) and lists of single events (``NewEvent``). Everything else the pump decides from is
+state here, read after each feed:
+
+* ``pending``: the request ids whose responses have not arrived yet (a POST stream; none for a GET). An
+  event that answers one of them is a RESPONSE event and settles it (a batch event, 2025-03-26, settles
+  every response in it, once); an answer to another request stays a MESSAGE.
+* ``complete``: every response this stream waits for is in: nothing more to read.
+* ``last_id`` / ``resume_cursor``: the upstream's last event id, what a resume GET sends as
+  ``Last-Event-ID``; ``retry_ms``: the upstream's last ``retry:``, the resume back-off's base.
+* ``duplicates``: upstream events dropped so far as replays. After ``resumed()`` (the upstream stream was
+  reopened from ``last_id``), an event whose upstream id was already appended is dropped: a server's
+  replay may overlap what the proxy already has.
+
+Events with no data (priming, id- or retry-only events) are not appended: the proxy sends its own.
+
+Then the decisions between upstream connections: ``resumable(end)`` says whether a stream whose
+connection ended so is to be reopened (from ``resume_cursor``: without one it cannot be), ``resume_delay``
+how long to wait before an attempt, ``refuses_resume`` which answers to a resume GET mean it cannot be
+resumed (as opposed to "try again"), and ``unanswered(message)`` the synthesized JSON-RPC errors that
+complete a stream that cannot be completed, one per pending request, so no client waits forever for an
+answer that cannot come.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from mcpresume.core.errors import UpstreamStreamLost
+from mcpresume.core.jsonrpc import (
+    NOTIFICATION_PREFIX,
+    NOTIFICATION_PREFIXES,
+    RESPONSE_MARKERS,
+    error_response,
+    request_key,
+    response_keys,
+)
+from mcpresume.core.session import NewEvent
+from mcpresume.core.sse import SSEEvent, SSERun, frame_body
+from mcpresume.core.window import EventKind
+
+# Upstream ids remembered per stream to drop replayed events. A resume replays what follows the last id,
+# so only a replay that overlaps what was already read matters; 4096 ids cover any sane overlap.
+SEEN_IDS: Final = 4096
+# Resume back-off doubles from the upstream's retry and stops growing here (seconds).
+MAX_RESUME_DELAY: Final = 30.0
+# Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
+REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
+# No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
+_NONE_SEEN: Final[frozenset[bytes]] = frozenset()
+
+Batch = list[NewEvent] | SSERun
+
+
+class End(enum.Enum):
+    """How reading one upstream connection ended."""
+
+    COMPLETE = "complete"  # every response is in (POST), nothing left to read
+    CLOSED = "closed"  # the upstream ended the connection: resumable if it sent ids
+    DROPPED = "dropped"  # the connection failed: resumable if it sent ids
+    TOO_LARGE = "too_large"  # an event over max_event_bytes: resuming would meet it again
+
+
+# The ends after which the stream is reopened from its last upstream id (unless it is complete).
+RESUMABLE_ENDS: Final = frozenset({End.CLOSED, End.DROPPED})
+
+
+def resume_delay(retry_ms: int, attempts: int) -> float:
+    """Seconds to wait before resume attempt ``attempts + 1``: the retry, doubling, capped."""
+    return min(MAX_RESUME_DELAY, retry_ms / 1000 * 2.0**attempts)
+
+
+def refuses_resume(status: int) -> bool:
+    """Whether an upstream's non-SSE answer to a resume GET means the stream cannot be resumed."""
+    return status in REFUSALS
+
+
+class UpstreamEvents:
+    """One logical upstream stream's events -> what to append, over as many connections as it takes."""
+
+    __slots__ = (
+        "_answers",
+        "_recent",
+        "_seen",
+        "_spelling",
+        "complete",
+        "duplicates",
+        "last_id",
+        "pending",
+        "retry_ms",
+    )
+
+    def __init__(self, request_ids: Iterable[str | int] = ()) -> None:
+        # Request key -> the id as the client sent it (the synthesized errors answer with it). Mutated in
+        # place, never rebound: a holder of this dict sees what is pending.
+        self.pending: dict[str, str | int] = {request_key(i): i for i in request_ids}
+        self._answers = bool(self.pending)  # a POST stream: complete once every response is in
+        self.complete = False
+        self.last_id: bytes | None = None
+        self.retry_ms: int | None = None
+        self.duplicates = 0
+        # Upstream id lines (``id: X\n``) of the last SEEN_IDS events appended (cheap to keep: no hashing per
+        # event), and, from the last resume on, those as a set: what an upstream replay is checked against.
+        # Both made at first need: an empty deque costs ~630 bytes, and most streams (no upstream ids, or no
+        # resume) never need them.
+        self._recent: deque[bytes] | None = None
+        self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
+        self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
+
+    # -- between connections -----------------------------------------------------------------------------
+
+    @property
+    def resume_cursor(self) -> str | None:
+        """The ``Last-Event-ID`` a resume GET sends; None when the upstream sent no ids (not resumable). An
+        SSE id keeps the spaces after the one the field's colon takes; a header value cannot (RFC 9110 5.5:
+        a recipient strips them anyway)."""
+        if self.last_id is None:
+            return None
+        return self.last_id.decode("ascii", "replace").strip()
+
+    def resumable(self, end: End) -> bool:
+        """Whether the stream is reopened after its connection ended with ``end``."""
+        return end in RESUMABLE_ENDS and not self.complete
+
+    def restore(self, cursor: str | None, answered: Iterable[str]) -> None:
+        """Continue a stream another pump read (a restart, a takeover): from the upstream's last event id it
+        appended, with the responses it appended settled."""
+        self.last_id = None if cursor is None else cursor.encode("ascii", "replace")
+        for key in answered:
+            self.pending.pop(key, None)
+        self.complete = bool(self._answers) and not self.pending
+
+    def resumed(self) -> None:
+        """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""
+        self._seen = set(self._recent or ())
+
+    def unanswered(self, message: str) -> list[NewEvent]:
+        """A JSON-RPC error for each pending request (``message`` says why), as RESPONSE events."""
+        lost = UpstreamStreamLost(message)
+        data = lost.data()
+        return [
+            NewEvent(
+                frame_body(error_response(request_id, lost.code, message, data)), EventKind.RESPONSE, key
+            )
+            for key, request_id in self.pending.items()
+        ]
+
+    # -- events ------------------------------------------------------------------------------------------
+
+    def feed(self, parsed: Sequence[SSEEvent | SSERun]) -> list[Batch]:
+        """Upstream events -> batches to append, in order. Hot path: a run of message events passes whole
+        (see ``_run``) but for the events that may be a response this stream waits for (``_suspects``);
+        single events are converted one by one (``_event``)."""
+        batches: list[Batch] = []
+        items: list[NewEvent] = []
+        for event in parsed:
+            if type(event) is not SSERun:
+                self._event(event, items)  # type: ignore[arg-type]
+                continue
+            for piece in self._suspects(event):
+                if type(piece) is not SSERun:
+                    self._event(piece, items)  # type: ignore[arg-type]
+                    continue
+                run = self._run(piece)
+                if run.blocks:
+                    if items:
+                        batches.append(items)
+                        items = []
+                    batches.append(run)
+        if items:
+            batches.append(items)
+        return batches
+
+    def _suspects(self, run: SSERun) -> list[SSERun | SSEEvent]:
+        """A run cut around the events that may be a response this stream waits for (the end of a POST
+        stream), those as single events: the events whose data does not start like a notification and
+        holds a member name a response must have (``jsonrpc.RESPONSE_MARKERS``; ``response_key`` parses
+        no other). A few C-level scans, no call per event."""
+        if not self.pending:
+            return [run]
+        # The one event of a read that is not a notification is most often the stream's response, its last
+        # event: that one is looked at first (one event parsed), and only the others are counted, where
+        # counting them all would fail and finding the response by its markers scan the run thrice more.
+        # A run of one event (a paced stream: one per read) is counted as before, at the cost of one count.
+        count = len(run)
+        last = run.split(count - 1, count) if count > 1 else run
+        if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
+            if spelling is not None:
+                self._spelling = spelling
+                if not last.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS):
+                    return [run]
+                return [run.split(0, count - 1), *last.events()]
+        else:
+            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
+            if spelling is not None:  # every event starts like a notification: none is a response
+                self._spelling = spelling
+                return [run]
+        suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
+        if not suspects:
+            return [run]
+        pieces: list[SSERun | SSEEvent] = []
+        start = 0
+        for index in suspects:
+            if index > start:
+                pieces.append(run.split(start, index))
+            pieces.extend(run.split(index, index + 1).events())
+            start = index + 1
+        if start < len(run):
+            pieces.append(run.split(start, len(run)))
+        return pieces
+
+    def _run(self, run: SSERun) -> SSERun:
+        """A run as it will be appended: no call per event; upstream ids are checked only after a resume
+        (against a replay)."""
+        ids = run.ids
+        if ids is None:
+            return run
+        last_id = run.last_id()
+        if last_id is not None:
+            self.last_id = last_id
+        seen = self._seen
+        if seen:
+            kept = [i for i, line in enumerate(ids) if line not in seen]
+            if len(kept) != len(ids):
+                self.duplicates += len(ids) - len(kept)
+                run = run.keep(kept)
+                ids = run.ids or []
+        self._remember(filter(None, ids))
+        return run
+
+    def _remember(self, id_lines: Iterable[bytes]) -> None:
+        recent = self._recent
+        if recent is None:
+            recent = self._recent = deque(maxlen=SEEN_IDS)
+        recent.extend(id_lines)
+
+    def _event(self, event: SSEEvent, items: list[NewEvent]) -> None:
+        """One upstream event -> an event to append (or nothing: priming, id/retry-only, a replay)."""
+        upstream_id = event.id
+        if event.retry is not None:
+            self.retry_ms = event.retry
+        if upstream_id:
+            self.last_id = upstream_id
+        data = event.data
+        if not data:
+            return  # priming, or an id/retry-only event: the proxy sends its own
+        if upstream_id:
+            line = b"id: " + upstream_id + b"\n"
+            if line in self._seen:
+                self.duplicates += 1
+                return  # an upstream replay of an event already appended
+            self._remember((line,))
+        body = frame_body(data, event.event)
+        pending = self.pending
+        if pending and not data.startswith(NOTIFICATION_PREFIX):
+            # A batch event (2025-03-26) settles every response in it, once.
+            settled = [key for key in response_keys(data) if pending.pop(key, None) is not None]
+            if settled:
+                if not pending:
+                    self.complete = True
+                items.append(NewEvent(body, EventKind.RESPONSE, settled[0]))
+                return
+        items.append(NewEvent(body, EventKind.MESSAGE, None))

@@ -1,0 +1,1 @@
+"""The daemon: the assembly of the layers below, the command line, the demo."""

@@ -1,0 +1,206 @@
+"""The command line: ``mcpresume serve``, ``mcpresume demo``, ``mcpresume --version``.
+
+Every setting is a flag with the setting's name in dashes (``--window-events``); only the flags given on
+the command line are passed on, so the precedence CLI > env > file > defaults holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from mcpresume import __version__
+from mcpresume.process.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("mcpresume")
+
+
+# The settings ``mcpresume demo`` uses (it runs its own upstream; the rest keep their defaults).
+DEMO_SETTINGS = (
+    "host",
+    "port",
+    "metrics_host",
+    "metrics_port",
+    "window_events",
+    "log_level",
+    "log_format",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcpresume",
+        description="A reverse proxy that makes MCP Streamable HTTP streams resumable.",
+        epilog="Every setting is also an MCPRESUME_<NAME> environment variable or a line of the TOML file;"
+        " precedence: flag > environment > file > default.",
+    )
+    parser.add_argument("--version", action="version", version=f"mcpresume {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy in front of an upstream MCP server",
+        description="Run the proxy in front of an upstream MCP server (--upstream).",
+    )
+    demo = commands.add_parser(
+        "demo",
+        help="run a bundled example upstream behind the proxy and show resumption",
+        description="Run a bundled example upstream behind the proxy and show resumption"
+        " (needs: pip install 'mcpresume[demo]').",
+    )
+    demo.add_argument(
+        "--once", action="store_true", help="exit after the demo instead of serving until Ctrl-C"
+    )
+    for sub, names in ((serve, tuple(Settings.model_fields)), (demo, DEMO_SETTINGS)):
+        sub.add_argument(
+            "--config", metavar="FILE", help="TOML settings file [default: none; env MCPRESUME_CONFIG]"
+        )
+        for name in names:
+            field = Settings.model_fields[name]
+            flag = "--" + name.replace("_", "-")
+            help_text = f"{field.description} [{_default_and_env(name)}]".replace("%", "%%")
+            if field.annotation is bool:
+                sub.add_argument(
+                    flag,
+                    dest=name,
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=help_text,
+                )
+            else:
+                sub.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=help_text)
+    return parser
+
+
+def _default_and_env(name: str) -> str:
+    """``default: 8080; env MCPRESUME_PORT``: what a flag's help ends with."""
+    field = Settings.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    if default is None:
+        shown = "none"
+    elif isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif isinstance(default, list):
+        shown = ",".join(default) or "empty"
+    else:
+        shown = str(default)
+    return f"default: {shown}; env MCPRESUME_{name.upper()}"
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
+    command = args.pop("command")
+    if command is None:
+        parser.print_help()
+        return 2
+    config_file = args.pop("config", None)
+    once = args.pop("once", False)
+    try:
+        settings = load_settings(args, config_file)
+        if command == "serve" and settings.upstream is None:
+            raise SettingsError("upstream: required for serve (--upstream URL or MCPRESUME_UPSTREAM)")
+    except SettingsError as exc:
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    _use_uvloop()
+    if command == "serve":
+        return asyncio.run(serve(settings))
+    try:
+        from mcpresume.daemon.demo import run_demo  # imports the optional MCP SDK: only for the demo
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] not in DEMO_EXTRA:
+            raise
+        print(
+            f"mcpresume: the demo needs the demo extra ({exc.name} is not installed):"
+            " pip install 'mcpresume[demo]'",
+            file=sys.stderr,
+        )
+        return 2
+    from mcpresume.daemon.app import ListenError
+
+    try:
+        return asyncio.run(run_demo(settings, once=once))
+    except ListenError as exc:
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
+
+
+# The top-level modules of the demo extra's packages (pyproject.toml: demo = ["mcp", "uvicorn"]) and of
+# what they bring.
+DEMO_EXTRA = frozenset({"mcp", "uvicorn", "starlette", "sse_starlette", "httpx", "httpx2", "anyio"})
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional (no wheels on some platforms); asyncio's loop works too
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def freeze_long_lived() -> int:
+    """Move everything allocated so far (modules, the app, the upstream client: it lives as long as the
+    process) out of the cyclic collector's sight, so a full collection walks only what serving allocates.
+    A fresh proxy's full collection takes ~7 ms; one under the latency benchmark stalled the loop 23 ms,
+    and 0.3 ms with this. Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+async def serve(settings: Settings) -> int:
+    from mcpresume.daemon.app import ListenError, start_proxy
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        proxy = await start_proxy(settings)
+    except (ListenError, SettingsError, NotImplementedError) as exc:  # a port in use; settings that
+        # cannot serve together; the Redis store without its extra installed
+        print(f"mcpresume: {exc}", file=sys.stderr)
+        return 2
+    freeze_long_lived()
+    log.info("mcpresume %s: %s -> %s (store %s)", __version__, proxy.url, settings.upstream, settings.store)
+    if proxy.admin_url:
+        log.info("admin: %s/metrics %s/healthz %s/readyz", proxy.admin_url, proxy.admin_url, proxy.admin_url)
+    await stop.wait()
+    log.info("draining (up to %.0f s)", settings.drain_timeout)
+    await proxy.stop()
+    return 0

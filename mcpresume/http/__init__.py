@@ -1,0 +1,1 @@
+"""The client side: admission, the executors of the core's plans (POST, GET, DELETE), views and relays."""

@@ -1,0 +1,98 @@
+"""What every handler shares: the context built once per application, and how the proxy says no.
+
+``ProxyContext`` holds the settings, the store, the metrics, the upstream client, the clock, the pump
+registry and the drain (no module-level state: ``app.build_app`` builds one per application). ``reject``
+is the one way a refusal is made (a JSON-RPC error body with the stable reason, one log line, the metric),
+``drop_session`` the one way the proxy forgets a session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from mcpresume.core.errors import ProxyError, jsonrpc_error_body
+from mcpresume.core.headers import SESSION_HEADER
+from mcpresume.process.config import Settings
+from mcpresume.process.drain import Drain
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.logs import log_id
+from mcpresume.process.metrics import Metrics
+from mcpresume.replicas.hop import Hop
+from mcpresume.replicas.lease import Lease
+from mcpresume.store import SessionStore
+from mcpresume.streams.pump import Pumps
+from mcpresume.streams.upstream import Upstream
+
+log = logging.getLogger("mcpresume.proxy")
+
+
+@dataclass
+class ProxyContext:
+    """Everything the handlers share, built once in ``app.build_app`` (no module-level state)."""
+
+    settings: Settings
+    store: SessionStore
+    metrics: Metrics
+    upstream: Upstream
+    clock: Callable[[], float]
+    pumps: Pumps = field(default_factory=Pumps)
+    local: LocalSessions = field(default_factory=LocalSessions)  # this process's views and readers
+    # Owner routing (several replicas over one shared store: ``advertise_url`` set): the hop to the other
+    # replicas, and this replica's lease in the store's registry. None: one replica, nothing is routed.
+    hop: Hop | None = None
+    lease: Lease | None = None
+    drain: Drain = field(default_factory=Drain)  # how this replica stops (process/drain.py)
+    # The store is this app's, closed when it stops (False: shared with other proxies of this process, as
+    # in tests, and closed by whoever made it).
+    owns_store: bool = True
+
+    # -- what the drain closes (``drain.Closing``) -----------------------------------------------------------
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.settings.drain_timeout
+
+    async def end_pumps(self, within: float) -> None:
+        """POST streams' pumps within ``within``, then every pump cancelled or, with a shared store (a
+        lease), handed over."""
+        await self.pumps.drain(within, hand_over=self.lease is not None)
+
+    async def close(self) -> None:
+        if self.lease is not None:  # released once nothing here pumps
+            await self.lease.stop()
+        if self.hop is not None:
+            await self.hop.close()
+        await self.upstream.close()
+        if self.owns_store:
+            await self.store.close()
+
+    async def drop_session(self, session_id: str, epoch: str | None = None) -> None:
+        """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
+        if await self.store.delete_session(session_id, epoch) or epoch is None:
+            self.pumps.cancel_session(session_id)
+
+    def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
+        """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""
+        session = request.headers.get(SESSION_HEADER)
+        log.warning(
+            "%s %s -> %d %s: %s%s",
+            request.method,
+            request.path,
+            error.status,
+            error.reason,
+            error.message,
+            f" (session {log_id(session)})" if session else "",
+        )
+        if error.reason.startswith("upstream_"):
+            self.metrics.upstream_errors.labels(error.reason).inc()
+        return web.Response(
+            status=error.status,
+            body=orjson.dumps(jsonrpc_error_body(error, request_id)),
+            content_type="application/json",
+        )

@@ -1,0 +1,190 @@
+"""Serving a session's events only to requests whose credentials the upstream accepted for it.
+
+``core.credentials.access`` decides (pure); this module does what it decided: nothing for ``OPEN`` and
+``ALLOW``; for ``VERIFY``, a JSON-RPC ``ping`` forwarded in the session with the request's credentials.
+A 2xx answer carrying the ping's result accepts them (remembered, so the next request with them is not
+asked about); anything else is the refusal, with the upstream's status and ``WWW-Authenticate``, and
+nothing of the session in it. A request's credentials are its ``credential_headers`` (settings) and its
+query string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+
+from mcpresume.core.credentials import (
+    QUERY_FIELD,
+    Access,
+    PingAnswer,
+    access,
+    credential_digest,
+    credential_fields,
+    ping_body,
+)
+from mcpresume.core.errors import (
+    CredentialsRefused,
+    ProxyError,
+    SessionGone,
+    UnknownSession,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpresume.core.session import SessionAccess
+from mcpresume.http.context import ProxyContext
+from mcpresume.http.forward import upstream_headers
+from mcpresume.process.logs import log_id
+
+log = logging.getLogger("mcpresume.proxy")
+
+# Of the client's headers, those a ping carries besides its credentials: what the upstream's own checks of
+# any request read (Origin and Host for DNS rebinding, the X-Forwarded-* this hop adds).
+_PING_KEEPS = frozenset(
+    {"origin", "host", "user-agent", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"}
+)
+
+
+def credential_headers_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's credential headers (``credential_headers``), as they came."""
+    return credential_fields(request.headers.items(), ctx.settings.credential_headers)
+
+
+def _presented_fields(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's credential headers and its query string (an API key in the endpoint's URL)."""
+    fields = credential_headers_of(ctx, request)
+    query = request.rel_url.raw_query_string
+    if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too
+        fields += ((QUERY_FIELD, query),)
+    return fields
+
+
+def presented(ctx: ProxyContext, request: web.Request) -> bytes:
+    """The digest of the credentials a request carries."""
+    return credential_digest(_presented_fields(ctx, request))
+
+
+def begins_with(ctx: ProxyContext, request: web.Request) -> bytes | None:
+    """What a session that this request begins is bound to: its credentials' digest, None without any."""
+    fields = _presented_fields(ctx, request)
+    return credential_digest(fields) if fields else None
+
+
+def trusted(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:
+    """Whether the request's credentials are ones the upstream accepted in the session (or none are bound):
+    only then does an upstream 404 to it end the session for everyone (an upstream may answer 404 to a
+    session id of another user)."""
+    return access(granted.credentials, presented(ctx, request)) is not Access.VERIFY
+
+
+async def authorize(
+    ctx: ProxyContext,
+    request: web.Request,
+    session_id: str,
+    granted: SessionAccess,
+    request_id: str | int | None = None,
+) -> web.Response | None:
+    """None when the request may be served from the session's window; else the answer refusing it."""
+    digest = presented(ctx, request)
+    if access(granted.credentials, digest) is not Access.VERIFY:
+        return None
+    try:
+        await _verify(ctx, request, session_id, granted, digest)
+    except CredentialsRefused as refusal:
+        response = ctx.reject(request, refusal, request_id)
+        for value in refusal.challenges:
+            response.headers.add("WWW-Authenticate", value)
+        return response
+    except ProxyError as error:
+        return ctx.reject(request, error, request_id)
+    return None
+
+
+async def _verify(
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess, digest: bytes
+) -> None:
+    """Ask the upstream whether these credentials may use the session; raises the refusal."""
+    ping_id = f"mcpresume-ping-{secrets.token_hex(8)}"
+    keep = _PING_KEEPS.union(ctx.settings.credential_headers)
+    headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]
+    headers += [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        (SESSION_HEADER, session_id),
+    ]
+    if granted.protocol_version is not None:
+        headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
+    with ctx.drain.upstream_wait():  # to the endpoint as the client named it (its query string too)
+        upstream = await ctx.upstream.request(
+            "POST", request.path_qs, headers, ping_body(ping_id), decoded=True
+        )
+    try:
+        status = upstream.status
+        answer = PingAnswer(status, upstream.content_type, ping_id)
+        try:
+            async with asyncio.timeout(ctx.settings.first_byte_timeout):
+                while not answer.done:  # a refusal's body is not read
+                    chunk = await upstream.content.readany()
+                    if not chunk:
+                        break
+                    answer.feed(chunk)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                "the upstream did not answer a ping in the session in time",
+                timeout=ctx.settings.first_byte_timeout,
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnreachable(
+                f"the upstream's answer to a ping failed: {type(exc).__name__}"
+            ) from None
+        challenges = tuple(upstream.headers.getall("WWW-Authenticate", ()))
+    finally:
+        upstream.release()
+    if answer.end():
+        log.info("session %s: the upstream accepted other credentials for it", log_id(session_id))
+        await ctx.store.accept_credential(session_id, granted.epoch, digest, granted.protocol_version)
+        return
+    if status == 404:
+        raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
+    if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
+        raise UpstreamBadResponse(f"the upstream answered a ping in the session with {status}", status=status)
+    raise CredentialsRefused(
+        f"the upstream did not accept these credentials for this session (it answered {status})",
+        status=status if 400 <= status < 500 else 403,
+        challenges=challenges,
+    )
+
+
+async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the upstream knows the session ``headers`` name (a ping in it is not answered 404): after a
+    takeover, this replica's upstream may never have seen it (the sidecar layout). ``headers``: a stream's
+    resume headers (its session id, protocol revision, the client's credentials)."""
+    ping = [*headers, ("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
+    try:
+        upstream = await ctx.upstream.request(
+            "POST", path_qs, ping, ping_body("mcpresume-probe"), decoded=True
+        )
+    except ProxyError:
+        return True  # not a verdict: the session is left as it is
+    upstream.release()
+    return upstream.status != 404
+
+
+async def remember_version(
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
+) -> None:
+    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried is
+    the one a ping in the session is sent with. Its credentials are not remembered from this (a 2xx is not
+    always acceptance: see core/credentials.py), only when they are ones accepted there already."""
+    version = request.headers.get(PROTOCOL_VERSION_HEADER)
+    if version is None or version == granted.protocol_version or not granted.credentials:
+        return  # the common case: what the session holds already (no store call); or no ping is ever sent
+    digest = presented(ctx, request)
+    if access(granted.credentials, digest) is Access.ALLOW:
+        await ctx.store.accept_credential(session_id, granted.epoch, digest, version)

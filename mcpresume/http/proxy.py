@@ -1,0 +1,152 @@
+"""The aiohttp handler: what the proxy does with each client request, and which executor does it.
+
+Routing
+-------
+* Any path other than the upstream's MCP endpoint (OAuth discovery under ``/.well-known/``, authorization
+  endpoints, ...) passes through untouched, streamed both ways.
+* On the MCP endpoint:
+
+  - 2026-07-28 requests (``MCP-Protocol-Version: 2026-07-28`` or a ``server/discover`` probe) pass straight
+    through; a client disconnect cancels the upstream request (in that revision closing the stream IS
+    cancellation). Requests without a session id (other than ``initialize``) pass through too.
+  - ``initialize``: forwarded; if the upstream answers with ``Mcp-Session-Id``, the session begins here.
+  - A request with a session id the proxy does not track (reaped, deleted, or from before a restart):
+    404 ``unknown_session``, not forwarded (the client re-initializes); a DELETE is still forwarded.
+  - POST in a session: the request ids are claimed (exactly once per id); an SSE answer becomes a stream of
+    the session, read by a pump into the window, and the client is attached to it from its priming event.
+  - GET + ``Last-Event-ID`` (and POST + ``Last-Event-ID``): ``core.resume.decide`` re-attaches or rejects.
+  - GET without it: the standalone stream, with no history.
+  - DELETE: forwarded, then the session's state dropped.
+
+Each handler decides, then acts: a pure plan module of the core decides what the request gets
+(``core/post.py``, ``core/get.py``, ``core/delete.py``, and ``core/route.py`` first when several replicas
+share the store), and the executor of the same name in ``http/`` carries the plan out. ``Proxy`` only admits
+a request and dispatches it.
+
+Every answer the proxy makes itself (4xx/5xx) carries a JSON-RPC error body whose ``error.data.reason`` is
+stable, and is logged in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from mcpresume.core.errors import (
+    BadSessionId,
+    HeadersTooLarge,
+    HostNotAllowed,
+    OriginNotAllowed,
+    ProxyError,
+    ShuttingDown,
+)
+from mcpresume.core.headers import (
+    SESSION_HEADER,
+    effective_allowed_hosts,
+    header_bytes,
+    host_allowed,
+    valid_session_id,
+)
+from mcpresume.core.jsonrpc import parse_client_body
+from mcpresume.http.context import ProxyContext
+from mcpresume.http.delete import serve_delete
+from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
+from mcpresume.http.get import Gets, Openings
+from mcpresume.http.incoming import Post
+from mcpresume.http.post import Posts
+from mcpresume.http.route import Routing
+from mcpresume.http.upstream_post import Sender
+from mcpresume.streams.starter import PumpStarter
+
+log = logging.getLogger("mcpresume.proxy")
+
+
+class Proxy:
+    """The client listener's one handler: admits a request, then dispatches it by path and method."""
+
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self._allowed_hosts = effective_allowed_hosts(ctx.settings.allowed_hosts, ctx.settings.host)
+        openings = Openings()  # the standalone GETs being opened: a session's POSTs wait for them
+        self.pumps = PumpStarter(
+            ctx.settings, ctx.pumps, ctx.store, ctx.local, ctx.metrics, ctx.upstream, ctx.clock
+        )  # every pump starts there, and the adoption of orphaned streams
+        self.routing = Routing(ctx, self.pumps)  # several replicas: forward, refuse, or take over
+        self.gets = Gets(ctx, self.pumps, openings)
+        self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
+        keeps every frame above its follow loop (tests/test_review_findings.py counts them)."""
+        ctx, settings = self.ctx, self.settings
+        try:
+            if ctx.drain.started:
+                raise ShuttingDown("the proxy is shutting down; retry on another replica")
+            self._admit(request)
+            method = request.method
+            if request.path != ctx.upstream.mcp_path:
+                response = await self._other_path(request)
+            elif method == "POST":
+                body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+                post = Post(request, body, parse_client_body(body), request.headers.get(SESSION_HEADER))
+                routed = await self.routing.route(request, body, post.request_id)
+                response = routed.answer if routed.answer is not None else await self.posts.serve(post)
+            elif method == "GET":
+                routed = await self.routing.route(request, b"")
+                response = (
+                    routed.answer if routed.answer is not None else await self.gets.serve(request, routed)
+                )
+            elif method == "DELETE":
+                routed = await self.routing.route(request, b"")
+                response = routed.answer if routed.answer is not None else await serve_delete(ctx, request)
+            else:
+                response = await passthrough(ctx, request, body_stream(request, settings.body_timeout))
+        except ProxyError as error:
+            response = ctx.reject(request, error, None)
+        ctx.metrics.requests.labels(request.method, str(response.status)).inc()
+        return response
+
+    async def _other_path(self, request: web.Request) -> web.StreamResponse:
+        """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the
+        client and ``--upstream`` disagree on the path (a typo?): the session it begins is relayed with no
+        resumption at all, so that is logged, once per session (the initialize that begins it)."""
+        accept = request.headers.get("Accept", "")
+        if request.method != "POST" or request.content_type != "application/json" or SSE not in accept:
+            return await passthrough(self.ctx, request, body_stream(request, self.settings.body_timeout))
+        # An MCP client's POST (it accepts SSE): read whole to look at, with the MCP endpoint's limits.
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
+        try:
+            initialize = parse_client_body(body).is_initialize
+        except ProxyError:
+            initialize = False  # not JSON-RPC: the upstream answers it
+        if initialize:
+            log.warning(
+                "initialize on %s is relayed as is, with no resumption: the MCP endpoint is %s (the path of "
+                "the upstream URL); does the client's URL or --upstream have the wrong path?",
+                request.path[:200],
+                self.ctx.upstream.mcp_path,
+            )
+        return await passthrough(self.ctx, request, body)
+
+    def _admit(self, request: web.Request) -> None:
+        """Checks every request passes before anything is read or forwarded."""
+        settings = self.settings
+        if header_bytes(request.raw_headers) > settings.max_header_bytes:
+            raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
+        # The spec's DNS-rebinding MUST (2025-11-25): a present Origin that is not allowed gets 403. Checked
+        # on every path the proxy relays (an upstream may route /MCP or /mcp/ to its endpoint too). Origin
+        # is forwarded as it came, so the upstream's own check still sees it; Host is not (the upstream gets
+        # its own authority), so the proxy checks it itself, by default with the SDKs' loopback rule.
+        origin = request.headers.get("Origin")
+        if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
+            raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
+        host = request.headers.get("Host")
+        if not host_allowed(host, self._allowed_hosts):
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+        if request.path != self.ctx.upstream.mcp_path:
+            return
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is not None and not valid_session_id(session_id):
+            raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")

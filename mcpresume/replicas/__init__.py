@@ -1,0 +1,1 @@
+"""Several replicas over one store: the hop to a session's owner, and this replica's lease."""

@@ -1,0 +1,487 @@
+"""Pumps: one task per upstream SSE stream, appending its events to the session's window.
+
+A pump's life is tied to the upstream stream, never to a client: a client that drops does not stop it
+(spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
+the response reaches the window and a re-attaching client gets it.
+
+The upstream's connection is as ephemeral as the client's. When it ends before the stream is complete (a
+2025-11-25 server closing on purpose to make clients poll, SEP-1699, or a dropped connection) and the
+upstream had sent event ids, the pump resumes it itself: GET + ``Last-Event-ID: <last upstream id>`` after
+the upstream's ``retry:`` (else ``retry_ms``), backing off, giving up after ``upstream_resume_attempts``
+attempts without progress. Upstream replays are deduplicated by upstream id. The client sees one continuous
+stream, whatever happened upstream.
+
+When a POST stream cannot be completed (no ids to resume from, the upstream refuses, attempts exhausted, an
+event too large), the pump completes it with a synthesized JSON-RPC error for each pending request id, so no
+client waits forever for an answer that cannot come.
+
+What the events mean (what to append, which requests they settle, which are replays, whether to resume and
+when) is decided without I/O by ``mcpresume.core.pump.UpstreamEvents``; a ``Pump`` reads, appends,
+waits for room, reconnects and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import aiohttp
+
+from mcpresume.core.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable, UpstreamStreamLost
+from mcpresume.core.flow import Appended, Guard, may_pass
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER
+from mcpresume.core.pump import Batch, End, UpstreamEvents, refuses_resume, resume_delay
+from mcpresume.core.session import NewEvent, PumpRecord
+from mcpresume.core.sse import SSEParser, SSERun
+from mcpresume.process.drain import HAND_OVER
+from mcpresume.process.local import LocalSessions
+from mcpresume.process.metrics import Metrics
+from mcpresume.store import Streams
+from mcpresume.streams.upstream import Upstream, UpstreamAnswer
+
+log = logging.getLogger("mcpresume.pump")
+T = TypeVar("T")
+
+# Events appended per store call, at most (and never more than the window's events, nor, for large events,
+# much more than half its bytes: ``Pump._append``). An upstream read can hold hundreds of small events;
+# appending them in slices lets a pump wait for a reading client between slices instead of evicting under
+# it. A slice of a whole window, not half of one: a store call costs about 20 us whatever it holds, and at
+# full speed a reader takes a window per write, so half-window slices made two calls where one does (one
+# stream of 256 B events: 8-12% of the proxy's CPU per event, bench.ab). The byte bound keeps what a reader
+# in the way must take within stall_timeout at about half the window's bytes when events are large.
+APPEND_SLICE: Final = 256
+# Retries of an append while the shared store is down: from this many seconds, doubling, to the second.
+OUTAGE_RETRY_MIN: Final = 0.05
+OUTAGE_RETRY_MAX: Final = 1.0
+_SSE: Final = "text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class PumpJob:
+    session_id: str
+    stream: int
+    request_ids: tuple[str | int, ...]  # the requests whose responses complete the stream (none for GET)
+    log_id: str  # a short hash of the session id: full session ids never appear in logs
+    path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
+    # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
+    resume_headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, session_id: str, stream: int, record: PumpRecord, log_id: str) -> PumpJob:
+        return cls(session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers)
+
+
+@dataclass(frozen=True, slots=True)
+class PumpSettings:
+    max_event_bytes: int
+    stall_timeout: float
+    window_events: int
+    retry_ms: int
+    resume_attempts: int
+    pause: bool = False  # overflow = pause: keep what no client received, stop reading instead
+    session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
+    store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
+    window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
+
+
+# Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
+# the standalone ones at once (they end only with the session). A constant name is also less memory than
+# asyncio's numbered default, one string per task.
+PUMP = "mcpresume-pump"
+STANDALONE_PUMP = "mcpresume-standalone-pump"
+
+
+class Pumps:
+    """Owns the pump tasks (strong references), per session, so they can be cancelled or drained."""
+
+    def __init__(self) -> None:
+        # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+
+    def spawn(
+        self, session_id: str, coro: Coroutine[Any, Any, None], *, standalone: bool = False
+    ) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=STANDALONE_PUMP if standalone else PUMP)
+        tasks = self._tasks.get(session_id)
+        if tasks is None:
+            self._tasks[session_id] = [task]
+        else:
+            tasks.append(task)
+        task.add_done_callback(functools.partial(self._forget, session_id))
+        return task
+
+    def _forget(self, session_id: str, task: asyncio.Task[None]) -> None:
+        tasks = self._tasks.get(session_id)
+        if tasks is not None and task in tasks:
+            tasks.remove(task)
+            if not tasks:
+                del self._tasks[session_id]
+
+    def cancel_session(self, session_id: str) -> None:
+        for task in list(self._tasks.get(session_id, ())):
+            task.cancel()
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tasks.values())
+
+    async def drain(self, timeout: float, *, hand_over: bool = False) -> None:
+        """Let running pumps finish for up to ``timeout`` seconds, then cancel what is left; standalone
+        pumps are not waited for (they never finish). ``hand_over``: what is left stops without ending its
+        stream, for another replica to take over."""
+        tasks = [t for ts in self._tasks.values() for t in ts]
+        finite = [t for t in tasks if t.get_name() != STANDALONE_PUMP]
+        if finite and timeout > 0:
+            await asyncio.wait(finite, timeout=timeout)
+        for task in tasks:
+            task.cancel(HAND_OVER if hand_over else None)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _holding(events: SSERun | list[NewEvent]) -> str:
+    return f"holding {len(events)} event(s) read upstream"
+
+
+class Pump:
+    """Reads one logical upstream stream, over as many upstream connections as it takes."""
+
+    # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
+    __slots__ = (
+        "_connection",
+        "_cursor_of",
+        "_duplicates",
+        "_paused_out",
+        "attempts",
+        "clock",
+        "events",
+        "failure",
+        "job",
+        "local",
+        "metrics",
+        "settings",
+        "step",
+        "store",
+        "upstream",
+        "upstream_forgot",
+    )
+
+    def __init__(
+        self,
+        job: PumpJob,
+        store: Streams,
+        local: LocalSessions,
+        metrics: Metrics,
+        upstream: Upstream,
+        clock: Callable[[], float],
+        settings: PumpSettings,
+    ) -> None:
+        self.job = job
+        self.store = store
+        self.local = local
+        self.metrics = metrics
+        self.upstream = upstream
+        self.clock = clock
+        self.settings = settings
+        # What the events mean (the pure part): what to append, what is pending, where to resume from.
+        self.events = UpstreamEvents(job.request_ids)
+        self.step = max(1, min(APPEND_SLICE, settings.window_events))
+        self.attempts = 0  # resume attempts since the last progress
+        self._paused_out = False  # overflow = pause already waited session_ttl once
+        self._duplicates = 0  # of events.duplicates, those already counted in the metrics
+        self._cursor_of: bytes | None = None  # the upstream id last handed to the store
+        self._connection: UpstreamAnswer | None = None  # the upstream connection being read
+        self.upstream_forgot = False  # a resume GET got 404: the upstream does not know the session
+        self.failure = "the upstream closed the stream before the response"
+
+    @property
+    def pending(self) -> dict[str, str | int]:
+        """The requests whose responses have not arrived yet (the core's: it settles them)."""
+        return self.events.pending
+
+    async def run(self, response: UpstreamAnswer | None) -> None:
+        """Read the stream to its end: from ``response``, or (None: a stream taken over from a pump that is
+        gone, ``restore``) by resuming it upstream first."""
+        current: UpstreamAnswer | None = response
+        try:
+            if current is None and not self.events.complete:
+                current = await self._resume()
+            while current is not None:
+                end = await self._read(current)
+                if not self.events.resumable(end):
+                    break
+                current = await self._resume()
+        except asyncio.CancelledError as exc:
+            if exc.args == (HAND_OVER,):
+                raise  # left live in the store: another replica resumes it upstream
+            self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            await self._finish(wait=False)
+            raise
+        await self._finish()
+
+    # -- one upstream connection -------------------------------------------------------------------------
+
+    async def _read(self, response: UpstreamAnswer) -> End:
+        parser = SSEParser(self.settings.max_event_bytes)
+        events = self.events  # (events.feed is not kept in a local: a bound method held per idle stream)
+        self._connection = response
+        try:
+            content = response.content
+            while chunk := await content.readany():  # not iter_any(): no iterator object per stream
+                batches = events.feed(parser.feed_batched(chunk))
+                if events.duplicates != self._duplicates:  # an upstream replay, dropped
+                    self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
+                    self._duplicates = events.duplicates
+                await self._append(batches)
+                del batches  # not held while the stream idles until its next chunk
+                if events.complete:
+                    return End.COMPLETE
+            if parser.close():
+                self.failure = "the upstream closed the stream in the middle of an event"
+            else:
+                self.failure = "the upstream closed the stream before the response"
+            return End.CLOSED
+        except EventTooLarge as exc:
+            self.failure = exc.message
+            self.metrics.upstream_errors.labels(exc.reason).inc()
+            return End.TOO_LARGE
+        except (aiohttp.ClientError, OSError) as exc:
+            self.failure = f"the upstream connection failed: {type(exc).__name__}"
+            self.metrics.upstream_errors.labels("stream_dropped").inc()
+            return End.DROPPED
+        finally:
+            self._connection = None
+            response.release()
+
+    async def _append(self, batches: list[Batch]) -> None:
+        if not batches:
+            return
+        self.attempts = 0  # progress
+        metrics, window_bytes = self.metrics, self.settings.window_bytes
+        final = batches[-1]
+        for batch in batches:
+            step = self.step
+            if window_bytes is not None and len(batch) > 1:
+                size = batch.size if isinstance(batch, SSERun) else sum(len(event.body) for event in batch)
+                if 2 * size > window_bytes:  # large events: slices of about half the window's bytes
+                    step = max(1, min(step, len(batch) * window_bytes // (2 * size)))
+            for start in range(0, len(batch), step):
+                if len(batch) <= step:
+                    part = batch
+                elif isinstance(batch, SSERun):
+                    part = batch.split(start, start + step)
+                else:
+                    part = batch[start : start + step]
+                metrics.upstream_events.inc(len(part))
+                # The upstream's last id goes with the read's last slice: a stream taken over after a crash
+                # between slices is resumed from before the slices that never reached the store.
+                await self._store(part, last=batch is final and start + step >= len(batch))
+
+    async def _store(self, events: SSERun | list[NewEvent], *, last: bool = False) -> None:
+        """Append, without evicting what an attached client has yet to receive: wait (bounded) for it to
+        read. A client that stays behind longer than stall_timeout is detached and must re-attach. With
+        overflow = pause, also wait while appending would evict what no client ever received: the pump
+        stops reading, so TCP backpressure reaches the upstream, until a client reads or session_ttl
+        passes (then it evicts from now on)."""
+        local, sid, settings = self.local, self.job.session_id, self.settings
+        pausing = settings.pause and not self._paused_out
+        put = self._put_last if last else self._put
+        guard = local.guard(sid, keep_undelivered=pausing)
+        appended = await self._held(put, events, guard)
+        refused_with = seen = guard  # the guard the append was refused with; the readers as last seen
+        if appended.blocked is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (settings.session_ttl if pausing else settings.stall_timeout)
+            while appended.blocked is not None and (remaining := deadline - loop.time()) > 0:
+                # Parked only if no reader moved since the guard was taken: with a shared store the append
+                # is a round trip, and a reader that moved meanwhile woke nobody (no lost wake-up).
+                before = seen
+                if local.guard(sid, keep_undelivered=pausing) == seen:
+                    await local.readers_moved(sid, remaining)
+                seen = local.guard(sid, keep_undelivered=pausing)
+                if seen != before and refused_with is not None and not may_pass(appended, refused_with, seen):
+                    continue  # a reader moved, not yet far enough for the append to pass: no round trip
+                refused_with = seen
+                appended = await self._held(put, events, seen)
+            if appended.blocked is not None:
+                if pausing:
+                    self._paused_out = True  # paused for session_ttl with nobody reading
+                    refused_with = local.guard(sid)
+                    appended = await self._held(put, events, refused_with)
+                if appended.blocked is not None:
+                    self._drop_lagging(appended.blocked, refused_with)  # the indexes are into that guard
+                    appended = await self._held(put, events, None)
+        self.metrics.evicted(appended.evicted)
+
+    async def _held(
+        self,
+        put: Callable[[SSERun | list[NewEvent], Guard | None], Awaitable[Appended]],
+        events: SSERun | list[NewEvent],
+        guard: Guard | None,
+    ) -> Appended:
+        """``put(events, guard)`` (``_put`` or ``_put_last``), held through an outage of the shared store
+        (``_outlast``). The first try is a plain call: no closure and no message made for every append."""
+        try:
+            return await put(events, guard)
+        except StoreUnavailable as error:
+            return await self._outlast(lambda: put(events, guard), _holding(events), error)
+
+    async def _outlast(
+        self, call: Callable[[], Awaitable[T]], what: str, first: StoreUnavailable | None = None
+    ) -> T:
+        """``call``, through an outage of the shared store: what was read from the upstream is never
+        dropped. The pump stops reading meanwhile (TCP backpressure holds the upstream) and retries, backing
+        off; after ``store_outage_grace`` it lets go of the upstream connection (the stream is resumed
+        upstream from its last id once the events held are in), and after ``session_ttl`` it gives up.
+        ``first``: the call failed once already, with that error."""
+        if first is None:
+            try:
+                return await call()
+            except StoreUnavailable as error:
+                first = error
+        loop = asyncio.get_running_loop()
+        started, delay = loop.time(), OUTAGE_RETRY_MIN
+        job = self.job
+        log.warning(
+            "session %s stream %d: the store is unavailable (%s); %s",
+            job.log_id,
+            job.stream,
+            first.message,
+            what,
+        )
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, OUTAGE_RETRY_MAX)
+            waited = loop.time() - started
+            if self._connection is not None and waited >= self.settings.store_outage_grace:
+                log.warning(
+                    "session %s stream %d: the store is still down after %.0f s; letting go of the upstream "
+                    "connection (resumed upstream from its last id once the store is back)",
+                    job.log_id,
+                    job.stream,
+                    waited,
+                )
+                self._connection.release()
+                self._connection = None
+            if waited >= self.settings.session_ttl:
+                raise first
+            try:
+                return await call()
+            except StoreUnavailable:
+                continue
+
+    def restore(self, upstream_cursor: str | None, answered: tuple[str, ...]) -> None:
+        """Take over a stream another pump read (``SessionStore.orphans``): ``run(None)`` then resumes it."""
+        self.events.restore(upstream_cursor, answered)
+        self._cursor_of = self.events.last_id
+        self.failure = "the proxy that read the upstream stream stopped"
+
+    def _put(
+        self, events: SSERun | list[NewEvent], guard: Guard | None, cursor: str | None = None
+    ) -> Awaitable[Appended]:
+        job, store = self.job, self.store
+        if isinstance(events, SSERun):
+            return store.append_run(job.session_id, job.stream, events, self.clock(), guard, cursor)
+        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor)
+
+    async def _put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+        """``_put`` for the last slice of an upstream read: with the upstream's last id, when it is new."""
+        last_id = self.events.last_id
+        if last_id is self._cursor_of:
+            return await self._put(events, guard)
+        appended = await self._put(events, guard, self.events.resume_cursor)
+        if appended.blocked is None:
+            self._cursor_of = last_id
+        return appended
+
+    def _drop_lagging(self, blocked: tuple[int, ...], guard: Guard | None) -> None:
+        if guard is None:
+            return
+        dropped = self.local.drop_readers(self.job.session_id, [guard.tokens[i] for i in blocked])
+        if dropped:
+            self.metrics.backpressure_detaches.inc(dropped)
+            log.info(
+                "session %s stream %d: %d client view(s) fell behind by stall_timeout",
+                self.job.log_id,
+                self.job.stream,
+                dropped,
+            )
+
+    # -- resuming upstream -------------------------------------------------------------------------------
+
+    async def _resume(self) -> UpstreamAnswer | None:
+        """Reconnect with the last upstream id; None when the stream cannot be resumed."""
+        outcomes = self.metrics.upstream_resumptions
+        cursor = self.events.resume_cursor
+        if cursor is None:
+            self.failure += ", and sent no event ids to resume from"
+            outcomes.labels("not_resumable").inc()
+            return None
+        headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
+        while self.attempts < self.settings.resume_attempts:
+            retry_ms = self.events.retry_ms
+            await asyncio.sleep(
+                resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
+            )
+            self.attempts += 1
+            try:
+                response = await self.upstream.open_get(self.job.path_qs, headers)
+            except BadRequest as error:  # the upstream's own id cannot be sent back: retrying cannot help
+                self.failure = f"resuming the upstream stream failed: {error.message}"
+                outcomes.labels("refused").inc()
+                return None
+            except ProxyError as error:
+                self.failure = f"resuming the upstream stream failed: {error.message}"
+                continue
+            if response.status == 200 and response.content_type == _SSE:
+                self.events.resumed()  # from now on, what the upstream replays is dropped
+                outcomes.labels("resumed").inc()
+                log.info(
+                    "session %s stream %d: upstream stream resumed after %s",
+                    self.job.log_id,
+                    self.job.stream,
+                    cursor,
+                )
+                return response
+            status = response.status
+            response.release()
+            self.upstream_forgot = status == 404
+            self.failure = f"the upstream answered {status} to resuming its stream"
+            if refuses_resume(status):
+                outcomes.labels("refused").inc()
+                return None
+        self.failure += f" (gave up after {self.attempts} attempts)"
+        outcomes.labels("exhausted").inc()
+        return None
+
+    # -- the end -----------------------------------------------------------------------------------------
+
+    async def _finish(self, *, wait: bool = True) -> None:
+        """Answer the pending requests with an error, and end the stream. ``wait``: the errors wait for
+        room as every append does (overflow = pause: they must not evict what no client was sent either);
+        not once the proxy stopped the pump, nor past a cancel of that wait."""
+        job = self.job
+        items: list[NewEvent] = []
+        if self.pending:
+            log.warning(
+                "session %s stream %d: %s; answering %d request(s) with an error",
+                job.log_id,
+                job.stream,
+                self.failure,
+                len(self.pending),
+            )
+            items = self.events.unanswered(self.failure)
+            self.metrics.synthesized_errors.labels(UpstreamStreamLost.reason).inc(len(items))
+        stored = False
+        try:
+            if items and wait:
+                await self._store(items)
+                stored = True
+        finally:
+            if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
+                await self._put(items, None)
+            end = functools.partial(self.store.end_stream, job.session_id, job.stream, self.clock())
+            await (self._outlast(end, "ending the stream") if wait else end())

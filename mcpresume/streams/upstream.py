@@ -1,0 +1,214 @@
+"""The client side: one pooled aiohttp session to the upstream, and held GETs (``streams/heldget.py``) for the
+long-lived GET streams, with errors mapped into our tree."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, Protocol, TypeVar
+
+import aiohappyeyeballs
+import aiohttp
+import h11
+from aiohttp.http_exceptions import ContentEncodingError
+from multidict import CIMultiDictProxy
+from yarl import URL
+
+from mcpresume.core.errors import (
+    BadRequest,
+    BodyTimeout,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from mcpresume.streams.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
+
+# Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
+HAPPY_EYEBALLS: Final = 0.25
+E = TypeVar("E", bound=BaseException)
+
+
+def caused_by(exc: BaseException, kind: type[E]) -> E | None:
+    """The exception of type ``kind`` in ``exc``'s chain of causes (aiohttp wraps what failed)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, kind):
+            return cause
+        cause = cause.__cause__
+    return None
+
+
+def bad_encoding(encoding: str | None) -> UpstreamBadResponse:
+    named = f" ({encoding[:40]!r})" if encoding else ""
+    return UpstreamBadResponse(
+        f"the upstream answered in a content encoding{named} the proxy did not ask for and cannot read",
+        **({"content_encoding": encoding[:40]} if encoding else {}),
+    )
+
+
+class BodyReader(Protocol):
+    def readany(self) -> Awaitable[bytes]: ...  # what arrived since the last read; b"" at the end
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+
+
+class UpstreamAnswer(Protocol):
+    """What the proxy reads of an upstream answer: an ``aiohttp.ClientResponse``, or a ``HeldGet``."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def content_length(self) -> int | None: ...
+    @property
+    def content(self) -> BodyReader: ...
+    def release(self) -> Any: ...
+
+
+class Upstream:
+    """Where requests go: the upstream's origin, and its MCP endpoint path."""
+
+    def __init__(self, url: str, *, connect_timeout: float, first_byte_timeout: float) -> None:
+        self.url = URL(url)
+        self.origin = self.url.origin()
+        self.origin_url = str(self.origin)
+        self.mcp_path = self.url.path or "/"
+        self.connect_timeout = connect_timeout
+        self.first_byte_timeout = first_byte_timeout
+        self._session: aiohttp.ClientSession | None = None
+        # Held GETs connect themselves: to the origin's host and port, with TLS verified for https.
+        self._host = self.url.raw_host or ""
+        self._port = self.url.port or (443 if self.url.scheme == "https" else 80)
+        self._authority = self.url.host_port_subcomponent or self._host
+        self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            # No total timeout: SSE streams live as long as their request (handshake era) or session.
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None),
+            # Bodies pass through as bytes (content-encoding is the client's and the upstream's business),
+            # except those the proxy reads (request(decoded=True)).
+            auto_decompress=False,
+            # Upstream cookies belong to the client, not to the proxy's shared session.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        data: bytes | AsyncIterable[bytes] | None,
+        *,
+        decoded: bool = False,
+    ) -> aiohttp.ClientResponse:
+        """Send a request; returns once the upstream's headers arrived. Raises ``UpstreamUnreachable`` or
+        ``UpstreamTimeout``. The caller owns the response and must release it.
+
+        ``decoded``: the answer is read as it is meant, not as bytes to pass on (the proxy re-frames it):
+        ``Accept-Encoding: identity`` is asked, and a body the upstream compresses anyway (gzip, deflate)
+        is decompressed; its ``Content-Encoding`` and ``Content-Length`` then describe bytes nobody gets.
+        Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        if decoded:
+            headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                response = await self._session.request(
+                    method,
+                    self.origin.join(URL(path_qs, encoded=True)),
+                    headers=list(headers),
+                    data=data,
+                    allow_redirects=False,  # redirects are the client's to follow, with its own policy
+                    auto_decompress=decoded,
+                )
+        except aiohttp.ConnectionTimeoutError:
+            raise self._connect_timed_out() from None
+        except TimeoutError:
+            raise self._head_timed_out() from None
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            if caused_by(exc, ContentEncodingError):  # an encoding aiohttp knows but cannot decode (br)
+                raise bad_encoding(None) from None
+            timed_out = caused_by(exc, BodyTimeout)  # the client's body, streamed upstream, stopped coming
+            if timed_out is not None:
+                raise timed_out from None
+            raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if decoded and encoding not in DECODABLE:
+            response.release()
+            raise bad_encoding(encoding)
+        return response
+
+    async def open_get(
+        self, path_qs: str, headers: Sequence[tuple[str, str]], on_sent: Callable[[], None] | None = None
+    ) -> HeldGet:
+        """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
+        connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
+        answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``on_sent``
+        is called once the request is written to the connection."""
+        try:
+            held = HeldGet(self._authority, path_qs, headers, on_sent)
+        except h11.LocalProtocolError:
+            # Not the value in the message: it may be a credential, and this message reaches logs.
+            raise BadRequest(
+                "the request cannot be forwarded: a header value HTTP/1.1 does not allow (a control "
+                "character, or surrounding whitespace)"
+            ) from None
+        try:
+            try:
+                async with asyncio.timeout(self.first_byte_timeout):
+                    await self._connect(held)
+                    await held.head()
+            except TimeoutError:
+                raise self._head_timed_out() from None
+            except UnreadableEncoding as exc:
+                raise UpstreamBadResponse(str(exc)) from None
+            except OSError as exc:  # reset, closed before the head, or not HTTP/1.1 (NotHTTP11)
+                raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
+        except BaseException:
+            held.release()
+            raise
+        return held
+
+    async def _connect(self, held: HeldGet) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                # The addresses raced as aiohttp's connector does (uvloop's create_connection has no
+                # happy_eyeballs_delay), then the connected socket handed to the loop.
+                addresses = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+                sock = await aiohappyeyeballs.start_connection(
+                    addresses, happy_eyeballs_delay=HAPPY_EYEBALLS, interleave=1
+                )
+                server_hostname = self._host if self._ssl is not None else None
+                await loop.create_connection(
+                    lambda: held, sock=sock, ssl=self._ssl, server_hostname=server_hostname
+                )
+        except TimeoutError:
+            raise self._connect_timed_out() from None
+        except OSError as exc:
+            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}") from None
+
+    def _connect_timed_out(self) -> UpstreamUnreachable:
+        return UpstreamUnreachable(f"cannot connect to the upstream within {self.connect_timeout} s")
+
+    def _head_timed_out(self) -> UpstreamTimeout:
+        return UpstreamTimeout(
+            f"upstream sent no response headers within {self.first_byte_timeout} s",
+            timeout=self.first_byte_timeout,
+        )
