@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from mcpresume.core.sse import frame_body
+from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, running_proxy
 from tests.support.scripted import initialize_answer
@@ -360,8 +361,8 @@ async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
         assert b"Connection: close" in head
         error = orjson.loads(body)["error"]
         assert error["data"] == {"reason": "too_many_connections", "limit": 8}
-        assert proxy.ctx.metrics.refused_connections.labels("refused")._value.get() == 1
-        assert proxy.ctx.metrics.client_connections._value.get() == 8
+        assert sample(proxy.ctx.metrics, "mcpresume_refused_connections_total", how="refused") == 1
+        assert sample(proxy.ctx.metrics, "mcpresume_client_connections") == 8
         idle.pop()[1].close()  # room for one
         await until(lambda: proxy.connections.open == 7, what="a connection counted closed")
         async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
@@ -388,7 +389,7 @@ async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(ser
         closed = [await _eof_or_answer(reader) == b"" for reader, _ in slow[:22]]
         assert closed == [True] * 22  # the oldest 22, in order of arrival
         assert not any(reader.at_eof() for reader, _ in slow[22:])
-        assert proxy.ctx.metrics.refused_connections.labels("evicted")._value.get() == 22
+        assert sample(proxy.ctx.metrics, "mcpresume_refused_connections_total", how="evicted") == 22
         served[1].write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # still open, still served
         assert (await served[0].readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
         for _, writer in [served, *slow]:

@@ -21,7 +21,7 @@ import mcpresume
 from mcpresume.daemon.app import reap_once
 from mcpresume.process.local import LocalSessions
 from tests.support.poll import until
-from tests.support.proxy import ManualClock, collect, running_proxy
+from tests.support.proxy import ManualClock, collect, memory_session, running_proxy
 from tests.support.scripted import catch_all, initialize_answer
 
 SESSION = "review-session-1"
@@ -192,7 +192,7 @@ async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> N
         # The proxy gives up on the upstream (first_byte_timeout): the request ends in UpstreamTimeout,
         # which on the non-abandoned path releases the claim.
         await asyncio.wait_for(upstream.abandoned.setdefault(2, asyncio.Event()).wait(), 5)
-        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        session = memory_session(proxy.ctx.store, SESSION)
         await until(lambda: session.in_flight == 0, timeout=2.0)
         async with http.post(proxy.url, data=call(3, "json"), headers=in_session()) as response:
             assert response.status == 200
@@ -230,7 +230,7 @@ async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(
         await initialize(http, proxy.url)
         cursor = await drop_after_first_progress(http, proxy.url, 2)
         upstream.gate(2).set()
-        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        session = memory_session(proxy.ctx.store, SESSION)
         await until(lambda: not any(s.live for s in session.streams.values()), timeout=5.0)
         headers = in_session(**{"Last-Event-ID": cursor})
         async with http.post(proxy.url, data=call(3, "slow"), headers=headers) as response:
@@ -259,7 +259,7 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
     clock = ManualClock()
     async with running_proxy(upstream_url, clock=clock, session_ttl=10.0, drain_timeout=0.5) as proxy:
         await initialize(http, proxy.url)
-        session = proxy.ctx.store._sessions[SESSION]  # type: ignore[attr-defined]
+        session = memory_session(proxy.ctx.store, SESSION)
         async with http.get(proxy.url, headers=in_session()) as response:
             assert response.status == 200
             await collect(response, limit=0)  # the priming event; then the client goes away for good
@@ -282,7 +282,9 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
 
 # Regression: Pump._make_room pauses up to session_ttl before EVERY append slice once the window is full of
 # undelivered events: a stream whose client left is read one slice per session_ttl, holding the upstream
-# request and keeping the session from expiring for (events / slice) x session_ttl
+# request and keeping the session from expiring for (events / slice) x session_ttl. Counted, not timed: a
+# pause ends with a wait for readers that times out (``LocalSessions.readers_moved`` resolves False, never
+# before its deadline), so the fixed pump's stream ends after one such wait, the bug's after ~19.
 async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
     from tests.support.scripted import SESSION as SCRIPTED
     from tests.support.scripted import ScriptedUpstream
@@ -293,16 +295,26 @@ async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
     async with running_proxy(
         url, overflow="pause", window_events=2, session_ttl=0.5, drain_timeout=0.5
     ) as proxy:
+        local = proxy.ctx.local
+        waits_timed_out: list[float] = []
+        readers_moved = local.readers_moved
+
+        async def counted(session_id: str, timeout: float) -> bool:
+            moved = await readers_moved(session_id, timeout)
+            if not moved:
+                waits_timed_out.append(timeout)
+            return moved
+
+        local.readers_moved = counted  # type: ignore[method-assign]
         async with http.post(proxy.url, data=call(1, "initialize"), headers=HEADERS) as r:
             await r.read()
         headers = {**HEADERS, "Mcp-Session-Id": SCRIPTED}
         async with http.post(proxy.url, data=call(2, "tools/call"), headers=headers) as response:
             await collect(response, limit=0)  # the priming event; the client leaves
-        store = proxy.ctx.store
-        session = store._sessions[SCRIPTED]  # type: ignore[attr-defined]
-        # After one pause of session_ttl the pump should read on (evicting): 21 events in well under 4 s.
-        # With the bug it pauses ~19 times: ~9.5 s.
-        await until(lambda: not any(s.live for s in session.streams.values()), timeout=4.0)
+        session = memory_session(proxy.ctx.store, SCRIPTED)
+        await until(lambda: not any(s.live for s in session.streams.values()), timeout=30.0)  # a hang guard
+        assert len(waits_timed_out) == 1  # one pause of session_ttl, then read on (evicting): 21 events
+        assert upstream.posts == 2  # the call was read once, to its end
 
 
 # -- 9. Two cursor-less GETs at once open two upstream GETs -----------------------------------------------

@@ -53,8 +53,10 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_stream_is_busy(
                 return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
         second = asyncio.ensure_future(second_call())
-        parked = proxy.ctx.local._moved  # pumps waiting for room
-        await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
+        local = proxy.ctx.local
+        await until(
+            lambda: second.done() or local.waiting_pumps() > 0, timeout=TIMEOUT, what="a pause (or the end)"
+        )
         headers = client.headers(**{"Last-Event-ID": cursor})
         async with http.get(client.url, headers=headers) as response:
             assert response.status == 200  # 409 cursor_out_of_window when the second call evicted them
@@ -92,8 +94,10 @@ async def test_pause_keeps_a_streams_unsent_result_while_another_streams_error_i
                 return [orjson.loads(e.data) for e in await collect(response) if e.data]
 
         second = asyncio.ensure_future(second_call())
-        parked = proxy.ctx.local._moved  # pumps waiting for room
-        await until(lambda: second.done() or len(parked) > 0, timeout=TIMEOUT, what="a pause (or the end)")
+        local = proxy.ctx.local
+        await until(
+            lambda: second.done() or local.waiting_pumps() > 0, timeout=TIMEOUT, what="a pause (or the end)"
+        )
         headers = client.headers(**{"Last-Event-ID": cursor})
         async with http.get(client.url, headers=headers) as response:
             assert response.status == 200  # 409 cursor_out_of_window when the error evicted them

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.metrics import sample
-from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.proxy import ScriptedClient, collect, error_of, memory_session, running_proxy
 from tests.support.relay import CuttingRelay
 from tests.support.scripted import SESSION, ScriptedUpstream, catch_all, initialize_answer, random_drops
 from tests.support.sdk import count_slowly, sdk_session
@@ -268,7 +268,7 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
             async with http.post(client.url, data=body, headers=client.headers()) as response:
                 await collect(response)
             stream = int(last.split("-")[1])
-            assert stream not in proxy.ctx.store._sessions[client.session_id].streams  # type: ignore[attr-defined]
+            assert stream not in memory_session(proxy.ctx.store, client.session_id).streams
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
                 assert response.status == 409
                 assert (await error_of(response))["data"]["reason"] == "cursor_out_of_window"

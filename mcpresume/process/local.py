@@ -214,6 +214,10 @@ class LocalSessions:
         readers = self._readers.get(session_id)
         return 0 if readers is None else readers.drop(tokens)
 
+    def waiting_pumps(self) -> int:
+        """How many pumps wait for a reader to move (``readers_moved``), over every session."""
+        return len(self._moved)
+
     def readers_moved(self, session_id: str, timeout: float) -> Awaitable[bool]:
         """Resolves at the next move or removal of a reader of the session (True), or after ``timeout``."""
         return self._moved.park(session_id, timeout)

@@ -1,7 +1,8 @@
 """The in-memory session store: the embedded default, one process, no dependencies.
 
 Every method runs without an ``await`` between reading and changing state, so within one event loop each
-call is atomic; waiters park on per-session futures that the matching changes resolve.
+call is atomic. Nothing waits in the store: it tells the news callback (``set_news``) of every change, and
+those who wait park in ``process.local``.
 
 Besides each session's own window, the store keeps the total bytes held by all windows under
 ``max_total_bytes``: over it, the windows of idle sessions (no client attached), least recently active
@@ -258,6 +259,11 @@ class MemoryStore:
 
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
+
+    def session(self, session_id: str) -> SessionState | None:
+        """The live state of a session, to inspect (never to change: every change goes through the port's
+        methods)."""
+        return self._sessions.get(session_id)
 
     def _incarnation(self, session_id: str, epoch: str | None) -> SessionState | None:
         """The session, if it is the incarnation ``epoch`` (any, when None)."""

@@ -9,12 +9,24 @@ from typing import Any
 import aiohttp
 import orjson
 
+from mcpresume.core.session import SessionState
 from mcpresume.core.sse import SSEEvent
 from mcpresume.daemon.app import RunningProxy, start_proxy
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from mcpresume.process.config import load_settings
+from mcpresume.store import SessionStore
+from mcpresume.store.memory import MemoryStore
 
-__all__ = ["ManualClock", "ScriptedClient", "collect", "error_of", "reattach", "running_proxy", "sse_events"]
+__all__ = [
+    "ManualClock",
+    "ScriptedClient",
+    "collect",
+    "error_of",
+    "memory_session",
+    "reattach",
+    "running_proxy",
+    "sse_events",
+]
 
 
 class ManualClock:
@@ -28,6 +40,14 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def memory_session(store: SessionStore, session_id: str) -> SessionState:
+    """A session of a proxy's memory store, as it is now (``MemoryStore.session``, the inspection door)."""
+    assert isinstance(store, MemoryStore), "the session's state is inspected on the memory store"
+    session = store.session(session_id)
+    assert session is not None, "the session is not in the store"
+    return session
 
 
 @contextlib.asynccontextmanager
