@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from mcpresume.daemon.app import reap_once
 from tests.conftest import ServeApp
+from tests.support import playbook as pb
+from tests.support.playbook import Playbook
 from tests.support.proxy import ManualClock, ScriptedClient, collect, error_of, running_proxy
-from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
+from tests.support.scripted import ScriptedUpstream
 
 
 @pytest.fixture
@@ -59,56 +59,17 @@ async def test_a_request_resent_after_the_session_was_reaped_is_404_and_not_run_
         assert upstream.posts == posts and upstream.gets == []
 
 
-@dataclass
-class GatedUpstream:
-    """Holds each tools/call's answer until the test opens its gate; then streams it with the upstream's own
-    event ids. Session ids come from ``session_ids`` in turn (the same one twice: a re-issued id)."""
-
-    session_ids: list[str] = field(default_factory=lambda: ["gated-session"])
-    gates: dict[str, asyncio.Event] = field(default_factory=dict)  # by the call's "text" argument
-    arrived: dict[str, asyncio.Event] = field(default_factory=dict)
-    calls: list[str] = field(default_factory=list)
-    standalone_gate: asyncio.Event = field(default_factory=asyncio.Event)
-    standalone_arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def app(self) -> web.Application:
-        return catch_all(self.handle)
-
-    def gate(self, text: str) -> asyncio.Event:
-        return self.gates.setdefault(text, asyncio.Event())
-
-    def arrival(self, text: str) -> asyncio.Event:
-        return self.arrived.setdefault(text, asyncio.Event())
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "DELETE":
-            return web.Response(status=200)
-        if request.method == "GET":
-            self.standalone_arrived.set()
-            await self.standalone_gate.wait()
-            return await self.sse(request, [b'{"jsonrpc":"2.0","method":"notifications/x"}'])
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, self.session_ids.pop(0), "gated")
-        if "id" not in message:
-            return web.Response(status=202)
-        text = message["params"]["arguments"]["text"]
-        self.calls.append(text)
-        self.arrival(text).set()
-        await self.gate(text).wait()
-        result = {
-            "jsonrpc": "2.0",
-            "id": message["id"],
-            "result": {"content": [{"type": "text", "text": text}]},
-        }
-        return await self.sse(request, [orjson.dumps(result)])
-
-    async def sse(self, request: web.Request, messages: list[bytes]) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for k, data in enumerate(messages, 1):
-            await response.write(f"id: UPSTREAM-INTERNAL-ID-{k}\ndata: ".encode() + data + b"\n\n")
-        return response
+def gated_upstream(*session_ids: str) -> Playbook:
+    """Holds each tools/call's answer (before its head) at the gate of its ``text`` argument until the test
+    opens it; then streams it with the upstream's own event ids. The standalone GET is held at the gate
+    ``standalone`` likewise. Session ids come from ``session_ids`` in turn (the same one twice: a re-issued
+    id)."""
+    upstream = Playbook(session_ids=list(session_ids) or ["gated-session"])
+    answer = pb.sse(pb.event(pb.result(pb.echo), id="UPSTREAM-INTERNAL-ID-1"))
+    upstream.on("tools/call", pb.held(pb.by_text, answer))
+    note = pb.sse(pb.event(pb.notification("notifications/x"), id="UPSTREAM-INTERNAL-ID-1"))
+    upstream.on(None, pb.held("standalone", note), http="GET")
+    return upstream
 
 
 def call(client: ScriptedClient, text: str, request_id: int | None = None) -> tuple[int, bytes]:
@@ -125,16 +86,16 @@ def call(client: ScriptedClient, text: str, request_id: int | None = None) -> tu
 async def test_a_post_answered_after_the_sessions_delete_is_404_not_relayed_raw(
     http: aiohttp.ClientSession, serve: ServeApp
 ) -> None:
-    upstream = GatedUpstream()
+    upstream = gated_upstream()
     async with running_proxy(await serve(upstream.app())) as proxy:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
         _, body = call(client, "late")
         pending = asyncio.ensure_future(http.post(proxy.url, data=body, headers=client.headers()))
-        await upstream.arrival("late").wait()  # forwarded; its answer is held upstream
+        await upstream.arrived("late").wait()  # forwarded; its answer is held upstream
         async with http.delete(proxy.url, headers=client.headers()) as response:
             assert response.status == 200
-        upstream.gate("late").set()
+        upstream.open("late")
         async with await pending as response:
             assert response.status == 404
             raw = await response.read()
@@ -145,15 +106,15 @@ async def test_a_post_answered_after_the_sessions_delete_is_404_not_relayed_raw(
 async def test_a_standalone_get_opened_after_the_sessions_delete_is_404_not_relayed_raw(
     http: aiohttp.ClientSession, serve: ServeApp
 ) -> None:
-    upstream = GatedUpstream()
+    upstream = gated_upstream()
     async with running_proxy(await serve(upstream.app())) as proxy:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
         pending = asyncio.ensure_future(http.get(proxy.url, headers=client.headers()))
-        await upstream.standalone_arrived.wait()
+        await upstream.arrived("standalone").wait()
         async with http.delete(proxy.url, headers=client.headers()) as response:
             assert response.status == 200
-        upstream.standalone_gate.set()
+        upstream.open("standalone")
         async with await pending as response:
             assert response.status == 404
             raw = await response.read()
@@ -163,26 +124,29 @@ async def test_a_standalone_get_opened_after_the_sessions_delete_is_404_not_rela
 async def test_a_request_in_flight_when_the_session_id_is_reissued_never_reaches_the_new_incarnation(
     http: aiohttp.ClientSession, serve: ServeApp
 ) -> None:
-    upstream = GatedUpstream(session_ids=["reissued", "reissued"])
+    upstream = gated_upstream("reissued", "reissued")
     async with running_proxy(await serve(upstream.app())) as proxy:
         first = ScriptedClient(http, proxy.url)
         await first.initialize()
         _, body = call(first, "the first client's answer", request_id=7)
         pending = asyncio.ensure_future(http.post(proxy.url, data=body, headers=first.headers()))
-        await upstream.arrival("the first client's answer").wait()  # waiting for its headers
+        await upstream.arrived("the first client's answer").wait()  # waiting for its headers
         second = ScriptedClient(http, proxy.url)
         await second.initialize()  # the upstream hands out the same session id: a new incarnation
         assert second.session_id == first.session_id
-        upstream.gate("the first client's answer").set()
+        upstream.open("the first client's answer")
         async with await pending as response:  # its incarnation ended: answered as a gone session's request
             assert response.status == 404
             assert b"UPSTREAM-INTERNAL-ID" not in await response.read()
         # The new incarnation starts with no claims: its request 7 is forwarded, and answered with its own.
-        upstream.gate("the second client's answer").set()
+        upstream.open("the second client's answer")
         _, body = call(second, "the second client's answer", request_id=7)
         async with http.post(proxy.url, data=body, headers=second.headers()) as response:
             assert response.status == 200
             events = await collect(response)
         result = orjson.loads(events[-1].data)["result"]
         assert result["content"][0]["text"] == "the second client's answer"
-        assert upstream.calls == ["the first client's answer", "the second client's answer"]
+        assert [seen.text for seen in upstream.requests("tools/call")] == [
+            "the first client's answer",
+            "the second client's answer",
+        ]

@@ -1,14 +1,13 @@
 """Regressions of review findings: each test is named after a bug a review found, and fails if it returns.
 
-The upstream here is a small aiohttp app whose timing the test controls with gates (asyncio.Event), so
-nothing depends on fixed sleeps: waits are bounded polls with a deadline.
+The upstream here is a playbook (``tests/support/playbook.py``) whose timing the test controls with gates,
+so nothing depends on fixed sleeps: waits are bounded polls with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,10 @@ from aiohttp import web
 import mcpresume
 from mcpresume.daemon.app import reap_once
 from mcpresume.process.local import LocalSessions
+from tests.support import playbook as pb
+from tests.support.playbook import Playbook
 from tests.support.poll import until
 from tests.support.proxy import ManualClock, collect, memory_session, running_proxy
-from tests.support.scripted import catch_all, initialize_answer
 
 SESSION = "review-session-1"
 HEADERS = {
@@ -32,63 +32,36 @@ HEADERS = {
 }
 
 
-@dataclass
-class GatedUpstream:
-    """``slow``: SSE, one progress event (with an upstream id), then waits on its gate, then the response.
-    ``json``: an application/json response. ``hang``: never sends headers (records that it was reached and
-    when the proxy gave up on it). ``fail``: a 500 with a JSON-RPC error body."""
+def gated_upstream() -> Playbook:
+    """The upstream of these regressions: a request streams one progress event (with the upstream's own
+    event id), waits at the gate of its request id, then sends its response; ``json`` is answered
+    application/json, ``fail`` with a 500 and a JSON-RPC error, ``hang`` never (``arrived``/``left`` at its
+    id's gate). The standalone GET is open and quiet (a test that sends on it calls ``standalone``)."""
+    upstream = Playbook(session_ids=[SESSION])
+    upstream.on(
+        None,
+        pb.sse(
+            pb.event(pb.progress(1), id=lambda seen: f"u{seen.id}-1"),
+            pb.wait(pb.by_id),
+            pb.event(pb.result(), id=lambda seen: f"u{seen.id}-2"),
+        ),
+        when=lambda seen: seen.id is not None,
+    )
+    upstream.on("initialize", pb.initialize())
+    upstream.on("json", pb.reply(pb.result({"json": True})))
+    upstream.on("fail", pb.reply(pb.error(-32603, "boom"), status=500))
+    upstream.on("hang", pb.never(pb.by_id))
+    standalone(upstream)
+    return upstream
 
-    gates: dict[int, asyncio.Event] = field(default_factory=dict)
-    reached: dict[int, asyncio.Event] = field(default_factory=dict)
-    abandoned: dict[int, asyncio.Event] = field(default_factory=dict)
-    calls: list[tuple[str, int]] = field(default_factory=list)
-    pushes: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)  # notifications for the GET stream
-    gets: int = 0  # standalone GETs received
-    get_gate: asyncio.Event | None = None  # when set up, a standalone GET's headers wait for it
 
-    def gate(self, request_id: int) -> asyncio.Event:
-        return self.gates.setdefault(request_id, asyncio.Event())
-
-    def app(self) -> web.Application:
-        return catch_all(self.handle)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "GET" and "Last-Event-ID" not in request.headers:
-            self.gets += 1
-            if self.get_gate is not None:
-                await self.get_gate.wait()
-            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await stream.prepare(request)
-            while True:
-                await stream.write(b"data: " + await self.pushes.get() + b"\n\n")
-        if request.method != "POST":
-            return web.Response(status=405)
-        message = orjson.loads(await request.read())
-        method, request_id = message.get("method"), message.get("id")
-        if request_id is None:
-            return web.Response(status=202)
-        self.calls.append((method, request_id))
-        if method == "initialize":
-            return initialize_answer(message, SESSION, "g")
-        if method == "json":
-            return web.json_response({"jsonrpc": "2.0", "id": request_id, "result": {"json": True}})
-        if method == "fail":
-            body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "boom"}}
-            return web.json_response(body, status=500)
-        if method == "hang":
-            self.reached.setdefault(request_id, asyncio.Event()).set()
-            try:
-                await asyncio.Event().wait()
-            finally:
-                self.abandoned.setdefault(request_id, asyncio.Event()).set()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
-        await response.write(b"id: u%d-1\ndata: " % request_id + orjson.dumps(progress) + b"\n\n")
-        await self.gate(request_id).wait()
-        done = {"jsonrpc": "2.0", "id": request_id, "result": {"done": True}}
-        await response.write(b"id: u%d-2\ndata: " % request_id + orjson.dumps(done) + b"\n\n")
-        return response
+def standalone(upstream: Playbook, *, held_at: str | None = None) -> asyncio.Queue[bytes]:
+    """The standalone GET streams what the test puts in the queue returned (``held_at``: its head waits at
+    that gate first)."""
+    pushes: asyncio.Queue[bytes] = asyncio.Queue()
+    answer = pb.sse(pb.each(pushes))
+    upstream.on(None, answer if held_at is None else pb.held(held_at, answer), http="GET")
+    return pushes
 
 
 def call(request_id: int, method: str) -> bytes:
@@ -134,12 +107,11 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture
 async def gated(
     serve: Callable[[web.Application], Awaitable[str]],
-) -> AsyncIterator[tuple[GatedUpstream, str]]:
-    upstream = GatedUpstream()
+) -> AsyncIterator[tuple[Playbook, str]]:
+    upstream = gated_upstream()
     url = await serve(upstream.app())
     yield upstream, url
-    for gate in upstream.gates.values():
-        gate.set()
+    upstream.open_all()
 
 
 # -- 1. POST + Last-Event-ID drops the new request's JSON answer ---
@@ -152,12 +124,12 @@ async def test_post_with_cursor_keeps_a_json_answer(http, gated) -> None:
     async with running_proxy(upstream_url) as proxy:
         await initialize(http, proxy.url)
         cursor = await drop_after_first_progress(http, proxy.url, 2)
-        upstream.gate(2).set()  # the old request completes while the client is away
+        upstream.open("2")  # the old request completes while the client is away
         headers = in_session(**{"Last-Event-ID": cursor})
         async with http.post(proxy.url, data=call(3, "json"), headers=headers) as response:
             assert response.status == 200
             events = await collect(response)
-        assert ("json", 3) in upstream.calls  # the upstream ran request 3 ...
+        assert 3 in [seen.id for seen in upstream.requests("json")]  # the upstream ran request 3 ...
         assert sorted(response_ids(events)) == [2, 3]  # ... so its answer must reach the client
 
 
@@ -168,7 +140,7 @@ async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
     async with running_proxy(upstream_url) as proxy:
         await initialize(http, proxy.url)
         cursor = await drop_after_first_progress(http, proxy.url, 2)
-        upstream.gate(2).set()
+        upstream.open("2")
         headers = in_session(**{"Last-Event-ID": cursor})
         async with http.post(proxy.url, data=call(3, "fail"), headers=headers) as response:
             body = await response.read()
@@ -187,11 +159,11 @@ async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> N
         await initialize(http, proxy.url)
         # The client sends a request and leaves while the proxy still waits for the upstream's headers.
         post = asyncio.ensure_future(http.post(proxy.url, data=call(2, "hang"), headers=in_session()))
-        await asyncio.wait_for(upstream.reached.setdefault(2, asyncio.Event()).wait(), 5)
+        await asyncio.wait_for(upstream.arrived("2").wait(), 5)
         post.cancel()
         # The proxy gives up on the upstream (first_byte_timeout): the request ends in UpstreamTimeout,
         # which on the non-abandoned path releases the claim.
-        await asyncio.wait_for(upstream.abandoned.setdefault(2, asyncio.Event()).wait(), 5)
+        await asyncio.wait_for(upstream.left("2").wait(), 5)
         session = memory_session(proxy.ctx.store, SESSION)
         await until(lambda: session.in_flight == 0, timeout=2.0)
         async with http.post(proxy.url, data=call(3, "json"), headers=in_session()) as response:
@@ -229,7 +201,7 @@ async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(
     async with running_proxy(upstream_url, clock=clock, window_ttl=10.0) as proxy:
         await initialize(http, proxy.url)
         cursor = await drop_after_first_progress(http, proxy.url, 2)
-        upstream.gate(2).set()
+        upstream.open("2")
         session = memory_session(proxy.ctx.store, SESSION)
         await until(lambda: not any(s.live for s in session.streams.values()), timeout=5.0)
         headers = in_session(**{"Last-Event-ID": cursor})
@@ -245,7 +217,7 @@ async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(
                     # every event so far leaves the window by TTL (all of them were delivered).
                     clock.advance(11.0)
                     await reap_once(proxy.ctx)
-                    upstream.gate(3).set()
+                    upstream.open("3")
         assert response_ids(events) == [2, 3]
 
 
@@ -256,6 +228,7 @@ async def test_post_with_cursor_view_survives_the_old_stream_leaving_the_window(
 # a session whose client left is never reaped while its standalone GET stream carries server messages
 async def test_session_without_client_expires_despite_standalone_traffic(http, gated) -> None:
     upstream, upstream_url = gated
+    pushes = standalone(upstream)
     clock = ManualClock()
     async with running_proxy(upstream_url, clock=clock, session_ttl=10.0, drain_timeout=0.5) as proxy:
         await initialize(http, proxy.url)
@@ -270,7 +243,7 @@ async def test_session_without_client_expires_despite_standalone_traffic(http, g
             if not await proxy.ctx.store.has_session(SESSION):
                 break  # reaped: its pump was cancelled, nothing more reaches it
             before = session.version
-            upstream.pushes.put_nowait(note)
+            pushes.put_nowait(note)
             await until(lambda before=before: session.version != before, timeout=5.0)
             await reap_once(proxy.ctx)
         # 18 s with no client and no POST stream, session_ttl = 10 s: the session must be gone.
@@ -326,7 +299,7 @@ async def test_pause_gives_up_after_session_ttl_once(http, serve) -> None:
 # to that client)
 async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) -> None:
     upstream, upstream_url = gated
-    upstream.get_gate = asyncio.Event()
+    pushes = standalone(upstream, held_at="get")
     async with running_proxy(upstream_url, drain_timeout=0.5) as proxy:
         await initialize(http, proxy.url)
 
@@ -336,22 +309,22 @@ async def test_concurrent_cursorless_gets_share_one_upstream_get(http, gated) ->
                 return await collect(response, limit=1)
 
         first = asyncio.ensure_future(view())
-        await until(lambda: upstream.gets == 1, timeout=5.0)  # its upstream GET is held at the gate
+        await until(lambda: len(pb.gets(upstream)) == 1, timeout=5.0)  # its upstream GET is held at the gate
         second = asyncio.ensure_future(view())
         # the second view is in, while the first is still opening
         await until(lambda: proxy.ctx.local.attached(SESSION) == 2, timeout=5.0)
         for _ in range(20):
             await asyncio.sleep(0)
-        upstream.get_gate.set()
+        upstream.open("get")
         await until(
             lambda: proxy.ctx.local.readers(SESSION) == 2, timeout=5.0
         )  # both views follow the one stream
         note = orjson.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 1}})
-        upstream.pushes.put_nowait(note)
+        pushes.put_nowait(note)
         async with asyncio.timeout(5):
             got = [await first, await second]
         assert [[e.data for e in events if e.data] for events in got] == [[note], [note]]
-        assert upstream.gets == 1
+        assert len(pb.gets(upstream)) == 1
 
 
 # -- 10. What a held view keeps ------------------------------------------------------------------------
