@@ -22,9 +22,9 @@ from mcpresume.core.session import READ_MAX_EVENTS, NewEvent, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind, Evicted, WindowLimits
 from mcpresume.process.metrics import Metrics
+from mcpresume.store.calls import session_keys
 from mcpresume.store.marks import MARK_DELAY
 from mcpresume.store.redis import RedisStore
-from mcpresume.store.redis_calls import session_keys
 from mcpresume.store.resp import POST_DELAY, Link, pack
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisProcess

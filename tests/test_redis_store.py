@@ -34,9 +34,9 @@ from mcpresume.core.window import EventKind, Evicted, EvictReason, WindowLimits
 from mcpresume.process.local import News
 from mcpresume.process.metrics import Metrics
 from mcpresume.store import GONE
+from mcpresume.store.calls import CHANNEL, session_keys
 from mcpresume.store.memory import MemoryStore
 from mcpresume.store.redis import REPLICA_URLS, RedisStore
-from mcpresume.store.redis_calls import CHANNEL, session_keys
 from mcpresume.store.resp import Link
 from tests.support import new_session_id
 from tests.support.redis import MakeRedisStore, RedisClusterProcesses, RedisProcess

@@ -150,7 +150,7 @@ async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
 # -- 2. A client that leaves while its request is forwarded leaks the claim when forwarding fails ---
 
 
-# Regression: the abandoned forward (upstream_post.Sender._abandoned) ignored a ProxyError outcome: the
+# Regression: the abandoned forward (send.Sender._abandoned) ignored a ProxyError outcome: the
 # request id stays claimed (ClaimState.PENDING) and in_flight stays counted forever, so the session is
 # stuck at max_streams_per_session (429)
 async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> None:

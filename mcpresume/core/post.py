@@ -57,7 +57,7 @@ ACCEPTED    ``RELAY``                 ``TAIL``: the tail alone  ``EMPTY``: 202, 
 OTHER       ``RELAY``                 ``RELAY`` (an error)      ``RELAY``
 ==========  ========================  ========================  ========================
 
-``CLAIM_ENDS``: what becomes of the claim once the upstream answered (``upstream_post.Sender`` records it in
+``CLAIM_ENDS``: what becomes of the claim once the upstream answered (``http.send.Sender`` records it in
 the forward's own task, so it happens even when the client left), by the ``Upstream`` outcome
 (``upstream_outcome`` tells them apart, first match wins, after ``UNREACHED`` and ``UNREADABLE``, which are
 errors raised by the request itself):

@@ -2,7 +2,7 @@
 
 ``Post`` bundles a POST (the aiohttp request, its body, the JSON-RPC message parsed from it, its session
 id): one immutable value handed from the dispatch (``http/proxy.py``) to the executors (``http/post.py``,
-``http/upstream_post.py``) instead of the same arguments passed down level by level.
+``http/send.py``) instead of the same arguments passed down level by level.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``Posts.serve`` asks ``core.post.plan_post`` (its table is that module's docstring) until it has a plan:
 relay, reject, a view of a re-sent request's stream (not forwarded again: invariant #8), or forward. A
-forwarded request is sent by ``upstream_post.Sender``; what its answer becomes is ``core.post.ANSWER_STEPS``.
+forwarded request is sent by ``http.send.Sender``; what its answer becomes is ``core.post.ANSWER_STEPS``.
 
 POST + ``Last-Event-ID`` (the re-POST case, docs/how-it-works.md): the cursor is checked before anything is
 forwarded; then this response carries the old stream's tail and the new request's events (a re-sent request's
@@ -38,7 +38,7 @@ from mcpresume.http.credentials import authorize
 from mcpresume.http.forward import passthrough, relay
 from mcpresume.http.incoming import SSE_HEADERS, Post, stateless
 from mcpresume.http.resume import decide_cursor, resume_preface
-from mcpresume.http.upstream_post import Sender
+from mcpresume.http.send import Sender
 from mcpresume.http.view import ViewPlan, attach_view, release_view, reserve_view, serve_view
 
 

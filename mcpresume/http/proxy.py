@@ -56,7 +56,7 @@ from mcpresume.http.get import Gets, Openings
 from mcpresume.http.incoming import Post
 from mcpresume.http.post import Posts
 from mcpresume.http.route import Routing
-from mcpresume.http.upstream_post import Sender
+from mcpresume.http.send import Sender
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")

@@ -26,13 +26,13 @@ they share a slot and the store works on Redis Cluster unchanged:
 * ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
 
 Every mutation is one registered Lua script (``lua/*.lua``, ``lua/common.lua`` prepended; EVALSHA,
-``redis_calls.py`` says how it gets to Redis), doing the whole operation atomically: append, the exact
+``calls.py`` says how it gets to Redis), doing the whole operation atomically: append, the exact
 trim by count/bytes/age with the byte accounting, the claim as set-if-absent, the EXPIREs, and a PUBLISH of
 the change (session id, version) on ``mcpresume:news``. One subscription per process feeds the
 ``set_news`` callback for the changes of other processes; changes of this process call it directly when
 the script returns.
 
-No call is retried blindly (``redis_calls.py``), and an append carries the stream's last seq as the caller
+No call is retried blindly (``calls.py``), and an append carries the stream's last seq as the caller
 saw it, so a repeated append is a no-op. Every call is bounded: a failure or time-out raises
 ``StoreUnavailable`` (503, ``store_unavailable``) within ``op_timeout``.
 
@@ -73,9 +73,9 @@ from mcpresume.core.session import (
 from mcpresume.core.sse import SSERun, priming_block
 from mcpresume.core.window import Evicted, EvictReason, Segment, WindowLimits
 from mcpresume.store import GONE, OpenedStream, StoreMetrics, StoreStats
+from mcpresume.store.calls import RedisCalls, session_keys
 from mcpresume.store.copies import Copies, LastAppend, split
 from mcpresume.store.marks import Marks
-from mcpresume.store.redis_calls import RedisCalls, session_keys
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class RedisStore:
         self._redis.on_foreign = self._changed_elsewhere
         self.token = self._redis.token
 
-    # -- connection (store/redis_calls.py) -----------------------------------------------------------------
+    # -- connection (store/calls.py) -----------------------------------------------------------------
 
     async def start(self) -> None:
         await self._redis.start()

@@ -38,7 +38,7 @@ def pack(*args: str | bytes | int) -> bytes:
 
 def bulks(args: Sequence[str | bytes | int]) -> bytes:
     """``args`` as RESP bulk strings, without the array's header: a command's arguments that are the same on
-    every call are packed once (``redis_calls.Frames``) and joined to the rest."""
+    every call are packed once (``calls.Frames``) and joined to the rest."""
     out = []
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
