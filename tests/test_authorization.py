@@ -15,7 +15,6 @@ request with another token claims nothing of the owner's, and costs one ping.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,130 +37,147 @@ from mcpresume.core.credentials import (
 )
 from mcpresume.daemon.app import RunningProxy
 from tests.conftest import ServeApp
+from tests.support import playbook as pb
+from tests.support.playbook import Playbook
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy, sse_events
-from tests.support.scripted import catch_all, initialize_answer
 
 CHALLENGE = 'Bearer realm="mcp", error="invalid_token"'
 SECRET = "the owner's secret result"
 
 
+USERS: dict[str | None, str] = {
+    "Bearer owner-1": "alice",
+    "Bearer owner-2": "alice",  # alice's refreshed token
+    "Bearer intruder": "mallory",  # a valid user of the upstream, not of alice's sessions
+}
+REFUSAL = pb.status(401, "invalid_token", headers={"WWW-Authenticate": CHALLENGE})
+
+
+def token(seen: pb.Seen, credential: str = "Authorization") -> str | None:
+    """The token of a request, as ``Bearer <token>``, where the upstream takes it (``credential``): a header
+    (``Cookie: sid=<token>``; else ``<header>: <token>``), or ``?<name>``, a query parameter."""
+    if credential.startswith("?"):  # a query parameter: /mcp?api_key=<token>
+        value = seen.query.get(credential[1:])
+        return None if value is None else f"Bearer {value}"
+    value = seen.header(credential)
+    if value is None or credential == "Authorization":
+        return value
+    return "Bearer " + value.removeprefix("sid=")
+
+
+def calls(upstream: Playbook, method: str, credential: str = "Authorization") -> list[str | None]:
+    """The tokens of the JSON-RPC requests of ``method`` the upstream received."""
+    return [token(seen, credential) for seen in upstream.requests(method)]
+
+
 @dataclass
-class AuthUpstream:
-    """Checks the bearer token of every request; a session belongs to the user whose token began it."""
+class Users:
+    """What the upstream knows: the user of each token, and the owner of each session (the user whose token
+    began it). Its methods are the predicates of the upstream's rules."""
 
-    users: dict[str | None, str] = field(
-        default_factory=lambda: {
-            "Bearer owner-1": "alice",
-            "Bearer owner-2": "alice",  # alice's refreshed token
-            "Bearer intruder": "mallory",  # a valid user of the upstream, not of alice's sessions
-        }
-    )
+    credential: str
+    users: dict[str | None, str]
     sessions: dict[str, str] = field(default_factory=dict)
-    seen: list[tuple[str, str | None, str | None]] = field(default_factory=list)  # (HTTP, JSON-RPC, token)
-    standalone: dict[str, asyncio.Queue[bytes]] = field(default_factory=dict)
-    _ids: itertools.count[int] = field(default_factory=itertools.count)
-    cut_ids: dict[str, int] = field(default_factory=dict)  # upstream event id -> the request it was cut in
-    foreign_status: int = 401  # the answer to a valid token that does not own the session (or 404)
-    ping_as_sse: bool = False  # answer a ping as the SDKs' servers do by default: an SSE stream
-    # Where credentials come: a header (Cookie: sid=<token>; else <token>), or "?<name>", a query parameter.
-    credential: str = "Authorization"
-    # Ownership checked in the JSON-RPC layer: another user's request is answered 200 with an error, and
-    # its notification 202 (nothing to answer), as a server whose tools check the caller does.
-    in_band: bool = False
-    hold: asyncio.Event | None = None  # set: mallory's requests wait for it (a slow token check)
-    held: asyncio.Event = field(default_factory=asyncio.Event)  # set when one of mallory's is held
-    cut: bool = False  # a tool's stream ends after its second event; the rest comes to GET + Last-Event-ID
-    ping_status: int | None = None  # answer every ping with this status (an upstream in trouble)
 
-    def app(self) -> web.Application:
-        return catch_all(self.handle)
+    def user(self, seen: pb.Seen) -> str | None:
+        return self.users.get(token(seen, self.credential))
 
-    def calls(self, method: str) -> list[str | None]:
-        """The tokens of the JSON-RPC requests of ``method`` the upstream received."""
-        return [token for _, seen, token in self.seen if seen == method]
+    def unknown(self, seen: pb.Seen) -> bool:
+        """A token the upstream does not know (or none)."""
+        return self.user(seen) is None
 
-    def refuse(self) -> web.Response:
-        return web.Response(status=401, headers={"WWW-Authenticate": CHALLENGE}, text="invalid_token")
+    def lost(self, seen: pb.Seen) -> bool:
+        """A session the upstream never began."""
+        return seen.session_id not in self.sessions
 
-    def token_of(self, request: web.Request) -> str | None:
-        if self.credential.startswith("?"):  # a query parameter: /mcp?api_key=<token>
-            token = request.query.get(self.credential[1:])
-            return None if token is None else f"Bearer {token}"
-        value = request.headers.get(self.credential)
-        if value is None or self.credential == "Authorization":
-            return value
-        return "Bearer " + value.removeprefix("sid=")
+    def foreign(self, seen: pb.Seen) -> bool:
+        """A session of another user than the token's."""
+        return self.sessions.get(seen.session_id or "") not in (None, self.user(seen))
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        token = self.token_of(request)
-        message: dict[str, Any] = orjson.loads(await request.read()) if request.method == "POST" else {}
-        self.seen.append((request.method, message.get("method"), token))
-        user = self.users.get(token)
-        if user is None:
-            return self.refuse()
-        if user == "mallory" and self.hold is not None:
-            self.held.set()
-            await self.hold.wait()
-        if message.get("method") == "initialize":
-            session_id = f"auth-session-{next(self._ids)}"
-            self.sessions[session_id] = user
-            return initialize_answer(message, session_id, "auth")
-        session_id = request.headers.get("Mcp-Session-Id", "")
-        if session_id not in self.sessions:
-            return web.Response(status=404, text="session not found")
-        if self.sessions[session_id] != user and self.in_band and request.method == "POST":
-            if "id" not in message:
-                return web.Response(status=202)
-            error = {"code": -32001, "message": "this session is not yours"}
-            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "error": error})
-        if self.sessions[session_id] != user:  # checked on every request: the session id is no credential
-            return self.refuse() if self.foreign_status == 401 else web.Response(status=404, text="no such")
-        if request.method == "GET" and "Last-Event-ID" in request.headers:
-            return await self.tool_stream(request, self.cut_ids.pop(request.headers["Last-Event-ID"]))
-        if request.method == "GET":
-            return await self.standalone_stream(request, session_id)
-        if request.method == "DELETE":
-            return web.Response(status=200)
-        if "id" not in message:
-            return web.Response(status=202)
-        if message["method"] == "ping" and self.ping_status is not None:
-            return web.Response(status=self.ping_status, text="try later")
-        if message["method"] == "ping":
-            answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
-            if not self.ping_as_sse:
-                return web.json_response(answer)
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await response.write(b"id: PING-0\ndata: \n\nid: PING-1\ndata: " + orjson.dumps(answer) + b"\n\n")
-            return response
-        return await self.tool_stream(request, message["id"])
+    def begin(self) -> pb.Answer:
+        """The answer to ``initialize``: a session begins, its owner the token's user."""
 
-    async def tool_stream(self, request: web.Request, request_id: int) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        resumed = "Last-Event-ID" in request.headers
-        if self.cut and not resumed:
-            await response.write(b"retry: 0\n\n")  # the proxy's pump resumes at once
-        for k in range(2, 3) if resumed else range(3):
-            if self.cut and not resumed and k == 2:
-                self.cut_ids["UPSTREAM-1"] = request_id
-                return response  # ended early: the pump resumes it with GET + Last-Event-ID
-            note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": k}}
-            await response.write(f"id: UPSTREAM-{k}\ndata: ".encode() + orjson.dumps(note) + b"\n\n")
-        result = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "result": {"content": [{"type": "text", "text": SECRET}]},
-        }
-        await response.write(b"id: UPSTREAM-3\ndata: " + orjson.dumps(result) + b"\n\n")
-        return response
+        async def answer(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+            session_id = f"auth-session-{len(self.sessions)}"
+            self.sessions[session_id] = self.users[token(seen, self.credential)]
+            return await pb.initialize(session_id, name="auth")(playbook, request, seen)
 
-    async def standalone_stream(self, request: web.Request, session_id: str) -> web.StreamResponse:
-        queue = self.standalone.setdefault(session_id, asyncio.Queue())
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        while True:
-            await response.write(b"data: " + await queue.get() + b"\n\n")
+        return answer
+
+
+def cut_here(cuts: dict[str, Any], after: str) -> pb.Step:
+    """End the stream early, after event ``after`` (the request remembered, for the resume from there)."""
+
+    async def step(steps: pb.Steps) -> None:
+        cuts[after] = steps.seen.id
+        steps.end()
+
+    return step
+
+
+def auth_upstream(
+    credential: str = "Authorization",
+    *,
+    users: dict[str | None, str] = USERS,
+    foreign_status: int = 401,
+    in_band: bool = False,
+    cut: bool = False,
+    ping_status: int | None = None,
+    ping_as_sse: bool = False,
+    standalone: asyncio.Queue[bytes] | None = None,
+) -> Playbook:
+    """An upstream that checks the token of every request; a session belongs to the user whose token began it.
+
+    ``credential``: where the token comes (see ``token``). ``foreign_status``: the answer to a valid token
+    that does not own the session, 401 (with the challenge) or 404. ``in_band``: ownership checked in the
+    JSON-RPC layer: another user's request is answered 200 with an error, and its notification 202 (nothing
+    to answer), as a server whose tools check the caller does. ``cut``: a tool's stream ends after its second
+    event; the rest comes to GET + Last-Event-ID. ``ping_status``: the answer to every ping (an upstream in
+    trouble). ``ping_as_sse``: a ping answered as the SDKs' servers do by default, with an SSE stream.
+    ``standalone``: what the standalone GET streams. The rules read bottom up: the newest that matches
+    answers.
+    """
+    known = Users(credential, dict(users))
+    upstream = Playbook()
+    # The session's own user: a tool's stream (three progress events, then the result), a resume of a cut
+    # one, the standalone stream, pings. Notifications (202) and DELETE (200): the playbook's defaults.
+    progress = [pb.event(pb.progress(k), id=f"UPSTREAM-{k}") for k in range(3)]
+    secret = {"content": [{"type": "text", "text": SECRET}]}
+    cuts: dict[str, Any] = {}  # upstream event id -> the request whose stream was cut after it
+    if cut:  # retry: 0, so the proxy's pump resumes at once
+        tool = pb.sse(pb.raw(b"retry: 0\n\n"), *progress[:2], cut_here(cuts, "UPSTREAM-1"))
+    else:
+        tool = pb.sse(*progress, pb.event(pb.result(secret), id="UPSTREAM-3"))
+    upstream.on(None, tool, when=lambda seen: seen.id is not None)
+    upstream.on(None, pb.sse(pb.each(asyncio.Queue() if standalone is None else standalone)), http="GET")
+
+    def rest(seen: pb.Seen) -> dict[str, Any]:  # the result of the request cut after the GET's cursor
+        return {"jsonrpc": "2.0", "id": cuts.pop(seen.last_event_id or ""), "result": secret}
+
+    upstream.on(
+        None,
+        pb.sse(progress[2], pb.event(rest, id="UPSTREAM-3")),
+        http="GET",
+        when=lambda seen: seen.last_event_id is not None,
+    )
+    pong = pb.result({})
+    upstream.on(
+        "ping",
+        pb.sse(pb.event(b"", id="PING-0"), pb.event(pong, id="PING-1")) if ping_as_sse else pb.reply(pong),
+    )
+    if ping_status is not None:
+        upstream.on("ping", pb.status(ping_status, "try later"))
+    # Another user's token: checked on every request (the session id is no credential).
+    foreign = REFUSAL if foreign_status == 401 else pb.status(404, "no such")
+    upstream.on(None, foreign, http=None, when=known.foreign)
+    if in_band:
+        upstream.on(None, pb.reply(pb.error(-32001, "this session is not yours")), when=known.foreign)
+        upstream.on(None, pb.status(202), when=lambda seen: seen.id is None and known.foreign(seen))
+    # Checked first (the newest rule that matches answers): a token the upstream knows, a session it began.
+    upstream.on(None, pb.status(404, "session not found"), http=None, when=known.lost)
+    upstream.on("initialize", known.begin())
+    upstream.on(None, REFUSAL, http=None, when=known.unknown)
+    return upstream
 
 
 class Client(ScriptedClient):
@@ -197,12 +213,19 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
-def upstream() -> AuthUpstream:
-    return AuthUpstream()
+def pushes() -> asyncio.Queue[bytes]:
+    """What the upstream sends on its standalone stream."""
+    return asyncio.Queue()
 
 
 @pytest.fixture
-async def proxy(serve: ServeApp, upstream: AuthUpstream) -> AsyncIterator[RunningProxy]:
+def upstream(request: pytest.FixtureRequest, pushes: asyncio.Queue[bytes]) -> Playbook:
+    """``auth_upstream()``; a test's indirect parameter: its options."""
+    return auth_upstream(standalone=pushes, **getattr(request, "param", {}))
+
+
+@pytest.fixture
+async def proxy(serve: ServeApp, upstream: Playbook) -> AsyncIterator[RunningProxy]:
     async with running_proxy(await serve(upstream.app())) as running:
         yield running
 
@@ -243,7 +266,7 @@ async def test_a_409_to_another_token_names_no_cursor_of_the_session(http, proxy
         async with http.get(proxy.url, headers=intruder.headers(**{"Last-Event-ID": cursor})) as response:
             body = await refused(response)
         assert epoch.encode() not in body
-    assert upstream.calls("ping") == ["Bearer intruder"] * len(probes)  # asked each time, refused each time
+    assert calls(upstream, "ping") == ["Bearer intruder"] * len(probes)  # asked each time, refused each time
 
 
 async def test_a_reattach_with_the_owners_cursors_is_refused(http, proxy, upstream) -> None:
@@ -258,7 +281,7 @@ async def test_a_reattach_with_the_owners_cursors_is_refused(http, proxy, upstre
         proxy.url, data=body, headers=intruder.headers(**{"Last-Event-ID": cursors[0]})
     ) as response:
         assert SECRET.encode() not in await refused(response)
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]
+    assert calls(upstream, "tools/call") == ["Bearer owner-1"]
 
 
 async def test_a_resent_request_id_of_the_owner_is_refused(http, proxy, upstream) -> None:
@@ -267,11 +290,13 @@ async def test_a_resent_request_id_of_the_owner_is_refused(http, proxy, upstream
     body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": "x"}})
     async with http.post(proxy.url, data=body, headers=intruder.headers()) as response:
         assert SECRET.encode() not in await refused(response)
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]  # not forwarded: the ping was refused
-    assert upstream.calls("ping") == ["Bearer intruder"]
+    assert calls(upstream, "tools/call") == ["Bearer owner-1"]  # not forwarded: the ping was refused
+    assert calls(upstream, "ping") == ["Bearer intruder"]
 
 
-async def test_the_live_standalone_stream_is_not_joined_with_another_token(http, proxy, upstream) -> None:
+async def test_the_live_standalone_stream_is_not_joined_with_another_token(
+    http, proxy, upstream, pushes
+) -> None:
     owner, _, _ = await owner_with_a_result(http, proxy)
     async with http.get(proxy.url, headers=owner.headers()) as standalone:
         assert standalone.status == 200
@@ -281,14 +306,15 @@ async def test_the_live_standalone_stream_is_not_joined_with_another_token(http,
             await refused(response)
         async with http.get(proxy.url, headers=owner.as_(None).headers()) as response:
             await refused(response)  # no credentials at all: asked about too, and refused
-        upstream.standalone[owner.session_id].put_nowait(b'{"jsonrpc":"2.0","method":"notifications/x"}')
+        pushes.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/x"}')
         assert b"notifications/x" in (await anext(events)).data  # the owner still gets them
-    assert [token for method, _, token in upstream.seen if method == "GET"] == ["Bearer owner-1"]
+    assert [token(seen) for seen in upstream.requests(http="GET")] == ["Bearer owner-1"]
 
 
-@pytest.mark.parametrize("ping_as_sse", [False, True])
-async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, upstream, ping_as_sse) -> None:
-    upstream.ping_as_sse = ping_as_sse
+@pytest.mark.parametrize(
+    "upstream", [{"ping_as_sse": False}, {"ping_as_sse": True}], indirect=True, ids=["json_ping", "sse_ping"]
+)
+async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, upstream) -> None:
     owner, request_id, cursors = await owner_with_a_result(http, proxy)
     refreshed = owner.as_("owner-2")
     for _ in range(2):
@@ -299,20 +325,19 @@ async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, ups
             events = await collect(response)
         assert [e.id.decode() for e in events if e.id] == cursors[2:]
         assert SECRET in events[-1].data.decode()
-    assert upstream.calls("ping") == ["Bearer owner-2"]  # asked once; then remembered
+    assert calls(upstream, "ping") == ["Bearer owner-2"]  # asked once; then remembered
     # The re-sent request id too, and the old token is still one the upstream accepted.
     body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": "x"}})
     for client in (refreshed, owner):
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             assert response.status == 200
             assert SECRET in (await collect(response))[-1].data.decode()
-    assert upstream.calls("ping") == ["Bearer owner-2"]
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]
+    assert calls(upstream, "ping") == ["Bearer owner-2"]
+    assert calls(upstream, "tools/call") == ["Bearer owner-1"]
 
 
 async def test_a_session_begun_without_credentials_is_served_as_before(http, serve) -> None:
-    upstream = AuthUpstream()
-    upstream.users[None] = "anonymous"
+    upstream = auth_upstream(users={**USERS, None: "anonymous"})
     async with running_proxy(await serve(upstream.app())) as proxy:
         client = Client(http, proxy.url, None)
         await client.initialize()
@@ -322,7 +347,7 @@ async def test_a_session_begun_without_credentials_is_served_as_before(http, ser
         async with http.get(proxy.url, headers=client.headers(**{"Last-Event-ID": cursors[0]})) as response:
             assert response.status == 200
             assert SECRET in (await collect(response))[-1].data.decode()
-    assert upstream.calls("ping") == []
+    assert calls(upstream, "ping") == []
 
 
 def bearer(*tokens: str) -> bytes:
@@ -392,7 +417,7 @@ def test_ping_accepted_only_for_a_2xx_with_its_result() -> None:
 
 async def test_an_upstream_404_to_another_users_token_does_not_end_the_session(http, serve) -> None:
     """Some upstreams answer 404 to a session id of another user: that ends nothing for the owner."""
-    upstream = AuthUpstream(foreign_status=404)
+    upstream = auth_upstream(foreign_status=404)
     async with running_proxy(await serve(upstream.app())) as proxy:
         owner, _, cursors = await owner_with_a_result(http, proxy)
         intruder = owner.as_("intruder")
@@ -444,10 +469,10 @@ async def test_the_official_sdk_server_answers_the_ping_and_accepts_new_credenti
 async def test_credentials_in_other_headers_are_bound_too(http, serve, credential, settings) -> None:
     """An upstream that authenticates with a cookie or an API key header: the session is bound to that
     header as to ``Authorization``; the ping and the pump's own upstream resume carry it."""
-    upstream = AuthUpstream(credential=credential, cut=True)
+    upstream = auth_upstream(credential, cut=True)
     async with running_proxy(await serve(upstream.app()), **settings) as proxy:
         owner, request_id, cursors = await owner_with_a_result(http, proxy, credential)
-        assert [method for method, _, _ in upstream.seen].count("GET") == 1  # the pump's resume, accepted
+        assert len(upstream.requests(http="GET")) == 1  # the pump's resume, accepted
         for intruder in (owner.as_("intruder"), owner.as_(None)):
             async with http.get(proxy.url, headers=intruder.headers(**{"Last-Event-ID": cursors[0]})) as r:
                 assert SECRET.encode() not in await refused(r)
@@ -459,17 +484,23 @@ async def test_credentials_in_other_headers_are_bound_too(http, serve, credentia
         ) as response:
             assert response.status == 200  # a refreshed credential the upstream accepts, when asked
             assert SECRET in (await collect(response))[-1].data.decode()
-    assert upstream.calls("ping") == ["Bearer intruder", "Bearer intruder", None, None, "Bearer owner-2"]
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]
+    assert calls(upstream, "ping", credential) == [
+        "Bearer intruder",
+        "Bearer intruder",
+        None,
+        None,
+        "Bearer owner-2",
+    ]
+    assert calls(upstream, "tools/call", credential) == ["Bearer owner-1"]
 
 
 async def test_no_credential_headers_turns_the_binding_off(http, serve) -> None:
-    upstream = AuthUpstream()
+    upstream = auth_upstream()
     async with running_proxy(await serve(upstream.app()), credential_headers=[]) as proxy:
         owner, _, cursors = await owner_with_a_result(http, proxy)
         async with http.get(proxy.url, headers=owner.as_(None).headers(**{"Last-Event-ID": cursors[0]})) as r:
             assert r.status == 200  # as documented: nothing is checked
-    assert upstream.calls("ping") == []
+    assert calls(upstream, "ping") == []
 
 
 async def test_another_token_claims_no_request_id_while_the_upstream_checks_it(http, proxy, upstream) -> None:
@@ -479,25 +510,29 @@ async def test_another_token_claims_no_request_id_while_the_upstream_checks_it(h
     owner = Client(http, proxy.url, "owner-1")
     await owner.initialize()
     _, body = owner.tool_call("secret", {})
-    upstream.hold = asyncio.Event()
+    # A slow token check: mallory's requests wait at the gate "mallory", then get the refusal.
+    upstream.on(
+        None, pb.held("mallory", REFUSAL), http=None, when=lambda seen: token(seen) == "Bearer intruder"
+    )
     intruder = asyncio.ensure_future(http.post(proxy.url, data=body, headers=owner.as_("intruder").headers()))
     try:
-        await upstream.held.wait()  # mallory's request reached the upstream, which is checking it
+        # mallory's request reached the upstream, which is checking it
+        await upstream.arrived("mallory").wait()
         async with http.post(proxy.url, data=body, headers=owner.headers()) as response:
             assert response.status == 200
             assert SECRET in (await collect(response))[-1].data.decode()
     finally:
-        upstream.hold.set()
+        upstream.open("mallory")
         async with await intruder as response:
             await refused(response)
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]
+    assert calls(upstream, "tools/call") == ["Bearer owner-1"]
 
 
 async def test_a_notification_the_upstream_takes_from_anyone_admits_no_one(http, serve) -> None:
     """An upstream that checks who calls in its JSON-RPC layer answers another user's notification 202
     (there is nothing to refuse) and its requests with an error: neither makes those credentials ones
     the session's window is served to."""
-    upstream = AuthUpstream(in_band=True)
+    upstream = auth_upstream(in_band=True)
     async with running_proxy(await serve(upstream.app())) as proxy:
         owner, _, cursors = await owner_with_a_result(http, proxy)
         intruder = owner.as_("intruder")
@@ -507,7 +542,7 @@ async def test_a_notification_the_upstream_takes_from_anyone_admits_no_one(http,
         async with http.get(proxy.url, headers=intruder.headers(**{"Last-Event-ID": cursors[0]})) as response:
             assert response.status == 403  # the ping's answer was an error: refused
             assert SECRET.encode() not in await response.read()
-    assert upstream.calls("ping") == ["Bearer intruder"]
+    assert calls(upstream, "ping") == ["Bearer intruder"]
 
 
 @pytest.mark.parametrize(
@@ -528,7 +563,7 @@ async def test_header_tricks_get_the_upstreams_refusal(http, proxy, upstream, ex
         headers.add(name, value)
     async with http.get(proxy.url, headers=headers) as response:
         assert SECRET.encode() not in await refused(response)
-    assert len(upstream.calls("ping")) == 1
+    assert len(calls(upstream, "ping")) == 1
 
 
 async def test_each_refused_request_costs_one_ping_and_no_more(http, proxy, upstream) -> None:
@@ -549,9 +584,9 @@ async def test_each_refused_request_costs_one_ping_and_no_more(http, proxy, upst
             await refused(response)
 
     await asyncio.gather(*(probe(k) for k in range(30)))
-    assert upstream.calls("ping") == ["Bearer intruder"] * 30
-    assert upstream.calls("tools/call") == ["Bearer owner-1"]
-    assert [method for method, _, _ in upstream.seen].count("GET") == 0
+    assert calls(upstream, "ping") == ["Bearer intruder"] * 30
+    assert calls(upstream, "tools/call") == ["Bearer owner-1"]
+    assert upstream.requests(http="GET") == []
 
 
 async def test_another_token_cannot_end_the_session(http, proxy, upstream) -> None:
@@ -580,13 +615,13 @@ async def test_credentials_that_are_not_utf8_are_refused_cleanly(http, proxy, up
         writer.close()
     assert answer.startswith(b"HTTP/1.1 401 ")
     assert SECRET.encode() not in answer
-    assert len(upstream.calls("ping")) == 1
+    assert len(calls(upstream, "ping")) == 1
 
 
 async def test_an_upstream_failing_the_ping_is_not_called_a_refusal(http, serve) -> None:
     """A 5xx to the ping says the upstream is in trouble, not that the credentials are wrong: the client is
     told so (and not served), rather than sent to re-authorize."""
-    upstream = AuthUpstream(ping_status=503)
+    upstream = auth_upstream(ping_status=503)
     async with running_proxy(await serve(upstream.app())) as proxy:
         owner, _, cursors = await owner_with_a_result(http, proxy)
         refreshed = owner.as_("owner-2")
@@ -598,7 +633,7 @@ async def test_an_upstream_failing_the_ping_is_not_called_a_refusal(http, serve)
 async def test_credentials_in_the_query_string_are_bound_too(http, serve) -> None:
     """Hosted MCP servers often take an API key in the endpoint's URL (``/mcp?api_key=...``): the query
     string counts with the credential headers, so a request at another query (or none) is asked about."""
-    upstream = AuthUpstream(credential="?api_key")
+    upstream = auth_upstream("?api_key")
     async with running_proxy(await serve(upstream.app())) as proxy:
         owner = Client(http, proxy.url + "?api_key=owner-1", None)
         await owner.initialize()
@@ -613,4 +648,4 @@ async def test_credentials_in_the_query_string_are_bound_too(http, serve) -> Non
             assert SECRET in (await collect(response))[-1].data.decode()
         async with http.get(owner.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
             assert SECRET in (await collect(response))[-1].data.decode()  # the owner's own URL: no ping
-    assert upstream.calls("ping") == ["Bearer intruder", None, "Bearer owner-1"]
+    assert calls(upstream, "ping", "?api_key") == ["Bearer intruder", None, "Bearer owner-1"]

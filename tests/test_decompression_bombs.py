@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from mcpresume.process.metrics import Metrics
+from tests.support import playbook as pb
 from tests.support.metrics import sample
+from tests.support.playbook import Playbook
 from tests.support.proxy import collect, error_of, running_proxy
-from tests.support.scripted import initialize_answer
 
 TIMEOUT = 60.0  # hang guard only (a loaded 2-core box)
 MiB = 1 << 20
@@ -40,35 +40,32 @@ def bomb() -> Iterator[bytes]:
     yield block * (BOMB_MIB - 1)  # about 1 MiB, one write: the proxy reads as much as its socket holds
 
 
-class BombUpstream:
+def bombing() -> Playbook:
     """``initialize`` is answered plainly; every other request (a tool call, the standalone GET) with a
     gzip bomb, as SSE or (tool ``json``) as ``application/json``."""
+    upstream = Playbook(session_ids=["bomb-session"])
+    upstream.on(None, gzip_bomb("text/event-stream"), http=None)
+    upstream.on(None, gzip_bomb("application/json"), when=lambda seen: seen.params.get("name") == "json")
+    upstream.on("initialize", pb.initialize(name="bombs"))
+    return upstream
 
-    def __init__(self) -> None:
-        self.bombs = 0
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/mcp", self.handle)
-        return app
+def gzip_bomb(content_type: str) -> pb.Answer:
+    """The bomb as a ``content_type`` body with ``Content-Encoding: gzip``, then held open (its gate is never
+    opened: the proxy must end it)."""
+    headers = {"Content-Type": content_type, "Content-Encoding": "gzip"}
+    return pb.sse(write_bomb, pb.wait("bombed"), headers=headers)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        message = orjson.loads(body) if body else {}
-        if message.get("method") == "initialize":
-            return initialize_answer(message, "bomb-session", "bombs")
-        json = message.get("params", {}).get("name") == "json"
-        content_type = "application/json" if json else "text/event-stream"
-        response = web.StreamResponse(headers={"Content-Type": content_type, "Content-Encoding": "gzip"})
-        await response.prepare(request)
-        self.bombs += 1
-        try:
-            for part in bomb():
-                await response.write(part)
-            await asyncio.Event().wait()  # held open: the proxy must end it
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        return response
+
+async def write_bomb(steps: pb.Steps) -> None:
+    """A step: the bomb, made as it is written."""
+    for part in bomb():
+        await steps.write(part)
+
+
+def bombs(upstream: Playbook) -> int:
+    """How many requests the upstream answered with its bomb."""
+    return len([seen for seen in upstream.seen if seen.method != "initialize"])
 
 
 def _status_kib(field: str) -> int:
@@ -98,7 +95,7 @@ class Session:
     http: aiohttp.ClientSession
     url: str
     headers: dict[str, str]  # of the session, asking for gzip
-    upstream: BombUpstream
+    upstream: Playbook
     metrics: Metrics
 
 
@@ -116,7 +113,7 @@ INIT = {
 
 @pytest.fixture
 async def session(serve) -> AsyncIterator[Session]:
-    upstream = BombUpstream()
+    upstream = bombing()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
@@ -141,7 +138,7 @@ async def test_a_gzip_bomb_as_a_posts_sse_answer_ends_its_stream_bounded(
     assert [a["id"] for a in answers] == [7]
     assert answers[0]["error"]["data"]["reason"] == "upstream_stream_lost"  # not 1 GiB of zeros
     assert sample(session.metrics, "mcpresume_upstream_errors_total", reason="event_too_large") == 1
-    assert upstream.bombs == 1
+    assert bombs(upstream) == 1
     assert_bounded(peak_rss)
 
 
@@ -156,7 +153,7 @@ async def test_a_gzip_bomb_as_a_json_answer_is_502_bounded(
     assert error["data"]["limit"] == 4 * MiB  # max_event_bytes: one JSON-RPC message, as one SSE event
     async with asyncio.timeout(TIMEOUT), http.post(url, data=_call("json"), headers=headers) as response:
         assert response.status == 409  # it ran upstream: never forwarded again
-    assert upstream.bombs == 1
+    assert bombs(upstream) == 1
     assert_bounded(peak_rss)
 
 
@@ -170,5 +167,5 @@ async def test_a_gzip_bomb_on_the_standalone_get_ends_the_stream_bounded(
         events = await collect(response)  # ends: the upstream's stream failed, nothing of it delivered
     assert [e.data for e in events if e.data] == []
     assert sample(session.metrics, "mcpresume_upstream_errors_total", reason="event_too_large") == 1
-    assert upstream.bombs == 1
+    assert bombs(upstream) == 1
     assert_bounded(peak_rss)

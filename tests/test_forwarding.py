@@ -1,22 +1,22 @@
 """The proxy is invisible when nothing goes wrong, and honest when the upstream fails.
 
-The official SDK client sees the same results through the proxy as directly; scripted aiohttp upstreams
+The official SDK client sees the same results through the proxy as directly; scripted upstreams (playbooks)
 produce what the SDK server can't on demand (a slow first byte, a refused connection, malformed SSE,
 huge headers, other paths).
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from tests.conftest import ServeApp
+from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.proxy import error_of, running_proxy
-from tests.support.scripted import catch_all
 from tests.support.sdk import count_slowly, sdk_session
 
 
@@ -90,27 +90,21 @@ async def test_refused_connection_is_502_with_reason() -> None:
     assert body_id == 7
 
 
-async def test_slow_first_byte_is_504(serve) -> None:
-    release = asyncio.Event()
-
-    async def slow(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.Response(text="late")
-
-    app = catch_all(slow)
-    url = await serve(app)
+async def test_slow_first_byte_is_504(serve: ServeApp) -> None:
+    upstream = pb.Playbook()
+    upstream.on(None, pb.held("release", pb.status(200, "late")), http=None)
+    url = await serve(upstream.app())
     async with running_proxy(url, first_byte_timeout=0.2) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 504
             assert (await error_of(response))["data"]["reason"] == "upstream_timeout"
-        release.set()
+        upstream.open("release")
 
 
-async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -> None:
-    seen: dict[str, object] = {}
+async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve: ServeApp) -> None:
+    seen: dict[str, object] = {}  # what the playbook does not record: the raw body, the path with its query
 
-    async def oauth(request: web.Request) -> web.StreamResponse:
-        seen["headers"] = dict(request.headers)
+    async def oauth(playbook: pb.Playbook, request: web.Request, head: pb.Seen) -> web.StreamResponse:
         seen["body"] = await request.read()
         seen["path"] = request.path_qs
         response = web.Response(status=401, text="{}", content_type="application/json")
@@ -119,8 +113,9 @@ async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -
         response.headers["X-Private"] = "hop"
         return response
 
-    app = catch_all(oauth)
-    url = await serve(app)
+    upstream = pb.Playbook()
+    upstream.on(None, oauth, http=None, unread=True)  # unread: the answer reads the (non-JSON) body itself
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         base = proxy.url.removesuffix("/mcp")
         headers = {
@@ -133,8 +128,7 @@ async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -
             assert response.status == 401
             assert response.headers["WWW-Authenticate"] == 'Bearer resource_metadata="x"'
             assert "X-Private" not in response.headers
-    received = seen["headers"]
-    assert isinstance(received, dict)
+    received = upstream.seen[-1].headers
     assert seen["path"] == "/.well-known/oauth?x=1" and seen["body"] == b"abc"
     assert received["Authorization"] == "Bearer t"
     assert "X-Hop" not in received and "TE" not in received
@@ -143,21 +137,17 @@ async def test_other_paths_pass_through_with_hop_by_hop_headers_dropped(serve) -
     assert received["X-Forwarded-Host"] == f"127.0.0.1:{proxy.port}"
 
 
-def sse_upstream(body: bytes, *, session: str | None = "sess-1", extra: dict[str, str] | None = None):
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **(extra or {})})
-        if session:
-            response.headers["Mcp-Session-Id"] = session
-        await response.prepare(request)
-        await response.write(body)
-        return response
-
-    app = catch_all(handler)
-    return app
+def sse_upstream(
+    body: bytes, *, session: str | None = "sess-1", extra: dict[str, str] | None = None
+) -> web.Application:
+    """An upstream answering every request with an SSE stream whose body is ``body``, as is."""
+    headers = {**(extra or {}), **({"Mcp-Session-Id": session} if session else {})}
+    upstream = pb.Playbook()
+    upstream.on(None, pb.sse(pb.raw(body), headers=headers), http=None)
+    return upstream.app()
 
 
-async def test_upstream_closing_mid_event_completes_request_with_synthesized_error(serve) -> None:
+async def test_upstream_closing_mid_event_completes_request_with_synthesized_error(serve: ServeApp) -> None:
     url = await serve(sse_upstream(b'event: message\ndata: {"jsonrpc":"2.0","method":"x"}\n\ndata: {"js'))
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
@@ -174,7 +164,7 @@ async def test_upstream_closing_mid_event_completes_request_with_synthesized_err
     assert error["error"]["data"]["reason"] == "upstream_stream_lost"
 
 
-async def test_malformed_sse_bytes_pass_as_data_without_crashing(serve) -> None:
+async def test_malformed_sse_bytes_pass_as_data_without_crashing(serve: ServeApp) -> None:
     body = b"\xff\xfe: comment\r\nevent: message\rdata: \xc3\x28 not utf8\r\n\r\n" + (
         b'data: {"jsonrpc":"2.0","id":7,"result":{}}\n\n'
     )
@@ -190,12 +180,10 @@ async def test_malformed_sse_bytes_pass_as_data_without_crashing(serve) -> None:
         )
 
 
-async def test_huge_upstream_header_is_a_clean_502(serve) -> None:
-    async def huge(request: web.Request) -> web.Response:
-        return web.Response(text="{}", headers={"X-Big": "a" * 200_000})
-
-    app = catch_all(huge)
-    url = await serve(app)
+async def test_huge_upstream_header_is_a_clean_502(serve: ServeApp) -> None:
+    upstream = pb.Playbook()
+    upstream.on(None, pb.status(200, "{}", headers={"X-Big": "a" * 200_000}), http=None)
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(proxy.url, data=INIT, headers=HEADERS) as response:
             assert response.status == 502
@@ -219,15 +207,10 @@ async def test_bad_client_bodies_get_jsonrpc_errors(example_upstream: str) -> No
                 assert (await error_of(response))["data"]["reason"] == reason
 
 
-async def test_modern_era_requests_pass_straight_through(serve) -> None:
-    seen: list[dict[str, str]] = []
-
-    async def modern(request: web.Request) -> web.Response:
-        seen.append(dict(request.headers))
-        return web.json_response({"jsonrpc": "2.0", "id": 1, "result": {"ok": True}})
-
-    app = catch_all(modern)
-    url = await serve(app)
+async def test_modern_era_requests_pass_straight_through(serve: ServeApp) -> None:
+    upstream = pb.Playbook()
+    upstream.on(None, pb.reply({"jsonrpc": "2.0", "id": 1, "result": {"ok": True}}), http=None)
+    url = await serve(upstream.app())
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}})
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         async with http.post(
@@ -236,7 +219,7 @@ async def test_modern_era_requests_pass_straight_through(serve) -> None:
             assert r.status == 200
             assert await r.json() == {"jsonrpc": "2.0", "id": 1, "result": {"ok": True}}
         assert (await proxy.ctx.store.stats()).sessions == 0
-    assert seen[0]["MCP-Protocol-Version"] == "2026-07-28"
+    assert upstream.seen[0].headers["MCP-Protocol-Version"] == "2026-07-28"
 
 
 async def test_admin_endpoints(example_upstream: str) -> None:

@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
-from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,9 +28,10 @@ from mcpresume.core.errors import BadRequest, UpstreamTimeout, UpstreamUnreachab
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.streams.heldget import HIGH_WATER, HeldGet, NotHTTP11
 from mcpresume.streams.upstream import Upstream
+from tests.conftest import ServeApp
+from tests.support import playbook as pb
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, running_proxy, sse_events
-from tests.support.scripted import SESSION, catch_all, initialize_answer
 
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -340,19 +339,15 @@ async def test_the_proxy_holds_a_standalone_stream_of_the_sdk_server() -> None:
     assert priming.data == b"" and priming.id is not None and priming.id.count(b"-") == 2  # epoch-stream-seq
 
 
-async def test_an_upstream_without_a_standalone_stream_answers_through_the_proxy(serve: Any) -> None:
+async def test_an_upstream_without_a_standalone_stream_answers_through_the_proxy(serve: ServeApp) -> None:
     """A server that offers no standalone stream answers the GET 405 (the spec's way): the client gets that
     answer as the upstream gave it, and the session lives on."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if request.method == "GET":
-            return web.Response(status=405, text="no standalone stream", headers={"Allow": "POST, DELETE"})
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "no-get")
-        return web.Response(status=202)
-
-    url = await serve(catch_all(handle))
+    upstream = pb.Playbook()
+    upstream.on(None, pb.status(202))  # every other POST
+    upstream.on("initialize", pb.initialize(name="no-get"))
+    no_get = pb.status(405, "no standalone stream", headers={"Allow": "POST, DELETE"})
+    upstream.on(None, no_get, http="GET")
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -362,7 +357,7 @@ async def test_an_upstream_without_a_standalone_stream_answers_through_the_proxy
                 "POST, DELETE",
                 "no standalone stream",
             )
-        assert await proxy.ctx.store.has_session(SESSION)
+        assert await proxy.ctx.store.has_session(pb.SESSION)
         assert len(proxy.ctx.pumps) == 0
 
 

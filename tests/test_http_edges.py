@@ -2,7 +2,8 @@
 Host), which requests its DNS-rebinding checks cover, and how it holds up against connections that never
 send a request (header timeout, connection cap).
 
-Scripted aiohttp upstreams record what reached them, so "not forwarded" is checked, not assumed.
+The upstreams are playbooks (``tests/support/playbook.py``): they record what reached them, so "not forwarded"
+is checked, not assumed.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import resource
 import subprocess
 import sys
 import zlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -21,10 +21,11 @@ import pytest
 from aiohttp import web
 
 from mcpresume.core.sse import frame_body
+from tests.support import playbook as pb
 from tests.support.metrics import sample
+from tests.support.playbook import Playbook
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, running_proxy
-from tests.support.scripted import initialize_answer
 
 TIMEOUT = 30.0  # hang guard only (a loaded 2-core box)
 
@@ -49,26 +50,26 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-class Recorder:
-    """A scripted upstream that records each request's headers; ``answer`` makes the response."""
+SESSION = "edge-session"
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, dict[str, str]]] = []  # method, path, headers
 
-    def app(self, *, expect_handler: Any = None) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=expect_handler)
-        return app
+def recording() -> Playbook:
+    """The upstream of most of these tests: ``initialize`` at ``/mcp`` starts session ``edge-session``; every
+    other request, whatever its HTTP method and path, is answered with the JSON ``{"path": <its path>}``."""
+    upstream = Playbook(session_ids=[SESSION])
+    upstream.on(None, pb.reply(lambda seen: {"path": seen.path}), http=None)
+    upstream.on("initialize", pb.initialize(name="edges"), when=at("/mcp"))
+    return upstream
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.seen.append((request.method, request.path, dict(request.headers)))
-        return await self.answer(request, body)
 
-    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        if request.path == "/mcp" and body and orjson.loads(body).get("method") == "initialize":
-            return initialize_answer(orjson.loads(body), "edge-session", "edges")
-        return web.json_response({"path": request.path})
+def at(path: str) -> Callable[[pb.Seen], bool]:
+    """A rule's ``when``: the requests to ``path``."""
+    return lambda seen: seen.path == path
+
+
+def received(upstream: Playbook) -> list[tuple[str, str, dict[str, str]]]:
+    """What the upstream received: each request's HTTP method, path and headers."""
+    return [(seen.http, seen.path, seen.headers) for seen in upstream.seen]
 
 
 # -- 11. Expect: 100-continue -----------------------------------------------------------------------------
@@ -78,9 +79,16 @@ async def _no_continue(request: web.Request) -> None:
     """An upstream that never sends 100 Continue (allowed: it may wait for the body instead)."""
 
 
+def without_continue(upstream: Playbook) -> web.Application:
+    """The playbook's app, except that it never sends 100 Continue (``_no_continue``)."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", upstream.handle, expect_handler=_no_continue)
+    return app
+
+
 async def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(serve, http) -> None:
-    upstream = Recorder()
-    url = await serve(upstream.app(expect_handler=_no_continue))
+    upstream = recording()
+    url = await serve(without_continue(upstream))
     # Without the fix the upstream hop waits for a 100 that never comes: 504 after first_byte_timeout.
     async with running_proxy(url, first_byte_timeout=5.0) as proxy, asyncio.timeout(TIMEOUT):
         async with http.post(proxy.url, data=INIT, headers=MCP, expect100=True) as response:
@@ -90,8 +98,8 @@ async def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(se
         async with http.post(other, data=b"grant_type=x", expect100=True) as response:
             assert response.status == 200
             assert await response.json() == {"path": "/oauth/token"}
-    assert [path for _, path, _ in upstream.seen] == ["/mcp", "/oauth/token"]
-    assert all("Expect" not in headers for _, _, headers in upstream.seen)
+    assert [path for _, path, _ in received(upstream)] == ["/mcp", "/oauth/token"]
+    assert all("Expect" not in headers for _, _, headers in received(upstream))
 
 
 # -- 7. DNS-rebinding checks on every path ----------------------------------------------------------------
@@ -102,7 +110,7 @@ PATHS = ["/mcp", "/MCP", "/mcp/", "/Mcp/", "/.well-known/oauth-authorization-ser
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_origin_and_host_checks_cover_every_relayed_path(serve, http, path: str) -> None:
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     settings = {"allowed_origins": "http://good.example", "allowed_hosts": "good.example"}
     async with running_proxy(url, **settings) as proxy, asyncio.timeout(TIMEOUT):
@@ -116,10 +124,10 @@ async def test_origin_and_host_checks_cover_every_relayed_path(serve, http, path
                 async with http.request(method, target, data=INIT, headers=headers) as response:
                     assert response.status == 403, (method, headers)
                     assert (await error_of(response))["data"]["reason"] == reason
-        assert upstream.seen == []  # nothing refused reached the upstream
+        assert received(upstream) == []  # nothing refused reached the upstream
         async with http.post(target, data=INIT, headers=good) as response:
             assert response.status == 200
-    assert [p for _, p, _ in upstream.seen] == [path]
+    assert [p for _, p, _ in received(upstream)] == [path]
 
 
 # -- 15. the upstream's DNS-rebinding protection, kept -----------------------------------------------------
@@ -142,7 +150,7 @@ async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstre
 
 
 async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     async with running_proxy(url, allowed_hosts="127.0.0.1,localhost,pinned.example:8443") as proxy:
         for host, status in [
@@ -165,37 +173,37 @@ async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
 # -- 12. redirects keep the client on the proxy ------------------------------------------------------------
 
 
-class Redirector(Recorder):
-    """``/mcp/`` redirects to the upstream's own ``/mcp`` (as Starlette's trailing-slash redirect does);
-    the MCP endpoint answers with ``Content-Location`` at the upstream's address, on JSON and on SSE."""
+def redirecting(upstream: Playbook, origin: str) -> None:
+    """``/mcp/`` redirects to the upstream's own ``/mcp`` (``origin``: its scheme and authority), as
+    Starlette's trailing-slash redirect does, and ``/elsewhere`` to another server; the MCP endpoint answers
+    with ``Content-Location`` at the upstream's address, on JSON (``initialize``) and on SSE (any other POST).
+    """
+    upstream.on(
+        None,
+        pb.sse(pb.event(pb.result({}), name="message"), headers={"Content-Location": f"{origin}/mcp#s"}),
+    )
+    initialize = pb.initialize(name="edges")
+    upstream.on("initialize", with_headers(initialize, {"Content-Location": f"{origin.upper()}/mcp"}))
+    upstream.on(None, pb.status(307, headers={"Location": f"{origin}/mcp?x=1"}), http=None, when=at("/mcp/"))
+    elsewhere = {"Location": "http://other.example:8080/mcp", "Content-Location": "/relative"}
+    upstream.on(None, pb.status(302, headers=elsewhere), http=None, when=at("/elsewhere"))
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.origin = ""
 
-    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        if request.path == "/mcp/":
-            return web.Response(status=307, headers={"Location": f"{self.origin}/mcp?x=1"})
-        if request.path == "/elsewhere":
-            headers = {"Location": "http://other.example:8080/mcp", "Content-Location": "/relative"}
-            return web.Response(status=302, headers=headers)
-        message = orjson.loads(body)
-        if message.get("method") == "initialize":
-            response = initialize_answer(message, "edge-session", "edges")
-            response.headers["Content-Location"] = f"{self.origin.upper()}/mcp"
-            return response
-        sse = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Content-Location": f"{self.origin}/mcp#s"}
-        )
-        await sse.prepare(request)
-        await sse.write(frame_body(orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {}})))
-        return sse
+def with_headers(answer: pb.Answer, headers: dict[str, str]) -> pb.Answer:
+    """``answer`` (a response not yet sent: not an SSE answer) with ``headers`` added."""
+
+    async def answered(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        response = await answer(playbook, request, seen)
+        response.headers.update(headers)
+        return response
+
+    return answered
 
 
 async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None:
-    upstream = Redirector()
+    upstream = Playbook(session_ids=[SESSION])
     url = await serve(upstream.app())
-    upstream.origin = url.removesuffix("/mcp")
+    redirecting(upstream, url.removesuffix("/mcp"))
     async with running_proxy(url) as proxy, asyncio.timeout(TIMEOUT):
         base = proxy.url.removesuffix("/mcp")
         async with http.post(f"{base}/mcp/", data=INIT, headers=MCP, allow_redirects=False) as response:
@@ -221,55 +229,57 @@ async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None
 # -- 3. compressed answers from the upstream ---------------------------------------------------------------
 
 
-class Compressing(Recorder):
+def compressing() -> Playbook:
     """Compresses every answer with gzip whatever the request's ``Accept-Encoding`` says (SSE flushed per
     event, as a compressing server streams it); the tool ``brotli`` is answered in ``br``, which the proxy
-    cannot read. A GET opens a standalone stream with one notification, held until ``release``."""
+    cannot read. A GET opens a standalone stream with one notification, held at gate ``release``."""
+    upstream = Playbook(session_ids=[SESSION])
+    progress = pb.progress(1, progressToken=2, total=1)
+    upstream.on(None, gzip_sse(progress, pb.result({"content": [], "isError": False})))
+    note = pb.notification("notifications/message", data="hi")
+    upstream.on(None, gzip_sse(note, held_at="release"), http="GET")
+    upstream.on("initialize", gzipped(pb.initialize(name="edges")))
+    brotli = pb.sse(pb.raw(b"\x8b\x03\x80not really brotli\x03"), headers={"Content-Encoding": "br"})
+    upstream.on(None, brotli, when=lambda seen: seen.params.get("name") == "brotli")
+    return upstream
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
 
-    async def answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+def gzip_sse(*messages: pb.Data, held_at: str | None = None) -> pb.Answer:
+    """An SSE answer of ``messages`` in gzip, each event flushed (as a compressing server streams it); then
+    the gzip stream ends, or (``held_at``) the answer waits at that gate, its gzip stream unfinished."""
+
+    async def answer(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
         gzip = zlib.compressobj(wbits=31)
-        if request.method == "GET":
-            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "hi"}}
-            stream = await self._sse(request, "gzip")
-            await stream.write(gzip.compress(frame_body(orjson.dumps(note))) + gzip.flush(zlib.Z_SYNC_FLUSH))
-            await self.release.wait()
-            return stream
-        message = orjson.loads(body)
-        if message.get("method") == "initialize":
-            plain = initialize_answer(message, "edge-session", "edges")
-            assert isinstance(plain.body, bytes)
-            plain.body = gzip.compress(plain.body) + gzip.flush()
-            plain.headers["Content-Encoding"] = "gzip"
-            return plain
-        if message["params"]["name"] == "brotli":
-            stream = await self._sse(request, "br")
-            await stream.write(b"\x8b\x03\x80not really brotli\x03")
-            return stream
-        stream = await self._sse(request, "gzip")
-        progress = {"progressToken": 2, "progress": 1, "total": 1}
-        for event in (
-            {"jsonrpc": "2.0", "method": "notifications/progress", "params": progress},
-            {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "isError": False}},
-        ):
-            await stream.write(gzip.compress(frame_body(orjson.dumps(event))) + gzip.flush(zlib.Z_SYNC_FLUSH))
-        await stream.write(gzip.flush())
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"})
+        await stream.prepare(request)
+        for message in messages:
+            data = orjson.dumps(message(seen) if callable(message) else message)
+            await stream.write(gzip.compress(frame_body(data)) + gzip.flush(zlib.Z_SYNC_FLUSH))
+        if held_at is None:
+            await stream.write(gzip.flush())
+        else:
+            await playbook.hold(held_at)
         return stream
 
-    @staticmethod
-    async def _sse(request: web.Request, encoding: str) -> web.StreamResponse:
-        stream = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Content-Encoding": encoding}
-        )
-        await stream.prepare(request)
-        return stream
+    return answer
+
+
+def gzipped(answer: pb.Answer) -> pb.Answer:
+    """``answer`` (a whole ``web.Response``, not yet sent), its body compressed with gzip."""
+
+    async def answered(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        plain = await answer(playbook, request, seen)
+        assert isinstance(plain, web.Response) and isinstance(plain.body, bytes)
+        gzip = zlib.compressobj(wbits=31)
+        plain.body = gzip.compress(plain.body) + gzip.flush()
+        plain.headers["Content-Encoding"] = "gzip"
+        return plain
+
+    return answered
 
 
 async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> None:
-    upstream = Compressing()
+    upstream = compressing()
     url = await serve(upstream.app())
     gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
     # auto_decompress=False: the client sees the bytes the proxy sends, and their Content-Encoding.
@@ -296,7 +306,7 @@ async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> N
             assert "Content-Encoding" not in response.headers
             events = await collect(response, limit=1)
             assert orjson.loads(events[-1].data)["params"] == {"data": "hi"}
-        upstream.release.set()
+        upstream.open("release")
         brotli = {**call, "id": 3, "params": {"name": "brotli"}}
         async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
             assert response.status == 502
@@ -304,7 +314,7 @@ async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> N
         async with http.post(proxy.url, data=orjson.dumps(brotli), headers=in_session) as response:
             assert response.status == 409  # it ran upstream: never forwarded again
     # The proxy asked for every MCP answer as is; what it passes through untouched keeps the client's ask.
-    assert {headers.get("Accept-Encoding") for _, _, headers in upstream.seen} == {"identity"}
+    assert {headers.get("Accept-Encoding") for _, _, headers in received(upstream)} == {"identity"}
     assert len(upstream.seen) == 4
 
 
@@ -318,7 +328,7 @@ async def _eof_or_answer(reader: asyncio.StreamReader) -> bytes:
 
 
 async def test_connections_without_a_complete_head_are_closed_after_header_timeout(serve, http) -> None:
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     async with running_proxy(url, header_timeout=0.5) as proxy:
         silent = await asyncio.open_connection("127.0.0.1", proxy.port)
@@ -330,7 +340,7 @@ async def test_connections_without_a_complete_head_are_closed_after_header_timeo
         await until(lambda: proxy.connections.open == 0, what="both connections counted closed")
         async with http.post(proxy.url, data=INIT, headers=MCP) as response:  # a real client is served
             assert response.status == 200
-    assert [p for _, p, _ in upstream.seen] == ["/mcp"]
+    assert [p for _, p, _ in received(upstream)] == ["/mcp"]
 
 
 async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -346,7 +356,7 @@ async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
 
 
 async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     async with running_proxy(url, max_connections=8, header_timeout=60.0) as proxy:
         assert proxy.connections.limit == 8
@@ -369,13 +379,13 @@ async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
             assert response.status == 200
         for _, idle_writer in idle:
             idle_writer.close()
-    assert [p for _, p, _ in upstream.seen] == ["/ping"] * 8 + ["/mcp"]
+    assert [p for _, p, _ in received(upstream)] == ["/ping"] * 8 + ["/mcp"]
 
 
 async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(serve) -> None:
     """More slowloris connections than max_connections cannot lock a fresh client out: each new
     connection takes the place of the oldest one still waiting for its first request head."""
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     async with running_proxy(url, max_connections=20, header_timeout=300.0) as proxy:
         served = await _served(proxy.port)  # sent a request: never evicted
@@ -418,7 +428,7 @@ async def test_a_fresh_client_is_served_while_1000_slowloris_connections_are_ope
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 2 * 1001 + 256:  # the cap would be below 1,001
         pytest.skip(f"the hard descriptor limit ({hard}) cannot hold 1,001 client connections")
-    upstream = Recorder()
+    upstream = recording()
     url = await serve(upstream.app())
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
     try:

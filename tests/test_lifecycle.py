@@ -14,11 +14,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from mcpresume.daemon.app import RunningProxy
+from tests.conftest import ServeApp
+from tests.support import playbook as pb
 from tests.support.proxy import ScriptedClient, collect, running_proxy
-from tests.support.scripted import SESSION, catch_all, initialize_answer
 
 
 @contextlib.asynccontextmanager
@@ -132,19 +132,14 @@ async def test_drain_ends_a_view_still_open_at_drain_timeout_cleanly(example_ups
     )  # each with its cursor: the client re-attaches after the last
 
 
-async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) -> None:
+async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve: ServeApp) -> None:
     """An SSE stream the proxy relays as is (any path but the MCP endpoint; every request of a newer
     protocol era) is a view too: the drain ends it at its deadline, cleanly. It was cut when aiohttp gave
     up on it, twice the grace later."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: first\n\n")
-        await asyncio.sleep(3600)  # open until the proxy goes
-        return response
-
-    url = await serve(catch_all(handle))
+    upstream = pb.Playbook()
+    # open until the proxy goes: the gate is never opened
+    upstream.on(None, pb.sse(pb.event(b"first"), pb.wait("never")), http=None)
+    url = await serve(upstream.app())
     async with running_proxy(url, drain_timeout=0.5) as proxy, aiohttp.ClientSession() as http:
         other = proxy.url.rsplit("/", 1)[0] + "/events"  # not the MCP endpoint: relayed as is
         async with http.get(other) as relayed:
@@ -154,6 +149,23 @@ async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) ->
                 events = await collect(relayed)  # ends cleanly: collect raises on a cut body
                 await stopping
     assert [e.data for e in events] == [b"first"]
+
+
+def slow_upstream() -> pb.Playbook:
+    """An upstream that starts a session and takes notifications at its MCP endpoint, and never answers
+    anything else (gate ``asked``: a request is waiting for headers)."""
+
+    def at_mcp(seen: pb.Seen) -> bool:
+        return seen.path == "/mcp"
+
+    def notification(seen: pb.Seen) -> bool:
+        return at_mcp(seen) and isinstance(seen.message, dict) and "id" not in seen.message
+
+    upstream = pb.Playbook()
+    upstream.on(None, pb.never("asked"), http=None)  # no headers, ever
+    upstream.on("initialize", pb.initialize(name="slow"), when=at_mcp)
+    upstream.on(None, pb.status(202), when=notification)
+    return upstream
 
 
 @pytest.mark.parametrize(
@@ -167,32 +179,20 @@ async def test_drain_ends_a_relayed_sse_stream_at_its_deadline_cleanly(serve) ->
     ids=["call", "standalone-get", "delete", "passthrough"],
 )
 async def test_every_wait_for_the_upstream_ends_with_the_drain(
-    serve, method: str, path: str, at_once: bool
+    serve: ServeApp, method: str, path: str, at_once: bool
 ) -> None:
     """A request waiting for the upstream's headers is ended by the drain like a view (503 shutting_down):
     a standalone GET when the drain begins, the others at its deadline. They held the drain to twice its
     limit and were cut without an answer."""
-    asked = asyncio.Event()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if request.method == "POST" and request.path == "/mcp":
-            message = orjson.loads(await request.read())
-            if message.get("method") == "initialize":
-                return initialize_answer(message, SESSION, "slow")
-            if "id" not in message:
-                return web.Response(status=202)
-        asked.set()
-        await asyncio.sleep(3600)  # no headers, ever
-        return web.Response(status=500)
-
-    url = await serve(catch_all(handle))
+    upstream = slow_upstream()
+    url = await serve(upstream.app())
     drain_timeout = 30.0 if at_once else 0.5
     async with initialized(url, drain_timeout=drain_timeout) as (proxy, http, client):
         target = proxy.url.rsplit("/", 1)[0] + path
         request_id, body = client.tool_call("slow", {})
         async with asyncio.timeout(10):
             asking = asyncio.ensure_future(http.request(method, target, headers=client.headers(), data=body))
-            await asked.wait()
+            await upstream.arrived("asked").wait()
             stopping = asyncio.ensure_future(proxy.stop())
             async with await asking as response:
                 assert response.status == 503

@@ -1,9 +1,10 @@
 """Limits and admission checks, over HTTP against the real proxy (and, for the window caps, at the store).
 
 Each refusal is checked for its status, its JSON-RPC error body (``error.data.reason``), its metric where one
-exists, and that nothing else broke: another session keeps working afterwards. Scripted aiohttp upstreams
-produce what the SDK server can't on demand (a stream held open, an HTML answer, a 10 KB event, a request
-that gets no headers), and count what reached them, so "not forwarded" is checked, not assumed.
+exists, and that nothing else broke: another session keeps working afterwards. A playbook upstream
+(``tests/support/playbook.py``) produces what the SDK server can't on demand (a stream held open, an HTML
+answer, a 10 KB event, a request that gets no headers) and records what reached it, so "not forwarded" is
+checked, not assumed; paths other than the MCP endpoint have an aiohttp upstream of their own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,10 +30,10 @@ from mcpresume.core.window import Event, EventKind, EvictReason, Window, WindowL
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.logs import log_id
 from mcpresume.store.memory import MemoryStore
+from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
-from tests.support.scripted import catch_all, initialize_answer
 
 TIMEOUT = 10.0  # generous bound on anything a test awaits (a loaded 2-core box)
 
@@ -45,78 +47,63 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-class ToolUpstream:
-    """A scripted upstream: a distinct session id per ``initialize``; each ``tools/call`` behaves as named.
+def tool_upstream() -> pb.Playbook:
+    """The upstream of these checks: a distinct session id per ``initialize``; each ``tools/call`` behaves as
+    named (``params.name``), its result's text that name.
 
-    * ``hold``: an SSE stream with one progress notification, then the response once ``release`` is set.
-    * ``stall``: no answer at all (not even headers) until ``release`` is set, then an SSE response.
+    * ``hold``: an SSE stream with one progress notification, then the response once gate ``hold`` opens.
+    * ``stall``: no answer at all (not even headers) until gate ``stall`` opens, then an SSE response.
     * ``html``: ``200 text/html`` (not an answer the protocol allows for a request).
     * ``huge``: an SSE stream whose first event carries a 10 KB data line, then the response.
     * anything else: an SSE stream with the response at once.
 
-    A GET opens a standalone SSE stream that stays open until ``release`` is set. ``posts`` counts every POST
-    received, ``calls`` the tool names of the tools/call requests, in order.
+    A GET opens a standalone SSE stream that stays open until gate ``standalone`` opens. ``release`` opens
+    every gate; what reached the upstream is in its record (``post_count``, ``get_count``, ``tool_calls``).
     """
+    upstream = pb.Playbook(session_ids=[f"tool-session-{n}" for n in range(1, 100)])
+    response = pb.event(pb.result(_named), name="message")
+    progress = pb.event(lambda seen: pb.progress(1, progressToken=seen.id, total=2), name="message")
+    html = pb.status(200, "<html>not MCP</html>", headers={"Content-Type": "text/html; charset=utf-8"})
+    upstream.on("initialize", pb.initialize(name="tools"))
+    upstream.on("tools/call", pb.sse(response))
+    upstream.on("tools/call", pb.sse(progress, pb.wait("hold"), response), when=_tool("hold"))
+    upstream.on("tools/call", pb.held("stall", pb.sse(response)), when=_tool("stall"))
+    upstream.on("tools/call", html, when=_tool("html"))
+    upstream.on("tools/call", pb.sse(pb.event(b"x" * 10240, name="message"), response), when=_tool("huge"))
+    upstream.on(None, pb.sse(pb.wait("standalone")), http="GET")
+    return upstream
 
-    def __init__(self) -> None:
-        self.posts = 0
-        self.authorization: str | None = None  # of the last POST
-        self.gets = 0
-        self.sessions = 0
-        self.calls: list[str] = []
-        self.called = asyncio.Event()  # set at the first tools/call
-        self.release = asyncio.Event()
 
-    def app(self) -> web.Application:
-        return catch_all(self.handle)
+def _tool(name: str) -> Callable[[pb.Seen], bool]:
+    return lambda seen: seen.params.get("name") == name
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "DELETE":
-            return web.Response(status=200)
-        if request.method == "GET":
-            self.gets += 1
-            response = await self._sse(request)
-            await self.release.wait()
-            return response
-        self.posts += 1
-        self.authorization = request.headers.get("Authorization")
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            self.sessions += 1
-            return initialize_answer(message, f"tool-session-{self.sessions}", "tools")
-        if "id" not in message:
-            return web.Response(status=202)
-        name = message["params"]["name"]
-        self.calls.append(name)
-        self.called.set()
-        if name == "html":
-            return web.Response(text="<html>not MCP</html>", content_type="text/html")
-        if name == "stall":
-            await self.release.wait()
-        response = await self._sse(request)
-        if name == "hold":
-            await response.write(self._frame(self._progress(message["id"])))
-            await self.release.wait()
-        elif name == "huge":
-            await response.write(b"event: message\ndata: " + b"x" * 10240 + b"\n\n")
-        result = {"content": [{"type": "text", "text": name}], "isError": False}
-        await response.write(self._frame({"jsonrpc": "2.0", "id": message["id"], "result": result}))
-        return response
 
-    @staticmethod
-    async def _sse(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        return response
+def _named(seen: pb.Seen) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": seen.params.get("name")}], "isError": False}
 
-    @staticmethod
-    def _progress(request_id: Any) -> dict[str, Any]:
-        params = {"progressToken": request_id, "progress": 1, "total": 2}
-        return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
 
-    @staticmethod
-    def _frame(message: dict[str, Any]) -> bytes:
-        return frame_body(orjson.dumps(message))
+def release(upstream: pb.Playbook) -> None:
+    """Open every gate of ``tool_upstream``: held calls answer, standalone streams end."""
+    for gate in ("hold", "stall", "standalone"):
+        upstream.open(gate)
+
+
+def post_count(upstream: pb.Playbook) -> int:
+    return len(upstream.requests(http="POST"))
+
+
+def get_count(upstream: pb.Playbook) -> int:
+    return len(upstream.requests(http="GET"))
+
+
+def tool_calls(upstream: pb.Playbook) -> list[str]:
+    """The tool names of the tools/call requests received, in order."""
+    return [seen.params["name"] for seen in upstream.requests("tools/call")]
+
+
+def last_authorization(upstream: pb.Playbook) -> str | None:
+    """The ``Authorization`` header of the last POST received."""
+    return upstream.requests(http="POST")[-1].header("Authorization")
 
 
 class Client(ScriptedClient):
@@ -215,11 +202,11 @@ def raw_error(body: bytes) -> dict[str, Any]:
 
 
 async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_header_bytes=4096) as proxy:
         client = await works(http, proxy.url)
-        posts = upstream.posts
+        posts = post_count(upstream)
         # Many medium headers: each line far under aiohttp's own 8190-byte line limit, 6 KB in total.
         filler = {f"X-Filler-{i}": "v" * 1000 for i in range(6)}
         _, body = client.tool_call("echo", {"text": "x"})
@@ -227,7 +214,7 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
             assert response.status == 431
             error = await error_of(response)
         assert error["data"]["reason"] == "headers_too_large"
-        assert upstream.posts == posts  # refused before anything was forwarded
+        assert post_count(upstream) == posts  # refused before anything was forwarded
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="431") == 1
         # Under the limit, the same session goes on; so does another one.
         small = {f"X-Filler-{i}": "v" * 1000 for i in range(2)}
@@ -238,14 +225,14 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
 
 async def test_a_header_line_over_8_kib_within_max_header_bytes_is_forwarded(serve, http) -> None:
     # aiohttp's parser alone would refuse a line over 8190 bytes with a plain 400 before the proxy saw it.
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:  # max_header_bytes: 16 KiB
         client = await works(http, proxy.url)
         bearer = {"Authorization": "Bearer " + "t" * 9000}
         _, answer = await call_tool(same_session(client, bearer), "echo", {"text": "long"})
         assert "result" in answer
-        assert upstream.authorization == bearer["Authorization"]  # forwarded untouched
+        assert last_authorization(upstream) == bearer["Authorization"]  # forwarded untouched
         # Lines that each fit, over the limit together: 431 with its JSON-RPC body.
         for headers in ({"X-A": "v" * 9000, "X-B": "v" * 9000}, {f"X-H-{i}": "v" * 200 for i in range(100)}):
             _, body = client.tool_call("echo", {"text": "x"})
@@ -266,16 +253,16 @@ async def test_a_header_line_over_8_kib_within_max_header_bytes_is_forwarded(ser
 async def test_a_request_that_is_not_valid_http_is_one_warning_line_and_harms_nothing(
     serve, http, caplog: pytest.LogCaptureFixture, headers: list[tuple[bytes, bytes]], body: bytes
 ) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         client = await works(http, proxy.url)
-        posts = upstream.posts
+        posts = post_count(upstream)
         request = raw_request("POST", proxy.port, [(b"Content-Type", b"application/json"), *headers], body)
         with caplog.at_level(logging.INFO):
             status, _ = await raw_exchange(proxy.port, request)
         assert status == 400
-        assert upstream.posts == posts
+        assert post_count(upstream) == posts
         records = [r for r in caplog.records if r.name == "aiohttp.server"]
         assert len(records) == 1, [r.getMessage() for r in records]
         (record,) = records
@@ -290,7 +277,7 @@ async def test_a_request_that_is_not_valid_http_is_one_warning_line_and_harms_no
 
 
 async def test_body_arriving_slower_than_body_timeout_is_408_and_the_proxy_keeps_serving(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, body_timeout=0.3) as proxy:
         headers = [
@@ -315,43 +302,50 @@ async def test_body_arriving_slower_than_body_timeout_is_408_and_the_proxy_keeps
         assert status == 408
         assert raw_error(body)["data"]["reason"] == "body_timeout"
         assert 0.25 <= elapsed < 5.0, elapsed
-        assert upstream.posts == 0
+        assert post_count(upstream) == 0
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="408") == 1
         await works(http, proxy.url)
 
 
+@dataclass
 class FormUpstream:
-    """Paths other than the MCP endpoint (an OAuth token endpoint): ``/token`` reads its body whole, then
-    answers; ``/other`` answers at once. ``started`` and ``ended`` count the requests to ``/token`` that
-    reached it and that ended (read whole, or cut), ``bodies`` the bodies it read to their end."""
+    """Paths other than the MCP endpoint (an OAuth token endpoint), as a playbook whose rules see a request
+    while its body is still arriving (``unread``): ``/token`` reads its body whole, then answers; ``/early``
+    answers before it reads the body, then waits for the body; any other path answers at once. ``started``
+    and ``ended`` count the requests to those two that reached them and that ended (read whole, or cut),
+    ``bodies`` the bodies read to their end."""
 
-    def __init__(self) -> None:
-        self.started = 0
-        self.ended = 0
-        self.bodies: list[bytes] = []
+    playbook: pb.Playbook = field(default_factory=pb.Playbook)
+    started: int = 0
+    ended: int = 0
+    bodies: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.playbook.on(None, pb.reply(lambda seen: {"path": seen.path}), http=None)
+        self.playbook.on(None, self._token, http=None, when=lambda seen: seen.path == "/token", unread=True)
+        self.playbook.on(None, self._early, http=None, when=lambda seen: seen.path == "/early", unread=True)
 
     def app(self) -> web.Application:
-        return catch_all(self.handle)
+        return self.playbook.app()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.path == "/early":  # answers before it reads the body, then waits for the body
-            self.started += 1
-            early = web.StreamResponse(headers={"Content-Type": "text/plain"})
-            await early.prepare(request)
-            await early.write(b"begun ")
-            try:
-                self.bodies.append(await request.read())
-            finally:
-                self.ended += 1
-            await early.write(b"and done")
-            return early
-        if request.path == "/token":
-            self.started += 1
-            try:
-                self.bodies.append(await request.read())
-            finally:
-                self.ended += 1
-        return web.json_response({"path": request.path})
+    async def _read(self, request: web.Request) -> None:
+        self.started += 1
+        try:
+            self.bodies.append(await request.read())
+        finally:
+            self.ended += 1
+
+    async def _token(self, playbook: pb.Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        await self._read(request)
+        return web.json_response({"path": seen.path})
+
+    async def _early(self, playbook: pb.Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        early = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await early.prepare(request)
+        await early.write(b"begun ")
+        await self._read(request)
+        await early.write(b"and done")
+        return early
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
@@ -436,11 +430,11 @@ async def test_a_passthrough_body_too_slow_after_its_answer_began_cuts_the_conne
 
 
 async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_body_bytes=2048) as proxy:
         client = await works(http, proxy.url)
-        posts = upstream.posts
+        posts = post_count(upstream)
 
         async def chunks() -> AsyncIterator[bytes]:
             yield b'{"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"echo","x":"'
@@ -455,7 +449,7 @@ async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(se
             error = await error_of(response)
         assert error["data"]["reason"] == "body_too_large"
         assert error["data"]["limit"] == 2048
-        assert upstream.posts == posts
+        assert post_count(upstream) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="413") == 1
         _, answer = await call_tool(client, "echo", {"text": "small"})  # the session goes on
         assert "result" in answer
@@ -466,13 +460,13 @@ async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(se
 
 
 async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, allowed_origins="http://a, http://good") as proxy:
         assert proxy.ctx.settings.allowed_origins == ["http://a", "http://good"]  # parsed from one string
         good = await works(http, proxy.url, extra={"Origin": "http://good"})
         absent = await works(http, proxy.url)  # no Origin: a non-browser client
-        posts = upstream.posts
+        posts = post_count(upstream)
         for client in (good, absent):
             _, body = client.tool_call("echo", {"text": "x"})
             headers = client.headers(Origin="http://evil")
@@ -482,7 +476,7 @@ async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, 
         async with http.get(good.url, headers=good.headers(Origin="http://evil")) as response:
             assert response.status == 403
             assert (await error_of(response))["data"]["reason"] == "origin_not_allowed"
-        assert upstream.posts == posts and upstream.gets == 0
+        assert post_count(upstream) == posts and get_count(upstream) == 0
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 2
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="403") == 1
         _, answer = await call_tool(good, "echo", {"text": "after"})
@@ -491,18 +485,18 @@ async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, 
 
 
 async def test_allowed_hosts_refuse_a_host_not_listed(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, allowed_hosts="good.example,also.example:8080") as proxy:
         assert proxy.ctx.settings.allowed_hosts == ["good.example", "also.example:8080"]
         client = await works(http, proxy.url, extra={"Host": "good.example"})
-        posts = upstream.posts
+        posts = post_count(upstream)
         for host in ("evil.example", f"127.0.0.1:{proxy.port}", "also.example"):
             _, body = client.tool_call("echo", {"text": "x"})
             async with http.post(client.url, data=body, headers=client.headers(Host=host)) as response:
                 assert response.status == 403, host
                 assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
-        assert upstream.posts == posts
+        assert post_count(upstream) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 3
         await works(http, proxy.url, extra={"Host": "also.example:8080"})
 
@@ -511,11 +505,11 @@ async def test_allowed_hosts_refuse_a_host_not_listed(serve, http) -> None:
 
 
 async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         client = await works(http, proxy.url)
-        posts = upstream.posts
+        posts = post_count(upstream)
         port = proxy.port
         for bad in ("s" * 300, "has space"):
             _, body = client.tool_call("echo", {"text": "x"})
@@ -529,7 +523,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
         status, answer = await raw_exchange(port, raw_request("POST", port, headers, body))
         assert status == 400
         assert raw_error(answer)["data"]["reason"] == "bad_session_id"
-        assert upstream.posts == posts
+        assert post_count(upstream) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="400") == 3
 
         # Cursors, with a valid session: a huge one, a non-ASCII one (raw bytes).
@@ -549,7 +543,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
             assert raw_error(answer)["data"]["reason"] == "malformed_cursor"
         assert sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="malformed_cursor") == 3
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="400") == 3
-        assert upstream.gets == 0
+        assert get_count(upstream) == 0
         _, answer = await call_tool(client, "echo", {"text": "after"})  # the session itself is unharmed
         assert "result" in answer
         await works(http, proxy.url)
@@ -597,7 +591,7 @@ async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(ex
 
 
 async def test_a_second_concurrent_stream_beyond_max_streams_is_429_and_not_forwarded(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_streams_per_session=1, drain_timeout=1) as proxy:
         client = Client(http, proxy.url)
@@ -616,8 +610,8 @@ async def test_a_second_concurrent_stream_beyond_max_streams_is_429_and_not_forw
                     assert answer["id"] == second_id
                     assert answer["error"]["data"]["reason"] == "too_many_streams"
                     assert answer["error"]["data"]["limit"] == 1
-                    assert upstream.calls == ["hold"]  # the second call was not forwarded
-                    upstream.release.set()
+                    assert tool_calls(upstream) == ["hold"]  # the second call was not forwarded
+                    release(upstream)
                     rest = await collect(held)
                 assert [m["id"] for m in messages(rest) if "result" in m] == [first_id]
                 assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
@@ -627,17 +621,17 @@ async def test_a_second_concurrent_stream_beyond_max_streams_is_429_and_not_forw
                     assert response.status == 200
                     events = await collect(response)
                 assert [m["id"] for m in messages(events) if "result" in m] == [second_id]
-                assert upstream.calls == ["hold", "echo"]
+                assert tool_calls(upstream) == ["hold", "echo"]
                 await works(http, proxy.url)
         finally:
-            upstream.release.set()
+            release(upstream)
 
 
 # -- 8. what the upstream answers ------------------------------------------------------------------------
 
 
 async def test_upstream_answering_a_request_with_html_is_502_with_the_request_id(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         client = await works(http, proxy.url)
@@ -655,14 +649,14 @@ async def test_upstream_answering_a_request_with_html_is_502_with_the_request_id
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             assert response.status == 409
             assert (await error_of(response))["data"]["reason"] == "duplicate_request"
-        assert upstream.calls == ["echo", "html"]
+        assert tool_calls(upstream) == ["echo", "html"]
         _, answer = await call_tool(client, "echo", {"text": "after"})
         assert "result" in answer
         await works(http, proxy.url)
 
 
 async def test_upstream_event_over_max_event_bytes_completes_the_request_with_an_error(serve, http) -> None:
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_event_bytes=2048) as proxy:
         client = await works(http, proxy.url)
@@ -943,7 +937,7 @@ async def test_client_that_drops_at_once_loses_undelivered_events_with_overflow_
 async def test_max_streams_counts_requests_still_being_forwarded(serve, http) -> None:
     """A request still at the upstream (no answer, so no stream yet) counts against max_streams_per_session:
     truly concurrent POSTs cannot all pass the limit."""
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_streams_per_session=1, drain_timeout=1) as proxy:
         client = Client(http, proxy.url)
@@ -953,14 +947,14 @@ async def test_max_streams_counts_requests_still_being_forwarded(serve, http) ->
         first = asyncio.ensure_future(http.post(client.url, data=stall, headers=client.headers()))
         try:
             async with asyncio.timeout(TIMEOUT):
-                await upstream.called.wait()  # the first request is at the upstream, with no answer yet
+                await upstream.arrived("stall").wait()  # the first request is upstream, not answered yet
                 _, body = client.tool_call("echo", {"text": "x"})
                 async with http.post(client.url, data=body, headers=client.headers()) as response:
-                    assert upstream.calls == ["stall"]  # not forwarded
+                    assert tool_calls(upstream) == ["stall"]  # not forwarded
                     assert response.status == 429
                     assert (await error_of(response))["data"]["reason"] == "too_many_streams"
         finally:
-            upstream.release.set()
+            release(upstream)
             async with asyncio.timeout(TIMEOUT):
                 (await first).close()
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
@@ -968,7 +962,7 @@ async def test_max_streams_counts_requests_still_being_forwarded(serve, http) ->
 
 async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, http) -> None:
     """The view a POST will get is counted before the POST is forwarded: a 429 never ran upstream."""
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url, max_attached_per_session=1, drain_timeout=1) as proxy:
         client = Client(http, proxy.url)
@@ -981,16 +975,16 @@ async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, htt
                     async with http.post(client.url, data=body, headers=client.headers()) as response:
                         assert response.status == 429
                         assert (await error_of(response))["data"]["reason"] == "too_many_attachments"
-                    assert upstream.calls == []  # a 429 means "not processed": it must not have run
+                    assert tool_calls(upstream) == []  # a 429 means "not processed": it must not have run
         finally:
-            upstream.release.set()
+            release(upstream)
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
 
 
 async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> None:
     """aiohttp decodes non-UTF-8 header bytes to surrogates; hashing them for the log line must not fail
     (it was a plain-text 500)."""
-    upstream = ToolUpstream()
+    upstream = tool_upstream()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}})
@@ -1003,7 +997,7 @@ async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> No
         status, answer = await raw_exchange(proxy.port, raw_request("POST", proxy.port, headers, body))
         assert status == 400
         assert raw_error(answer)["data"]["reason"] == "bad_session_id"
-        assert upstream.posts == 0
+        assert post_count(upstream) == 0
         await works(http, proxy.url)
 
 

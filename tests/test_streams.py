@@ -14,10 +14,11 @@ from aiohttp import web
 from mcpresume.core.jsonrpc import response_keys
 from mcpresume.core.sse import SSEEvent, SSEParser
 from tests.conftest import ServeApp
+from tests.support import playbook as pb
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, running_proxy
 from tests.support.relay import SseEvent, parse_sse
-from tests.support.scripted import ScriptedUpstream, catch_all, initialize_answer
+from tests.support.scripted import ScriptedUpstream
 from tests.support.sdk import ProgressCall, count_slowly, sdk_session
 
 TIMEOUT = 30.0  # a hang guard, never a timing assertion
@@ -127,29 +128,33 @@ def test_response_keys_of_a_batch_event() -> None:
     assert response_keys(b"[not json") == ()
 
 
+def batch_upstream() -> pb.Playbook:
+    """A 2025-03-26 upstream: a batch POST is answered with an SSE stream of two events without ids (not
+    resumable), a batch of a server request and a notification, then a batch of the responses (``{"n": id}``
+    each); any other message but ``initialize`` gets 202."""
+    upstream = pb.Playbook(session_ids=["batch-session"])
+    server_batch = [
+        {"jsonrpc": "2.0", "id": "s1", "method": "roots/list"},
+        pb.notification("notifications/message", level="info", data="x"),
+    ]
+
+    def answers(seen: pb.Seen) -> list[dict[str, object]]:
+        assert isinstance(seen.message, list)
+        return [{"jsonrpc": "2.0", "id": item["id"], "result": {"n": item["id"]}} for item in seen.message]
+
+    upstream.on(None, pb.status(202), when=lambda seen: isinstance(seen.message, dict))
+    upstream.on("initialize", pb.initialize(name="batch"))
+    batch = pb.sse(pb.event(server_batch), pb.event(answers))
+    upstream.on(None, batch, when=lambda seen: isinstance(seen.message, list))
+    return upstream
+
+
 async def test_a_batch_event_settles_every_response_in_it_once(serve: ServeApp) -> None:
     """A 2025-03-26 upstream answers a batch POST with one SSE event holding both responses (after an event
     holding a batch of a server request and a notification). Each request id gets its result once, and no
     synthesized upstream_stream_lost error follows."""
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        doc = orjson.loads(await request.read())
-        if isinstance(doc, dict) and doc.get("method") == "initialize":
-            return initialize_answer(doc, "batch-session", "batch")
-        if isinstance(doc, dict):
-            return web.Response(status=202)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        server_batch = [
-            {"jsonrpc": "2.0", "id": "s1", "method": "roots/list"},
-            {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}},
-        ]
-        answers = [{"jsonrpc": "2.0", "id": item["id"], "result": {"n": item["id"]}} for item in doc]
-        for data in (server_batch, answers):
-            await response.write(b"data: " + orjson.dumps(data) + b"\n\n")  # no ids: not resumable
-        return response
-
-    url = await serve(catch_all(handle))
+    url = await serve(batch_upstream().app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -181,59 +186,41 @@ async def test_twelve_parallel_calls_of_one_sdk_session_all_succeed(example_upst
 # -- priming: every SSE response of a 2025-11-25 session starts with a cursor; none for older clients ------
 
 
-class StandaloneUpstream:
-    """A scripted upstream whose standalone GET stream sends what the test puts in ``queue`` (each item an
-    event's data), and whose tools/call answers with a progress notification and the result. With
-    ``ask_on_call``, a tools/call first sends a server request on the standalone stream; when no standalone
-    stream is open at that instant it is lost (``lost`` counts them), as with the SDK servers."""
+def standalone_upstream(*, asks: list[bool] | None = None) -> tuple[pb.Playbook, asyncio.Queue[bytes]]:
+    """An upstream whose standalone GET stream sends what the test puts in the queue returned (each item an
+    event's data); ``tools/list`` is answered at once, any other request with an SSE stream of a
+    notification and the result. With ``asks``, a tools/call first sends a server request on the standalone
+    stream, when its session's GET is open at that instant (else it is lost, as with the SDK servers), and
+    ``asks`` gets whether it was sent."""
+    upstream = pb.Playbook(session_ids=[f"standalone-{n}" for n in range(1, 100)])
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    note = pb.notification("notifications/message", level="info", data="x")
+    call = pb.sse(pb.event(note, name="message"), pb.event(pb.result({"content": []}), name="message"))
+    upstream.on(None, call, when=lambda seen: seen.id is not None and seen.method is not None)
+    upstream.on("initialize", pb.initialize(name="standalone"))
+    upstream.on("tools/list", pb.reply(pb.result({"tools": []})))
+    if asks is not None:
+        upstream.on("tools/call", asking(queue, call, asks))
+    upstream.on(None, pb.sse(pb.each(queue)), http="GET")
+    return upstream, queue
 
-    def __init__(self, *, ask_on_call: bool = False) -> None:
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self.ask_on_call = ask_on_call
-        self.open_gets = 0
-        self.sent = 0
-        self.lost = 0
-        self.sessions = 0
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "DELETE":
-            return web.Response(status=200)
-        if request.method == "GET":
-            return await self._standalone(request)
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            self.sessions += 1
-            answer = initialize_answer(message, f"standalone-{self.sessions}", "standalone")
-            return answer
-        if "method" not in message or "id" not in message:
-            return web.Response(status=202)  # notifications, and answers to the server's requests
-        if message["method"] == "tools/list":
-            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": {"tools": []}})
-        if self.ask_on_call and message["method"] == "tools/call":
-            if self.open_gets:
-                ask = {"jsonrpc": "2.0", "id": f"ask-{self.sent}", "method": "roots/list"}
-                self.sent += 1
-                self.queue.put_nowait(orjson.dumps(ask))
-            else:
-                self.lost += 1
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
-        result = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
-        for data in (note, result):
-            await response.write(b"event: message\ndata: " + orjson.dumps(data) + b"\n\n")
-        return response
+def asking(queue: asyncio.Queue[bytes], then: pb.Answer, asks: list[bool]) -> pb.Answer:
+    """Send a server request (``roots/list``) on the standalone stream if the caller's session has one open
+    now (``asks`` gets whether it did), then answer with ``then``."""
 
-    async def _standalone(self, request: web.Request) -> web.StreamResponse:
-        self.open_gets += 1  # on arrival, before anything is written: the server can send on it now
-        try:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            while True:
-                data = await self.queue.get()
-                await response.write(b"event: message\ndata: " + data + b"\n\n")
-        finally:
-            self.open_gets -= 1
+    async def answer(playbook: pb.Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        open_get = any(
+            get.session_id == seen.session_id and get.number in playbook.answering
+            for get in pb.gets(playbook)
+        )
+        if open_get:
+            ask = {"jsonrpc": "2.0", "id": f"ask-{seen.number}", "method": "roots/list"}
+            queue.put_nowait(orjson.dumps(ask))
+        asks.append(open_get)
+        return await then(playbook, request, seen)
+
+    return answer
 
 
 async def _first_event(response: aiohttp.ClientResponse) -> SSEEvent:
@@ -259,8 +246,8 @@ async def test_a_second_standalone_view_starts_with_a_priming_cursor(serve: Serv
     """A second GET of a 2025-11-25 session joins the one upstream standalone stream at its head. It starts
     with a priming event carrying a cursor, so after a drop it re-attaches and gets the server message the
     first view received meanwhile (it had only a retry: hint, no cursor, and missed it)."""
-    upstream = StandaloneUpstream()
-    url = await serve(catch_all(upstream.handle))
+    upstream, queue = standalone_upstream()
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -271,7 +258,7 @@ async def test_a_second_standalone_view_starts_with_a_priming_cursor(serve: Serv
                 assert second.status == 200
                 priming = await _first_event(second)
             assert priming.data == b"" and priming.id  # a cursor before any message
-            upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+            queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
             seen = await _first_event(first)
             assert seen.data.startswith(b'{"jsonrpc"')
             headers = client.headers(**{"Last-Event-ID": priming.id.decode()})
@@ -287,8 +274,8 @@ async def test_clients_before_2025_11_25_get_no_priming_and_a_cursor_on_every_me
     """A 2025-06-18 client (the TypeScript SDK 1.20 parses every event's data as JSON): no event without data
     on a POST stream, the standalone stream, a second standalone view or a re-attach; every message event
     carries a cursor, and the first one resumes the stream."""
-    upstream = StandaloneUpstream()
-    url = await serve(catch_all(upstream.handle))
+    upstream, queue = standalone_upstream()
+    url = await serve(upstream.app())
     old = "2025-06-18"
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         headers = {
@@ -313,10 +300,8 @@ async def test_clients_before_2025_11_25_get_no_priming_and_a_cursor_on_every_me
             posted = parse_sse(await response.read())
         async with http.get(proxy.url, headers=headers) as first:
             async with http.get(proxy.url, headers=headers) as second:
-                upstream.queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
-                upstream.queue.put_nowait(
-                    b'{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}'
-                )
+                queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{}}')
+                queue.put_nowait(b'{"jsonrpc":"2.0","method":"notifications/message","params":{"n":2}}')
                 joined = await _raw_events(second, 2)
             standalone = await _raw_events(first, 2)
             resume = {**headers, "Last-Event-ID": standalone[0].id or ""}
@@ -336,13 +321,14 @@ async def test_a_call_right_after_the_standalone_get_finds_that_stream_open(serv
     server request on its standalone stream as soon as a call arrives (as servers that elicit or sample
     do), so it must see the GET first: the proxy forwards the call only once the GET's request is sent
     (a new upstream connection) and not before, as the call would overtake it on a pooled one."""
-    upstream = StandaloneUpstream(ask_on_call=True)
-    url = await serve(catch_all(upstream.handle))
+    asks: list[bool] = []
+    upstream, _ = standalone_upstream(asks=asks)
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         for _ in range(50):
             async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
                 await session.call_tool("ask", {})
-    assert (upstream.sent, upstream.lost) == (50, 0)
+    assert (asks.count(True), asks.count(False)) == (50, 0)
 
 
 # -- views whose clients never read hold a small constant each ---------------------------------------------

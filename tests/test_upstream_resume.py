@@ -12,10 +12,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, memory_session, running_proxy
 from tests.support.relay import CuttingRelay
-from tests.support.scripted import SESSION, ScriptedUpstream, catch_all, initialize_answer, random_drops
+from tests.support.scripted import SESSION, ScriptedUpstream, random_drops
 from tests.support.sdk import count_slowly, sdk_session
 
 
@@ -136,6 +137,20 @@ async def test_upstream_that_forgot_the_session_gives_404_and_the_proxy_drops_it
         assert not await proxy.ctx.store.has_session(client.session_id)
 
 
+def id_upstream(upstream_id: bytes) -> pb.Playbook:
+    """A request streams one progress event with the upstream's id ``upstream_id`` (written as it is) and
+    ends before its response; a GET (the resume) streams the response to request 2."""
+    upstream = pb.Playbook(session_ids=[SESSION])
+    note = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p2","progress":1}}'
+    cut = pb.sse(pb.raw(b"id:" + upstream_id + b"\nretry: 10\ndata: " + note + b"\n\n"))
+    upstream.on(None, cut, when=lambda seen: seen.id is not None)
+    upstream.on("initialize", pb.initialize(name="ids"))
+    upstream.on(
+        None, pb.sse(pb.raw(b'data: {"jsonrpc":"2.0","id":2,"result":{"content":[]}}\n\n')), http="GET"
+    )
+    return upstream
+
+
 @pytest.mark.parametrize(
     ("upstream_id", "resumed"),
     [(b"   7", True), (b"a\x0bb", False)],
@@ -147,33 +162,14 @@ async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_i
     """An SSE id keeps the spaces after the one its colon takes; a header value cannot have them (a recipient
     strips them): they are stripped. An id with a control character cannot be sent back at all: the resume is
     refused without a GET or a retry, and the client gets the synthesized error."""
-    gets: list[str] = []
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if request.method == "GET":
-            gets.append(request.headers["Last-Event-ID"])
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await response.write(b'data: {"jsonrpc":"2.0","id":2,"result":{"content":[]}}\n\n')
-            return response
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "ids")
-        if "id" not in message:
-            return web.Response(status=202)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        note = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p2",'
-        note += b'"progress":1}}'
-        await response.write(b"id:" + upstream_id + b"\nretry: 10\ndata: " + note + b"\n\n")
-        return response  # ends the stream before the response: the proxy resumes it
-
-    url = await serve(catch_all(handle))
+    upstream = id_upstream(upstream_id)
+    url = await serve(upstream.app())
     async with running_proxy(url, upstream_resume_attempts=3) as proxy:
         async with asyncio.timeout(10):
             progress, responses = await call(proxy.url, 1)
         refused = sample(proxy.ctx.metrics, "mcpresume_upstream_resumptions_total", outcome="refused")
     assert progress == [1]
+    gets = [seen.last_event_id for seen in upstream.requests(http="GET")]
     if resumed:
         assert gets == ["7"]
         assert responses == [{"jsonrpc": "2.0", "id": 2, "result": {"content": []}}]
@@ -182,33 +178,27 @@ async def test_an_upstream_id_goes_back_as_a_header_can_carry_it_or_the_resume_i
         assert responses[0]["error"]["data"]["reason"] == "upstream_stream_lost"
 
 
-class EndingStandalone:
-    """An upstream whose standalone GET sends one message without an id and ends (not resumable); a
-    tools/call streams 10 progress events, then its response."""
+def ending_standalone() -> pb.Playbook:
+    """An upstream whose standalone GET sends one message without an id (``params.get``: which GET it is)
+    and ends (not resumable); a request streams 10 progress events, then its response."""
+    upstream = pb.Playbook(session_ids=[SESSION])
+    progress = [pb.event(pb.progress(k)) for k in range(10)]
+    call = pb.sse(*progress, pb.event(pb.result({"content": []})))
+    upstream.on(None, call, when=lambda seen: seen.id is not None)
+    upstream.on("initialize", pb.initialize(name="standalone"))
+    upstream.on(None, numbered_note, http="GET")
+    return upstream
 
-    def __init__(self) -> None:
-        self.gets = 0
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        if request.method == "GET":
-            self.gets += 1
-            await response.prepare(request)
-            note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"get": self.gets}}
-            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
-            return response  # ends the stream: no id, nothing to resume it from
-        message = orjson.loads(await request.read())
-        if message.get("method") == "initialize":
-            return initialize_answer(message, SESSION, "standalone")
-        if "id" not in message:
-            return web.Response(status=202)
-        await response.prepare(request)
-        for k in range(10):
-            note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": k}}
-            await response.write(b"data: " + orjson.dumps(note) + b"\n\n")
-        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
-        await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
-        return response
+async def numbered_note(playbook: pb.Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+    """A standalone GET's one message, numbered by the GETs received so far."""
+    number = len([get for get in playbook.requests(http="GET") if get.number <= seen.number])
+    note = pb.notification("notifications/message", get=number)
+    return await pb.sse(pb.event(note))(playbook, request, seen)
+
+
+def get_count(upstream: pb.Playbook) -> int:
+    return len(upstream.requests(http="GET"))
 
 
 def notes(events: list[Any]) -> list[int]:
@@ -223,8 +213,8 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
     the last cursor of it gets a new standalone stream (a new upstream GET), as it would connected directly;
     a re-attach to the ended one answered an empty stream to every retry, and no server message came again.
     A cursor before its end still gets the tail first, and only the tail."""
-    upstream = EndingStandalone()
-    url = await serve(catch_all(upstream.handle))
+    upstream = ending_standalone()
+    url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -238,12 +228,12 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
                 assert response.status == 200
                 tail = await collect(response)
-            assert notes(tail) == [1] and upstream.gets == 1
+            assert notes(tail) == [1] and get_count(upstream) == 1
             # The whole of it: a new standalone stream.
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-            assert notes(fresh) == [2] and upstream.gets == 2
+            assert notes(fresh) == [2] and get_count(upstream) == 2
             assert fresh[-1].id is not None
             assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
         reattached = sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="reattach")
@@ -254,8 +244,8 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
     """As above, once the ended stream's events were all evicted: a re-attach with its last cursor still
     opens a new standalone stream (it got 409 "no longer retained", and the SDK client stopped retrying: no
     server message came again); a cursor before its end is 409, since events after it were lost."""
-    upstream = EndingStandalone()
-    url = await serve(catch_all(upstream.handle))
+    upstream = ending_standalone()
+    url = await serve(upstream.app())
     async with running_proxy(url, window_events=6) as proxy, aiohttp.ClientSession() as http:
         client = ScriptedClient(http, proxy.url)
         await client.initialize()
@@ -275,4 +265,4 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-    assert notes(fresh) == [2] and upstream.gets == 2
+    assert notes(fresh) == [2] and get_count(upstream) == 2

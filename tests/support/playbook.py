@@ -22,7 +22,7 @@ and a predicate on the request (``when``); the newest matching rule answers (a t
 fixture's). With no rule, ``initialize`` starts a session (ids from ``session_ids``), a notification or a
 response gets 202, a DELETE 200, and anything else 501 (a test that reaches it is missing a rule).
 
-Every request is recorded (``seen``: method, JSON-RPC method and id, headers, body). Gates are named
+Every request is recorded (``seen``: method, JSON-RPC method and id, headers, query, body). Gates are named
 ``asyncio.Event``s: ``wait(name)`` holds a step until the test calls ``open(name)``; ``arrived(name)`` is set
 when a step reaches it, ``left(name)`` when the request was abandoned there (the proxy closed it). A name
 may be a function of the request (``wait(by_id)``: one gate per request id).
@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -53,6 +53,7 @@ class Seen:
     headers: dict[str, str]
     message: JsonBody | None  # the JSON body of a POST (a batch is a list), None otherwise
     number: int  # 1 for the first request the upstream saw
+    query: dict[str, str] = field(default_factory=dict)  # the URL's query parameters (the first of each)
 
     @property
     def method(self) -> str | None:
@@ -74,13 +75,19 @@ class Seen:
         arguments = self.params.get("arguments")
         return arguments.get("text") if isinstance(arguments, dict) else None
 
+    def header(self, name: str) -> str | None:
+        """A header's value, its name in any case (``headers`` keeps each name as it was sent: the proxy
+        forwards an SDK client's ``mcp-session-id`` in lower case)."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers.items() if key.lower() == wanted), None)
+
     @property
     def session_id(self) -> str | None:
-        return self.headers.get("Mcp-Session-Id")
+        return self.header("Mcp-Session-Id")
 
     @property
     def last_event_id(self) -> str | None:
-        return self.headers.get("Last-Event-ID")
+        return self.header("Last-Event-ID")
 
 
 Name = str | Callable[[Seen], str]  # a gate's name, or how to name it from the request
@@ -325,6 +332,7 @@ class Rule:
     http: str | None  # the HTTP method; None: any
     when: Callable[[Seen], bool] | None
     answer: Answer
+    unread: bool = False  # matched before the body is read (on what the head says): the answer reads it
 
     def matches(self, seen: Seen) -> bool:
         return (
@@ -340,6 +348,7 @@ class Playbook:
 
     session_ids: list[str] = field(default_factory=lambda: [SESSION])  # one per initialize; the last repeats
     seen: list[Seen] = field(default_factory=list)
+    answering: set[int] = field(default_factory=set)  # the ``number`` of each request still being answered
     rules: list[Rule] = field(default_factory=list)
     _gates: dict[str, asyncio.Event] = field(default_factory=dict)
     _arrived: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -353,10 +362,14 @@ class Playbook:
         *,
         http: str | None = "POST",
         when: Callable[[Seen], bool] | None = None,
+        unread: bool = False,
     ) -> Playbook:
         """Answer the requests of JSON-RPC ``method`` (None: any) over ``http`` (None: any) that ``when``
-        accepts with ``answer``. The newest matching rule answers."""
-        self.rules.append(Rule(method, http, when, answer))
+        accepts with ``answer``. The newest matching rule answers. ``unread``: the rule is matched on the
+        request's head before its body is read (``when`` sees no message, so ``method`` must be None), and
+        its answer reads the body if it wants it: an upstream that answers before a body has arrived."""
+        assert not (unread and method is not None), "an unread rule cannot match a JSON-RPC method"
+        self.rules.append(Rule(method, http, when, answer, unread))
         return self
 
     def app(self) -> web.Application:
@@ -411,21 +424,33 @@ class Playbook:
     # -- answering -----------------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        number = len(self.seen) + 1
+        head = Seen(request.method, request.path, dict(request.headers), None, number, dict(request.query))
+        unread = next((rule for rule in reversed(self.rules) if rule.unread and rule.matches(head)), None)
+        if unread is not None:
+            self.seen.append(head)
+            return await self._answer(unread.answer, request, head)
         body = await request.read() if request.method == "POST" else b""
         message: JsonBody | None = None
         if body:
             with contextlib.suppress(orjson.JSONDecodeError):
                 message = orjson.loads(body)
-        seen = Seen(request.method, request.path, dict(request.headers), message, len(self.seen) + 1)
+        seen = replace(head, message=message, number=len(self.seen) + 1)
         self.seen.append(seen)
-        for rule in reversed(self.rules):
-            if rule.matches(seen):
-                return await rule.answer(self, request, seen)
-        return await self._default(request, seen)
+        rule = next((rule for rule in reversed(self.rules) if not rule.unread and rule.matches(seen)), None)
+        return await self._answer(self._default if rule is None else rule.answer, request, seen)
 
-    async def _default(self, request: web.Request, seen: Seen) -> web.StreamResponse:
+    async def _answer(self, answer: Answer, request: web.Request, seen: Seen) -> web.StreamResponse:
+        self.answering.add(seen.number)
+        try:
+            return await answer(self, request, seen)
+        finally:
+            self.answering.discard(seen.number)
+
+    @staticmethod
+    async def _default(playbook: Playbook, request: web.Request, seen: Seen) -> web.StreamResponse:
         if seen.method == "initialize":
-            return await initialize()(self, request, seen)
+            return await initialize()(playbook, request, seen)
         if request.method == "DELETE":
             return web.Response(status=200)
         if request.method == "POST" and isinstance(seen.message, dict) and seen.id is None:

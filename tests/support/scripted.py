@@ -1,48 +1,31 @@
-"""A scripted MCP upstream (aiohttp) for what the SDK server can't do on demand: drop a stream after a
-chosen number of events, resume (or refuse to) from ``Last-Event-ID``, replay events twice."""
+"""A streaming playbook, for what the SDK server can't do on demand: drop a stream after a chosen number of
+events, resume (or refuse to) from ``Last-Event-ID``, replay events twice."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from aiohttp import web
 
+from tests.support.playbook import Playbook, Seen, initialize, status
+
 SESSION = "scripted-session-1"
 
 
-def catch_all(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.Application:
-    """An aiohttp app sending every method and path to ``handler``: an MCP endpoint wherever it is put."""
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    return app
-
-
-def initialize_answer(message: dict[str, Any], session_id: str, name: str) -> web.Response:
-    """A scripted upstream's answer to ``initialize``: it starts session ``session_id``."""
-    result = {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "serverInfo": {"name": name, "version": "1"},
-    }
-    return web.json_response(
-        {"jsonrpc": "2.0", "id": message["id"], "result": result}, headers={"Mcp-Session-Id": session_id}
-    )
-
-
 @dataclass
-class ScriptedUpstream:
-    """Each tools/call streams ``total`` progress notifications then the response, with ids ``<req>-<k>``.
+class ScriptedUpstream(Playbook):
+    """A playbook (``tests/support/playbook.py``) that streams: each request streams ``total`` progress
+    notifications then its response, with ids ``<req>-<k>``, and a GET + ``Last-Event-ID`` resumes after k.
 
     ``drops``: how each connection of a call ends early: a list consumed in order; each item is the number
     of events that connection sends before it ends (``None``: no early end). ``abort``: end by aborting the
     TCP connection (else a clean end of the chunked body). ``resumable``: answer GET + Last-Event-ID (else
     404). ``overlap``: on resume, replay this many events at or before the cursor (a sloppy event store).
-    ``send_ids``: put ids on events at all.
+    ``send_ids``: put ids on events at all. What it received: ``posts``, ``gets`` (the Last-Event-ID of
+    each GET), ``sessions`` (initialize requests answered, each with a fresh session id).
     """
 
     total: int = 20
@@ -52,40 +35,44 @@ class ScriptedUpstream:
     overlap: int = 0
     send_ids: bool = True
     retry_ms: int = 10
-    gets: list[str | None] = field(default_factory=list)  # Last-Event-ID of every GET received
-    posts: int = 0
     forget_session: bool = False  # answer every POST in a session with 404 (the upstream restarted)
     pad: int = 0  # bytes of padding in each progress notification
     start_delay: float = 0.0  # seconds before a stream's first event (after its retry: line)
-    sessions: int = 0  # initialize requests answered (each gets a fresh session id)
 
-    def app(self) -> web.Application:
-        return catch_all(self.handle)
+    def __post_init__(self) -> None:
+        self.on(None, self._call, when=lambda seen: seen.id is not None)
+        self.on("initialize", initialize(name="s"))
+        self.on(None, self._get, http="GET")
+        forgotten = status(404, "session not found")
+        self.on(None, forgotten, when=lambda seen: self.forget_session and seen.session_id is not None)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "DELETE":
-            return web.Response(status=200)
-        if request.method == "GET":
-            cursor = request.headers.get("Last-Event-ID")
-            self.gets.append(cursor)
-            if cursor is None:  # the standalone stream: server-initiated messages, as request "0"
-                return await self.stream(request, 0, 0)
-            if not self.resumable:
-                return web.Response(status=404)
-            request_id, _, k = cursor.rpartition("-")
-            return await self.stream(request, int(request_id), max(0, int(k) + 1 - self.overlap))
-        self.posts += 1
-        message = orjson.loads(await request.read())
-        if self.forget_session and "Mcp-Session-Id" in request.headers:
-            return web.Response(status=404, text="session not found")
-        if message.get("method") == "initialize":
-            self.sessions += 1
-            return initialize_answer(
-                message, SESSION if self.sessions == 1 else f"{SESSION}-{self.sessions}", "s"
-            )
-        if "id" not in message:
-            return web.Response(status=202)
-        return await self.stream(request, message["id"], 0)
+    def next_session(self) -> str:
+        self._sessions += 1
+        return SESSION if self._sessions == 1 else f"{SESSION}-{self._sessions}"
+
+    @property
+    def posts(self) -> int:
+        return len(self.requests(http="POST"))
+
+    @property
+    def gets(self) -> list[str | None]:
+        return [seen.last_event_id for seen in self.requests(http="GET")]
+
+    @property
+    def sessions(self) -> int:
+        return len(self.requests("initialize"))
+
+    async def _call(self, playbook: Playbook, request: web.Request, seen: Seen) -> web.StreamResponse:
+        return await self.stream(request, seen.id, 0)
+
+    async def _get(self, playbook: Playbook, request: web.Request, seen: Seen) -> web.StreamResponse:
+        cursor = seen.last_event_id
+        if cursor is None:  # the standalone stream: server-initiated messages, as request "0"
+            return await self.stream(request, 0, 0)
+        if not self.resumable:
+            return web.Response(status=404)
+        request_id, _, k = cursor.rpartition("-")
+        return await self.stream(request, int(request_id), max(0, int(k) + 1 - self.overlap))
 
     def event(self, request_id: int, k: int) -> bytes:
         if k < self.total:
