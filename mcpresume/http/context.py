@@ -64,6 +64,7 @@ class ProxyContext:
         await self.pumps.drain(within, hand_over=self.lease is not None)
 
     async def close(self) -> None:
+        """The lease released, then the hop, the upstream client and the store (this app's only) closed."""
         if self.lease is not None:  # released once nothing here pumps
             await self.lease.stop()
         if self.hop is not None:
