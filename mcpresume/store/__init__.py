@@ -1,12 +1,13 @@
-"""Where sessions live: the ``SessionStore`` protocol (the state every replica must share), and its
+"""Where sessions live: the ``SessionStore`` port (the state every replica must share), and its
 implementations.
 
 The store holds sessions and their epochs, the sequence, streams and their states, the window, request-id
 claims, stream groups and what a resume decision needs: plain data in and out, ``None`` for "session
-gone", wall-clock ``now`` passed in by the caller. What only one process knows (the views it serves, their
+gone", wall-clock ``now`` passed in by the caller. The port comes in the parts its callers need:
+``Sessions``, ``Claims``, ``Streams``, ``Registry`` (replicas and owners) and the store's own
+``Lifecycle``; ``SessionStore`` is all of them. What only one process knows (the views it serves, their
 readers, who waits for news) is in ``mcpresume.process.local``; the two meet in an append's ``Guard``
-(``core/flow.py``).
-``memory.MemoryStore`` is the embedded default. Every implementation must pass
+(``core/flow.py``). ``memory.MemoryStore`` is the embedded default. Every implementation must pass
 ``tests/test_store_contract.py``.
 
 News: ``read`` returns the session's ``version``, and the store calls the callback given to ``set_news``
