@@ -58,7 +58,7 @@ def tool_upstream() -> pb.Playbook:
     * anything else: an SSE stream with the response at once.
 
     A GET opens a standalone SSE stream that stays open until gate ``standalone`` opens. ``release`` opens
-    every gate; what reached the upstream is in its record (``post_count``, ``get_count``, ``tool_calls``).
+    every gate; what reached the upstream is in its record (``requests``, ``tool_calls``).
     """
     upstream = pb.Playbook(session_ids=[f"tool-session-{n}" for n in range(1, 100)])
     response = pb.event(pb.result(_named), name="message")
@@ -86,14 +86,6 @@ def release(upstream: pb.Playbook) -> None:
     """Open every gate of ``tool_upstream``: held calls answer, standalone streams end."""
     for gate in ("hold", "stall", "standalone"):
         upstream.open(gate)
-
-
-def post_count(upstream: pb.Playbook) -> int:
-    return len(upstream.requests(http="POST"))
-
-
-def get_count(upstream: pb.Playbook) -> int:
-    return len(upstream.requests(http="GET"))
 
 
 def tool_calls(upstream: pb.Playbook) -> list[str]:
@@ -206,7 +198,7 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
     url = await serve(upstream.app())
     async with running_proxy(url, max_header_bytes=4096) as proxy:
         client = await works(http, proxy.url)
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
         # Many medium headers: each line far under aiohttp's own 8190-byte line limit, 6 KB in total.
         filler = {f"X-Filler-{i}": "v" * 1000 for i in range(6)}
         _, body = client.tool_call("echo", {"text": "x"})
@@ -214,7 +206,7 @@ async def test_headers_over_max_header_bytes_are_431_and_not_forwarded(serve, ht
             assert response.status == 431
             error = await error_of(response)
         assert error["data"]["reason"] == "headers_too_large"
-        assert post_count(upstream) == posts  # refused before anything was forwarded
+        assert len(upstream.requests(http="POST")) == posts  # refused before anything was forwarded
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="431") == 1
         # Under the limit, the same session goes on; so does another one.
         small = {f"X-Filler-{i}": "v" * 1000 for i in range(2)}
@@ -257,12 +249,12 @@ async def test_a_request_that_is_not_valid_http_is_one_warning_line_and_harms_no
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         client = await works(http, proxy.url)
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
         request = raw_request("POST", proxy.port, [(b"Content-Type", b"application/json"), *headers], body)
         with caplog.at_level(logging.INFO):
             status, _ = await raw_exchange(proxy.port, request)
         assert status == 400
-        assert post_count(upstream) == posts
+        assert len(upstream.requests(http="POST")) == posts
         records = [r for r in caplog.records if r.name == "aiohttp.server"]
         assert len(records) == 1, [r.getMessage() for r in records]
         (record,) = records
@@ -302,7 +294,7 @@ async def test_body_arriving_slower_than_body_timeout_is_408_and_the_proxy_keeps
         assert status == 408
         assert raw_error(body)["data"]["reason"] == "body_timeout"
         assert 0.25 <= elapsed < 5.0, elapsed
-        assert post_count(upstream) == 0
+        assert len(upstream.requests(http="POST")) == 0
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="408") == 1
         await works(http, proxy.url)
 
@@ -434,7 +426,7 @@ async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(se
     url = await serve(upstream.app())
     async with running_proxy(url, max_body_bytes=2048) as proxy:
         client = await works(http, proxy.url)
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
 
         async def chunks() -> AsyncIterator[bytes]:
             yield b'{"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"echo","x":"'
@@ -449,7 +441,7 @@ async def test_chunked_body_over_max_body_bytes_is_413_without_content_length(se
             error = await error_of(response)
         assert error["data"]["reason"] == "body_too_large"
         assert error["data"]["limit"] == 2048
-        assert post_count(upstream) == posts
+        assert len(upstream.requests(http="POST")) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="413") == 1
         _, answer = await call_tool(client, "echo", {"text": "small"})  # the session goes on
         assert "result" in answer
@@ -466,7 +458,7 @@ async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, 
         assert proxy.ctx.settings.allowed_origins == ["http://a", "http://good"]  # parsed from one string
         good = await works(http, proxy.url, extra={"Origin": "http://good"})
         absent = await works(http, proxy.url)  # no Origin: a non-browser client
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
         for client in (good, absent):
             _, body = client.tool_call("echo", {"text": "x"})
             headers = client.headers(Origin="http://evil")
@@ -476,7 +468,7 @@ async def test_allowed_origins_refuse_others_and_accept_listed_or_absent(serve, 
         async with http.get(good.url, headers=good.headers(Origin="http://evil")) as response:
             assert response.status == 403
             assert (await error_of(response))["data"]["reason"] == "origin_not_allowed"
-        assert post_count(upstream) == posts and get_count(upstream) == 0
+        assert len(upstream.requests(http="POST")) == posts and len(upstream.requests(http="GET")) == 0
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 2
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="403") == 1
         _, answer = await call_tool(good, "echo", {"text": "after"})
@@ -490,13 +482,13 @@ async def test_allowed_hosts_refuse_a_host_not_listed(serve, http) -> None:
     async with running_proxy(url, allowed_hosts="good.example,also.example:8080") as proxy:
         assert proxy.ctx.settings.allowed_hosts == ["good.example", "also.example:8080"]
         client = await works(http, proxy.url, extra={"Host": "good.example"})
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
         for host in ("evil.example", f"127.0.0.1:{proxy.port}", "also.example"):
             _, body = client.tool_call("echo", {"text": "x"})
             async with http.post(client.url, data=body, headers=client.headers(Host=host)) as response:
                 assert response.status == 403, host
                 assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
-        assert post_count(upstream) == posts
+        assert len(upstream.requests(http="POST")) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="403") == 3
         await works(http, proxy.url, extra={"Host": "also.example:8080"})
 
@@ -509,7 +501,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
         client = await works(http, proxy.url)
-        posts = post_count(upstream)
+        posts = len(upstream.requests(http="POST"))
         port = proxy.port
         for bad in ("s" * 300, "has space"):
             _, body = client.tool_call("echo", {"text": "x"})
@@ -523,7 +515,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
         status, answer = await raw_exchange(port, raw_request("POST", port, headers, body))
         assert status == 400
         assert raw_error(answer)["data"]["reason"] == "bad_session_id"
-        assert post_count(upstream) == posts
+        assert len(upstream.requests(http="POST")) == posts
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="400") == 3
 
         # Cursors, with a valid session: a huge one, a non-ASCII one (raw bytes).
@@ -543,7 +535,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
             assert raw_error(answer)["data"]["reason"] == "malformed_cursor"
         assert sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="malformed_cursor") == 3
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="GET", status="400") == 3
-        assert get_count(upstream) == 0
+        assert len(upstream.requests(http="GET")) == 0
         _, answer = await call_tool(client, "echo", {"text": "after"})  # the session itself is unharmed
         assert "result" in answer
         await works(http, proxy.url)
@@ -997,7 +989,7 @@ async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> No
         status, answer = await raw_exchange(proxy.port, raw_request("POST", proxy.port, headers, body))
         assert status == 400
         assert raw_error(answer)["data"]["reason"] == "bad_session_id"
-        assert post_count(upstream) == 0
+        assert len(upstream.requests(http="POST")) == 0
         await works(http, proxy.url)
 
 

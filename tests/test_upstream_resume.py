@@ -197,10 +197,6 @@ async def numbered_note(playbook: pb.Playbook, request: web.Request, seen: pb.Se
     return await pb.sse(pb.event(note))(playbook, request, seen)
 
 
-def get_count(upstream: pb.Playbook) -> int:
-    return len(upstream.requests(http="GET"))
-
-
 def notes(events: list[Any]) -> list[int]:
     """The standalone GETs' messages (which GET sent each)."""
     return [orjson.loads(e.data)["params"]["get"] for e in events if e.data]
@@ -228,12 +224,12 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_in_a_new_one_for_a
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": priming})) as response:
                 assert response.status == 200
                 tail = await collect(response)
-            assert notes(tail) == [1] and get_count(upstream) == 1
+            assert notes(tail) == [1] and len(upstream.requests(http="GET")) == 1
             # The whole of it: a new standalone stream.
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-            assert notes(fresh) == [2] and get_count(upstream) == 2
+            assert notes(fresh) == [2] and len(upstream.requests(http="GET")) == 2
             assert fresh[-1].id is not None
             assert fresh[-1].id.decode().split("-")[1] != last.split("-")[1]  # another stream
         reattached = sample(proxy.ctx.metrics, "mcpresume_resumptions_total", outcome="reattach")
@@ -265,4 +261,4 @@ async def test_a_standalone_stream_the_upstream_ended_goes_on_after_it_left_the_
             async with http.get(client.url, headers=client.headers(**{"Last-Event-ID": last})) as response:
                 assert response.status == 200
                 fresh = await collect(response)
-    assert notes(fresh) == [2] and get_count(upstream) == 2
+    assert notes(fresh) == [2] and len(upstream.requests(http="GET")) == 2

@@ -372,9 +372,11 @@ class Playbook:
         self.rules.append(Rule(method, http, when, answer, unread))
         return self
 
-    def app(self) -> web.Application:
+    def app(self, *, expect_handler: Any = None) -> web.Application:
+        """The upstream as an aiohttp app, every method and path to its rules (``expect_handler``: how it
+        answers ``Expect: 100-continue``, aiohttp's own when None)."""
         app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=expect_handler)
         return app
 
     # -- gates ---------------------------------------------------------------------------------------------
