@@ -160,5 +160,9 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
     """Every async test runs twice: on uvloop, the loop the daemon runs on (Linux, macOS), and on asyncio's
     own, its fallback elsewhere. uvloop differs where it matters here (its transports are not
-    asyncio.Transport subclasses; its create_connection has no happy_eyeballs_delay)."""
+    asyncio.Transport subclasses; its create_connection has no happy_eyeballs_delay). A test marked
+    ``processes`` runs once, on uvloop: the proxies it tests are processes of their own (on the daemon's
+    loop), and the test's own loop only drives clients."""
+    if item.get_closest_marker("processes") is not None:
+        return {"uvloop": uvloop.new_event_loop}
     return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}

@@ -31,8 +31,9 @@ class SlowStore(MemoryStore):
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
-        appended = await super().append_run(session_id, stream, run, now, guard, upstream_cursor)
+        appended = await super().append_run(session_id, stream, run, now, guard, upstream_cursor, fence)
         during, self.during = self.during, None
         if during is not None:
             during()

@@ -14,7 +14,8 @@ import pytest
 from mcpresume.core.window import WindowLimits
 from mcpresume.process.config import Settings, SettingsError, check_advertise_url, load_settings
 from mcpresume.process.metrics import Metrics
-from mcpresume.replicas.lease import Lease, renew_interval
+from mcpresume.replicas.lease import DuplicateReplica, Lease, renew_interval
+from mcpresume.store import ReplicaEntry
 from mcpresume.store.memory import MemoryStore
 from tests.support.metrics import sample
 
@@ -31,6 +32,7 @@ class FakeRegistry:
         self.registrations: list[tuple[str, str, float, float]] = []
         self.released: list[str] = []
         self._counted: dict[int, asyncio.Event] = {}
+        self.entry: ReplicaEntry | None = None  # what replica_entry answers: nobody registered before
 
     def reached(self, count: int) -> asyncio.Event:
         """Set once ``count`` registrations (failed ones included) were asked for."""
@@ -39,7 +41,9 @@ class FakeRegistry:
             event.set()
         return event
 
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
         self.registrations.append((replica_id, url, ttl, now))
         for count, event in self._counted.items():
             if len(self.registrations) >= count:
@@ -54,6 +58,9 @@ class FakeRegistry:
 
     async def live_replicas(self, now: float) -> int:
         return 3
+
+    async def replica_entry(self, replica_id: str) -> ReplicaEntry | None:
+        return self.entry
 
 
 class Clock:
@@ -164,3 +171,62 @@ def test_advertise_url_and_lease_ttl_from_the_environment(monkeypatch: pytest.Mo
     assert settings.owner_lease_ttl == 4.5
     with pytest.raises(SettingsError, match="owner_lease_ttl"):
         load_settings({"owner_lease_ttl": 0})
+
+
+async def test_the_store_has_answered_for_as_long_as_renewals_kept_succeeding() -> None:
+    """What a takeover waits for (http/route.py): a whole lease of renewals that all succeeded. A failed
+    renewal starts the count again."""
+    registry, metrics, clock = FakeRegistry(failing=frozenset({2})), Metrics(), Clock()
+    lease = Lease(registry, "pod-a", URL, 10.0, metrics, clock)
+    assert lease.answered_for(clock.now) == 0.0  # nothing renewed yet: no evidence at all
+    assert await lease.renew()
+    first = lease.answering_since
+    assert first is not None
+    assert lease.answered_for(first + 12.0) == pytest.approx(12.0)
+    assert not await lease.renew()  # the second fails: the good spell ends
+    assert lease.answered_for(clock.now + 100.0) == 0.0
+    assert await lease.renew()
+    assert lease.answering_since is not None and lease.answering_since > first
+    assert lease.answered_for(lease.answering_since + 3.0) == pytest.approx(3.0)
+
+
+async def test_a_live_registration_of_the_same_replica_id_that_answers_as_it_is_a_duplicate() -> None:
+    registry, metrics, clock = FakeRegistry(), Metrics(), Clock()
+    asked: list[str] = []
+
+    async def answers_as_pod_a(url: str) -> str | None:
+        asked.append(url)
+        return "pod-a"
+
+    registry.entry = ReplicaEntry("http://10.0.0.6:8080/mcp", "other-process", clock.now + 60.0)
+    lease = Lease(registry, "pod-a", URL, 10.0, metrics, clock, probe=answers_as_pod_a)
+    with pytest.raises(DuplicateReplica, match=r"pod-a.*10\.0\.0\.6"):
+        await lease.start()
+    assert asked == ["http://10.0.0.6:8080/mcp"]
+    assert registry.registrations == []  # the other process's registration is left alone
+
+
+@pytest.mark.parametrize(
+    "entry, answer",
+    [
+        (ReplicaEntry("http://10.0.0.6:8080/mcp", "old", 1e12), None),  # its previous process: silent
+        (ReplicaEntry("http://10.0.0.6:8080/mcp", "old", 1e12), "pod-b"),  # the URL is another replica's now
+        (ReplicaEntry("http://10.0.0.6:8080/mcp", "old", 0.0), "pod-a"),  # its lease ended: not checked
+        (ReplicaEntry(URL, "old", 1e12), "pod-a"),  # this URL: this process's own address now
+    ],
+)
+async def test_a_registration_that_is_not_a_live_twin_does_not_stop_the_start(
+    entry: ReplicaEntry, answer: str | None
+) -> None:
+    registry, metrics, clock = FakeRegistry(), Metrics(), Clock()
+
+    async def probe(url: str) -> str | None:
+        return answer
+
+    registry.entry = entry
+    lease = Lease(registry, "pod-a", URL, 10.0, metrics, clock, probe=probe)
+    await lease.start()
+    try:
+        assert len(registry.registrations) == 1
+    finally:
+        await lease.stop()

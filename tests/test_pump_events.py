@@ -195,7 +195,7 @@ async def test_room_is_asked_for_the_bytes_the_window_will_hold() -> None:
             appended.append(run)
             return Appended(Evicted())
 
-        async def end_stream(self, _sid: str, _stream: int, _now: float) -> None:
+        async def end_stream(self, _sid: str, _stream: int, _now: float, *_: object) -> None:
             return None
 
     class Response:  # an upstream answer delivering one chunk, then its end

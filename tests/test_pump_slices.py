@@ -31,9 +31,10 @@ class RecordingStore(MemoryStore):
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         self.appends.append((len(run), run.size))
-        return await super().append_run(session_id, stream, run, now, guard, upstream_cursor)
+        return await super().append_run(session_id, stream, run, now, guard, upstream_cursor, fence)
 
     async def append(
         self,
@@ -43,9 +44,10 @@ class RecordingStore(MemoryStore):
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         self.appends.append((len(events), sum(len(event.body) for event in events)))
-        return await super().append(session_id, stream, events, now, guard, upstream_cursor)
+        return await super().append(session_id, stream, events, now, guard, upstream_cursor, fence)
 
 
 async def _pump(window_events: int, window_bytes: int) -> tuple[Pump, RecordingStore]:

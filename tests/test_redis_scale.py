@@ -37,20 +37,24 @@ class Sidecar:
         self.port = free_port()
         self.process: asyncio.subprocess.Process | None = None
         self._log: asyncio.Future[None] | None = None
+        self.log: list[str] = []
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    async def start(self) -> None:
+    def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "mcpresume", "serve", "--upstream", self.upstream]
         argv += ["--port", str(self.port), "--metrics-port", "0", "--store", self.store]
         argv += ["--replica-id", self.name, "--advertise-url", self.url]
         argv += ["--owner-lease-ttl", str(LEASE_TTL), "--session-ttl", "30", "--drain-timeout", "1"]
         for key, value in self.settings.items():
             argv += ["--" + key.replace("_", "-"), str(value)]
+        return argv
+
+    async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            *argv, stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            *self.argv(), stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
         assert self.process.stderr is not None
         async with asyncio.timeout(30):
@@ -63,8 +67,9 @@ class Sidecar:
 
     async def _drain_log(self) -> None:
         assert self.process is not None and self.process.stderr is not None
-        while await self.process.stderr.readline():
-            pass
+        while line := await self.process.stderr.readline():
+            self.log.append(line.decode(errors="replace").rstrip())  # read on, so it never blocks; kept for
+            del self.log[:-200]  # a failing test's message (the last 200 lines)
 
     def signal(self, signum: int) -> None:
         assert self.process is not None

@@ -454,8 +454,8 @@ async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -
     await store.append(mine, live.number, [msg(), answer], now=0.0, upstream_cursor="upstream-7")
     await store.end_stream(mine, ended.number, now=0.0)
     assert await store.orphans("pod-a") == [
-        Orphan(mine, epoch, live.number, StreamOrigin.POST, pump, "upstream-7", ("n:1",))
-    ]
+        Orphan(mine, epoch, live.number, StreamOrigin.POST, pump, "upstream-7", ("n:1",), fence=1)
+    ]  # adopted by the owner's new process: under a new fence
     await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
     assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"
     assert await store.replica_url("pod-a", now=110.0) is None  # the lease ran out

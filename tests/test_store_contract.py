@@ -21,7 +21,7 @@ from mcpresume.core.session import Claim, ClaimOutcome, NewEvent, PumpRecord, St
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind, EvictReason, WindowLimits
 from mcpresume.process.local import News
-from mcpresume.store import OpenedStream, SessionStore, StoreStats
+from mcpresume.store import Fenced, OpenedStream, ReplicaEntry, SessionStore, StoreStats
 from mcpresume.store.memory import MemoryStore
 from tests.support import new_session_id
 from tests.support.events import kept
@@ -694,6 +694,22 @@ async def test_owner_and_replica_registry(store: SessionStore) -> None:
     assert await store.owner(sid) is None
 
 
+async def test_a_registration_is_kept_past_its_lease_until_pruned(store: SessionStore) -> None:
+    """A lapsed lease keeps the replica's URL and process token (a takeover checks whether it still
+    answers there); ``prune_replicas`` forgets the ones whose lease ended before a time, and only those."""
+    await store.register_replica("pod-a", "http://10.0.0.1:8080/mcp", ttl=10.0, now=0.0, instance="p1")
+    await store.register_replica("pod-b", "http://10.0.0.2:8080/mcp", ttl=10.0, now=50.0, instance="p2")
+    assert await store.replica_url("pod-a", now=30.0) is None  # lapsed
+    assert await store.replica_entry("pod-a") == ReplicaEntry("http://10.0.0.1:8080/mcp", "p1", 10.0)
+    assert await store.prune_replicas(before=10.0) == []  # its lease ended at 10.0, not before
+    assert await store.prune_replicas(before=59.0) == ["pod-a"]
+    assert await store.replica_entry("pod-a") is None
+    assert await store.replica_entry("pod-b") == ReplicaEntry("http://10.0.0.2:8080/mcp", "p2", 60.0)
+    assert await store.live_replicas(now=55.0) == 1
+    await store.release_replica("pod-b")
+    assert await store.replica_entry("pod-b") is None
+
+
 # -- stats -----------------------------------------------------------------------------------------------
 
 
@@ -763,6 +779,53 @@ async def test_the_sessions_of_a_lost_owner_are_taken_over_once(store: SessionSt
     await store.register_replica("c", "http://127.0.0.1:2/mcp", ttl=10.0, now=0.0)
     assert await store.lost_owners(now=1.0) == []
     assert await store.lost_owners(now=11.0) == ["b", "c"]  # both leases ran out
+
+
+async def test_a_takeover_fences_off_the_old_owners_writes(store: SessionStore) -> None:
+    """Ownership carries a fence that grows with every change of owner; a pump writes under the fence it
+    was given, and once the session changed hands its appends and its end of the stream are refused
+    (``Fenced``), nothing written, while the new owner's pass. So a paused owner that wakes after a takeover
+    can neither add events (a gap or a double beside the new owner's) nor end the stream under it."""
+    sid = new_session_id()
+    epoch = await store.create_session(sid, now=0.0, owner="a")
+    pump = PumpRecord((7,), "/mcp", (("mcp-session-id", "up-7"),))
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:7"], now=0.0, pump=pump)
+    assert opened is not None and opened.fence == 0
+    await store.append(sid, opened.number, [msg()], now=0.0, fence=opened.fence)
+    (taken,) = await store.take_over("a", by="b")
+    assert taken.fence == 1
+    with pytest.raises(Fenced) as refused:
+        await store.append(sid, opened.number, [msg()], now=0.0, fence=opened.fence)
+    assert (refused.value.fence, refused.value.current) == (0, 1)
+    with pytest.raises(Fenced):
+        await store.append(sid, opened.number, [msg()], now=0.0, upstream_cursor="u-9", fence=opened.fence)
+    with pytest.raises(Fenced):
+        await store.end_stream(sid, opened.number, now=0.0, fence=opened.fence)
+    await store.retire(sid, epoch, fence=opened.fence)  # a stale owner's retire: nothing
+    assert await store.claim(sid, ["n:8"]) == Claim(ClaimOutcome.NEW)
+    (orphan,) = await store.orphans("b")  # nothing the old owner tried reached the store
+    assert orphan.upstream_cursor is None and orphan.fence == 2  # adopted again: a new fence once more
+    result = await store.read(sid, [opened.number], 0)
+    assert result is not None and [e.seq for e in result.events] == [1, 2]  # priming, the one append
+    with pytest.raises(Fenced):
+        await store.append(sid, opened.number, [msg()], now=0.0, fence=taken.fence)  # superseded too
+    await store.append(sid, opened.number, [response(7)], now=0.0, fence=orphan.fence)
+    await store.end_stream(sid, opened.number, now=0.0, fence=orphan.fence)
+    result = await store.read(sid, [opened.number], 0)
+    assert result is not None and [e.seq for e in result.events] == [1, 2, 3] and result.complete
+    opened_later = await store.open_stream(sid, StreamOrigin.POST, ["n:9"], now=0.0, pump=pump)
+    assert opened_later is not None and opened_later.fence == 2  # a new stream: under the current fence
+
+
+async def test_an_unfenced_writer_is_never_refused(store: SessionStore) -> None:
+    """A session without owners (one replica) has fence 0, and a writer that names none is not checked."""
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+    assert opened is not None and opened.fence == 0
+    await store.append(sid, opened.number, [msg()], now=0.0)
+    await store.append(sid, opened.number, [response(1)], now=0.0, fence=0)
+    await store.end_stream(sid, opened.number, now=0.0)
 
 
 async def test_a_retired_session_takes_no_new_request_and_still_reads(store: SessionStore) -> None:

@@ -32,6 +32,11 @@ _FRAMING: Final = frozenset({"content-length"})
 # Set by a replica that forwards a request to the replica owning its session (its value: the forwarding
 # replica's id). A request that carries it is never forwarded again (core/route.py).
 HOP_HEADER: Final = "Mcp-Resume-Hop"
+# A replica's liveness check of another (``replicas/hop.py`` ``Hop.probe``): a request to the MCP endpoint
+# that carries it is answered by the proxy itself, 204 with the answering replica's id in REPLICA_HEADER
+# (503 while it drains), never forwarded anywhere.
+PROBE_HEADER: Final = "Mcp-Resume-Probe"
+REPLICA_HEADER: Final = "Mcp-Resume-Replica"
 
 # The proxy connects to the upstream's authority; the client's Host travels as X-Forwarded-Host
 # (the same default as nginx's proxy_pass). Expect: the proxy's HTTP server answers 100-continue itself
@@ -39,7 +44,7 @@ HOP_HEADER: Final = "Mcp-Resume-Hop"
 # upstream hop hold the body back for a 100 the upstream may never send.
 # The hop header: what arrives under its name is never passed on, to the upstream or to another replica;
 # a replica that forwards a request sets its own.
-_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect", HOP_HEADER.lower()})
+_REQUEST_ONLY_DROPS: Final = frozenset({"host", "expect", HOP_HEADER.lower(), PROBE_HEADER.lower()})
 
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"

@@ -162,6 +162,7 @@ class Orphan:
     pump: PumpRecord
     upstream_cursor: str | None  # the upstream's last event id appended; None: it sent none
     answered: tuple[str, ...]  # the request keys whose responses are in
+    fence: int = 0  # the session's fence once adopted: its pump writes under it (``store.Fenced``)
 
 
 @dataclass(slots=True)

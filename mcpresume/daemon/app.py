@@ -28,7 +28,7 @@ from mcpresume.process.drain import DRAIN_GRACE
 from mcpresume.process.logs import log_id
 from mcpresume.process.metrics import CONTENT_TYPE_LATEST, Metrics
 from mcpresume.replicas.hop import Hop, owner_head_timeout
-from mcpresume.replicas.lease import Lease
+from mcpresume.replicas.lease import DuplicateReplica, Lease
 from mcpresume.store import SessionStore
 from mcpresume.store.memory import MemoryStore
 from mcpresume.streams.upstream import Upstream
@@ -121,8 +121,16 @@ def build_app(
             reject=ctx.reject,
             drain=ctx.drain,
         )
+        hop = ctx.hop
+        probe_wait = max(settings.connect_timeout, settings.owner_lease_ttl / 2)
         ctx.lease = Lease(
-            store, settings.replica, settings.advertise_url, settings.owner_lease_ttl, metrics, clock
+            store,
+            settings.replica,
+            settings.advertise_url,
+            settings.owner_lease_ttl,
+            metrics,
+            clock,
+            probe=lambda url: hop.probe(url, probe_wait),
         )
     # client_max_size is enforced by the MCP handler itself (413 with a JSON-RPC body); aiohttp's own check
     # would answer in plain text, so it is set just above ours.
@@ -140,7 +148,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await ctx.upstream.start()
     if ctx.hop is not None and ctx.lease is not None:
         await ctx.hop.start()
-        await ctx.lease.start()
+        try:
+            await ctx.lease.start()
+        except DuplicateReplica:  # nothing may run beside the other process: all closed, then the error
+            await ctx.hop.close()
+            await ctx.upstream.close()
+            await ctx.store.close()
+            raise
     # Streams this replica's previous process was pumping when it died (a shared store kept them).
     app[PROXY].pumps.adopt(await ctx.store.orphans(ctx.settings.replica))
     reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx, app[PROXY]))
@@ -180,10 +194,24 @@ async def reap_once(ctx: ProxyContext) -> None:
 
 
 async def take_over_lost(ctx: ProxyContext, proxy: Proxy) -> None:
-    """Take over the sessions of replicas whose lease is gone (one winner each, by the store)."""
+    """Take over the sessions of replicas whose lease is gone (one winner each, by the store, and only on
+    evidence that they are: ``http/route.py``), and forget the registrations of replicas long dead."""
     for owner in await ctx.store.lost_owners(ctx.clock()):
         if owner != ctx.settings.replica:
             await proxy.routing.take_over(owner)
+    lease = ctx.lease
+    now = ctx.clock()
+    if lease is not None and lease.answered_for(now) >= lease.ttl:  # not on the leases an outage lapsed
+        pruned = await ctx.store.prune_replicas(now - prune_after(lease.ttl))
+        if pruned:
+            ctx.metrics.pruned_replicas.inc(len(pruned))
+            log.info("forgot the registration of replica(s) %s: no lease for a long time", ", ".join(pruned))
+
+
+def prune_after(ttl: float) -> float:
+    """How long after its lease ended a replica's registration is forgotten: 30 leases, 5 minutes at the
+    default lease, and never under a minute: long past any takeover of its sessions."""
+    return max(60.0, 30 * ttl)
 
 
 def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Application:
@@ -293,7 +321,13 @@ async def start_proxy(
         except ListenError:
             sock.close()
             raise
-    await runner.setup()
+    try:
+        await runner.setup()
+    except DuplicateReplica:
+        sock.close()
+        if admin_sock is not None:
+            admin_sock.close()
+        raise
     site = CappedSite(runner, sock, cap)
     await site.start()
     port = sock.getsockname()[1]

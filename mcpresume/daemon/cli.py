@@ -184,6 +184,7 @@ def freeze_long_lived() -> int:
 
 async def serve(settings: Settings) -> int:
     from mcpresume.daemon.app import ListenError, start_proxy
+    from mcpresume.replicas.lease import DuplicateReplica
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -192,8 +193,9 @@ async def serve(settings: Settings) -> int:
             loop.add_signal_handler(sig, stop.set)
     try:
         proxy = await start_proxy(settings)
-    except (ListenError, SettingsError, NotImplementedError) as exc:  # a port in use; settings that
-        # cannot serve together; the Redis store without its extra installed
+    except (ListenError, SettingsError, NotImplementedError, DuplicateReplica) as exc:  # a port in use;
+        # settings that cannot serve together; the Redis store without its extra installed; another live
+        # process with this replica id
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
     freeze_long_lived()

@@ -230,7 +230,7 @@ class Gets:
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
             if opened is not None:
                 reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
-                job = PumpJob.of(session_id, opened.number, record, log_id(session_id))
+                job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)
                 # The head is read before the pump starts reading the body (which lets go of it).
                 plan = ViewPlan(
                     (opened.number,),

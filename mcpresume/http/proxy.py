@@ -42,6 +42,8 @@ from mcpresume.core.errors import (
     ShuttingDown,
 )
 from mcpresume.core.headers import (
+    PROBE_HEADER,
+    REPLICA_HEADER,
     SESSION_HEADER,
     effective_allowed_hosts,
     header_bytes,
@@ -81,6 +83,11 @@ class Proxy:
         """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
         keeps every frame above its follow loop (tests/test_review_findings.py counts them)."""
         ctx, settings = self.ctx, self.settings
+        if PROBE_HEADER in request.headers and ctx.hop is not None and request.path == ctx.upstream.mcp_path:
+            # Another replica asks whether this one is alive (``Hop.probe``): a draining one is not.
+            return web.Response(
+                status=503 if ctx.drain.started else 204, headers={REPLICA_HEADER: settings.replica}
+            )
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")

@@ -5,11 +5,23 @@ over.
 ``core.route.route`` decides (its table is that module's docstring); ``hop.plan`` asks the store what it
 needs. ``Routing.route`` carries the decision out; ``Routing.take_over`` is the takeover: the store's atomic
 claim of a lost replica's sessions picks one winner, whose pumps resume their streams
-(``streams/starter.py``).
+(``streams/starter.py``), under a new fence (the old owner's late writes are refused).
+
+A lapsed lease is not enough to take a replica's sessions over: a store outage longer than the lease lapses
+every lease while every replica lives. The takeover needs evidence gathered while the store answers:
+
+1. the owner does not answer a direct liveness check at its registered URL (``Hop.probe``): a process
+   killed, stopped or frozen does not; one that does is alive (``owner_alive``), and the request goes to
+   it, lease or not;
+2. this replica has seen the store answer every renewal for a whole lease (``Lease.answered_for``): a live
+   owner renews within a third of a lease once the store is back, so a lease still lapsed after that is
+   the owner's own silence, not the store's (else ``too_soon``: the request is 503 ``owner_lost``, retry;
+   this guards against a check that failed on the way between replicas, not at the owner).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -46,6 +58,9 @@ class Routing:
     def __init__(self, ctx: ProxyContext, pumps: PumpStarter) -> None:
         self.ctx = ctx
         self.pumps = pumps
+        # One takeover at a time per lost owner: the requests that meet it meanwhile share its verdict.
+        self._takeovers: dict[str, asyncio.Task[str | None]] = {}
+        self._alive: set[str] = set()  # owners with a lapsed lease that answered (logged once each)
 
     async def route(self, request: web.Request, body: bytes, request_id: str | int | None = None) -> Routed:
         """Where a request of a session is served (with one replica, no ``advertise_url``: here)."""
@@ -58,9 +73,13 @@ class Routing:
         needs_upstream = routed.access is not None and _verify(ctx, request, routed.access)
         decision = await plan(ctx.store, request, here, ctx.clock(), needs_upstream=needs_upstream)
         if isinstance(decision, TakeOver):
-            await self.take_over(decision.owner)
+            alive_at = await self.take_over(decision.owner)
             routed = HERE  # what it read may have changed (a session retired): the handler reads again
-            decision = await plan(ctx.store, request, here, ctx.clock(), takeover_tried=True)
+            # The owner's URL when it answered alive (its lease lapsed in a store outage): it serves.
+            answered = None if alive_at is None else (decision.owner, alive_at)
+            decision = await plan(
+                ctx.store, request, here, ctx.clock(), takeover_tried=True, answered=answered
+            )
         match decision:
             case Forward(url=url):
                 with ctx.drain.upstream_wait(standalone=request.method == "GET"):
@@ -69,7 +88,7 @@ class Routing:
                 return Routed(ctx.reject(request, error, request_id))
             case Serve(lost_owner=str(owner)):
                 # Served without waiting for the takeover: the drain holds the task (step 5).
-                ctx.drain.spawn(self.take_over(owner), name="mcpresume-takeover")
+                ctx.drain.spawn(self._lost(owner), name="mcpresume-takeover")
         return routed
 
     async def _needs_upstream(self, request: web.Request) -> Routed:
@@ -80,10 +99,45 @@ class Routing:
             return HERE
         return Routed(asked=True, access=await self.ctx.store.access(session_id))
 
-    async def take_over(self, owner: str) -> None:
-        """A replica's lease is gone: its sessions become this replica's (the store picks one winner),
-        and their live streams are pumped here."""
-        ctx = self.ctx
+    async def _lost(self, owner: str) -> None:
+        await self.take_over(owner)
+
+    async def take_over(self, owner: str) -> str | None:
+        """A replica's lease is gone: on evidence that the replica is (module docstring), its sessions
+        become this replica's (the store picks one winner) and their live streams are pumped here. The
+        owner's URL when it answered a liveness check instead (nothing taken); else None. Concurrent calls
+        for one owner share one takeover."""
+        running = self._takeovers.get(owner)
+        if running is None:
+            running = self._takeovers[owner] = asyncio.ensure_future(self._take_over(owner))
+            running.add_done_callback(lambda _: self._takeovers.pop(owner, None))
+        return await asyncio.shield(running)
+
+    async def _take_over(self, owner: str) -> str | None:
+        ctx, lease, hop = self.ctx, self.ctx.lease, self.ctx.hop
+        entry = await ctx.store.replica_entry(owner)
+        if entry is not None and hop is not None and await hop.probe(entry.url, probe_timeout(ctx)) == owner:
+            ctx.metrics.takeovers.labels("owner_alive").inc()
+            if owner not in self._alive:
+                self._alive.add(owner)
+                log.warning(
+                    "replica %s's lease lapsed, but it answers at %s: its requests go to it, nothing is "
+                    "taken over (is its store connection failing?)",
+                    owner,
+                    entry.url,
+                )
+            return entry.url
+        self._alive.discard(owner)
+        if lease is not None and (answered := lease.answered_for(ctx.clock())) < lease.ttl:
+            ctx.metrics.takeovers.labels("too_soon").inc()
+            log.info(
+                "replica %s's lease lapsed and it does not answer, but the store has answered this replica "
+                "for %.1f s only of a lease's %.0f s: not taking its sessions over yet",
+                owner,
+                answered,
+                lease.ttl,
+            )
+            return None
         orphans = await ctx.store.take_over(owner, ctx.settings.replica)
         ctx.metrics.takeovers.labels("taken" if orphans else "nothing_left").inc()
         # Where this replica's upstream never saw a session (the sidecar layout), it is retired first: its
@@ -91,11 +145,20 @@ class Routing:
         for orphan in {o.session_id: o for o in orphans}.values():
             record = orphan.pump
             if not await upstream_knows(ctx, record.path_qs, record.resume_headers):
-                await ctx.store.retire(orphan.session_id, orphan.epoch)
+                await ctx.store.retire(orphan.session_id, orphan.epoch, orphan.fence)
                 log.info(
                     "session %s: this replica's upstream does not know it; retired", log_id(orphan.session_id)
                 )
         self.pumps.adopt(orphans, taken_from=owner)
+        return None
+
+
+def probe_timeout(ctx: ProxyContext) -> float:
+    """How long a liveness check of another replica waits for its answer: half a lease (a replica whose
+    loop stalls longer than that would lose its lease to a pause of that length anyway), at least the
+    connect timeout."""
+    ttl = ctx.settings.owner_lease_ttl
+    return max(ctx.settings.connect_timeout, ttl / 2)
 
 
 def _verify(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:

@@ -6,6 +6,8 @@ registry), so several proxies can live in one process (tests) and nothing leaks 
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -15,6 +17,9 @@ from mcpresume.core.window import Evicted, EvictReason
 from mcpresume.store import StoreStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+
+TAKEOVER_OUTCOMES: Final = ("taken", "nothing_left", "owner_alive", "too_soon")
 
 
 class Metrics:
@@ -127,12 +132,26 @@ class Metrics:
         self.takeovers = Counter(
             "mcpresume_takeovers",
             "Takeovers of a replica whose lease was gone, by outcome: taken (its live streams are pumped "
-            "here now), nothing_left (another replica took them, or it had none).",
+            "here now), nothing_left (another replica took them, or it had none), owner_alive (not taken: "
+            "the owner answered a direct liveness check, its requests go to it), too_soon (not taken: "
+            "this replica has not seen the store answer for a whole lease yet, so a lapsed lease proves "
+            "nothing).",
             ["outcome"],
             registry=r,
         )
-        for outcome in ("taken", "nothing_left"):
+        for outcome in TAKEOVER_OUTCOMES:
             self.takeovers.labels(outcome)
+        self.fenced_writes = Counter(
+            "mcpresume_fenced_writes",
+            "Writes of a pump refused because another process took its session over since (the pump "
+            "stepped down: the new owner resumes its stream).",
+            registry=r,
+        )
+        self.pruned_replicas = Counter(
+            "mcpresume_pruned_replicas",
+            "Registry entries of replicas whose lease had ended long ago, removed.",
+            registry=r,
+        )
         self.replicas = Gauge(
             "mcpresume_replicas", "Replicas with a live lease in the store, as this one last saw.", registry=r
         )

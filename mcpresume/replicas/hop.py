@@ -27,6 +27,8 @@ from mcpresume.core.errors import OwnerUnreachable, ProxyError, jsonrpc_error_bo
 from mcpresume.core.headers import (
     HOP_HEADER,
     LAST_EVENT_ID_HEADER,
+    PROBE_HEADER,
+    REPLICA_HEADER,
     SESSION_HEADER,
     end_to_end,
     forwarded,
@@ -54,11 +56,14 @@ async def plan(
     *,
     needs_upstream: bool = False,
     takeover_tried: bool = False,
+    answered: tuple[str, str] | None = None,
 ) -> Route:
     """Where ``request`` (to the MCP endpoint) is served: ``core.route.route`` on what the store says of its
     session's owner (``needs_upstream`` and ``takeover_tried`` as there). The store is asked only for a
     request routing depends on, and the owner's URL only when the owner is another replica. A session id
-    the handler will refuse (400) is not looked up."""
+    the handler will refuse (400) is not looked up. ``answered``: (replica id, URL) of a replica that answered
+    a liveness check there (``Hop.probe``): if it owns the session, it is live there, whatever its lease
+    says."""
     session_id = request.headers.get(SESSION_HEADER)
     kind = kind_of(
         request.method, session=session_id is not None, cursor=LAST_EVENT_ID_HEADER in request.headers
@@ -67,6 +72,8 @@ async def plan(
         return Serve()
     owner = await owners.owner(session_id)
     owner_url = await owners.replica_url(owner, now) if owner and owner != here else None
+    if owner_url is None and answered is not None and owner == answered[0] and owner != here:
+        owner_url = answered[1]
     return route(
         kind,
         owner=owner,
@@ -159,6 +166,25 @@ class Hop:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def probe(self, url: str, timeout: float) -> str | None:
+        """Who answers at ``url``, another replica's advertised MCP endpoint: its replica id, or None when
+        nothing answers there within ``timeout`` (a process killed, stopped, frozen), or a replica that is
+        draining. The liveness evidence a takeover needs besides a lapsed lease (``http/route.py``)."""
+        assert self._session is not None, "Hop.start() was not awaited"
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._session.get(
+                    url,
+                    headers={PROBE_HEADER: "1", HOP_HEADER: self.replica_id},
+                    allow_redirects=False,
+                    skip_auto_headers=_NO_AUTO_HEADERS,
+                ) as answer:
+                    if answer.status != 204:
+                        return None
+                    return answer.headers.get(REPLICA_HEADER)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
 
     async def forward(
         self, request: web.Request, body: bytes, url: str, request_id: Any = None

@@ -45,6 +45,29 @@ class OpenedStream:
     number: int
     epoch: str
     priming_seq: int
+    fence: int = 0  # the session's fence when it opened: the stream's pump writes under it
+
+
+class Fenced(Exception):
+    """A write under a fence that is no longer the session's: another process took the session over since
+    the writer was given it (ARCHITECTURE.md, "one writer per session"). Nothing was written; the writer
+    steps down from the session (its pump stops without ending the stream: the new owner pumps it)."""
+
+    def __init__(self, session_id: str, fence: int, current: int) -> None:
+        super().__init__(f"fence {fence} of the session is stale (now {current})")
+        self.session_id = session_id
+        self.fence = fence
+        self.current = current
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaEntry:
+    """A replica's registration, live or not: where it takes requests, which process registered it (a
+    random token per process), and until when its lease holds (the store's clock)."""
+
+    url: str
+    instance: str
+    lease_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +146,11 @@ class Sessions(Protocol):
 
     async def delete_session(self, session_id: str, epoch: str | None = None) -> bool: ...
 
-    async def retire(self, session_id: str, epoch: str) -> None:
+    async def retire(self, session_id: str, epoch: str, fence: int | None = None) -> None:
         """The session's upstream does not know it (after a takeover, in the sidecar layout): its request ids
         are claimed no more (``claim``: None, so a request is answered 404 ``unknown_session``), while
-        re-attaches still read what the window keeps, to the streams' ends."""
+        re-attaches still read what the window keeps, to the streams' ends. Nothing when ``fence`` (the
+        retiring owner's) is no longer the session's: a later owner decides."""
         ...
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
@@ -190,11 +214,13 @@ class Streams(Protocol):
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         """Append to a live stream, unless that would evict what ``guard`` protects (then nothing is
         appended: ``Appended.blocked``); returns what the window evicted to make room. ``upstream_cursor``:
         the upstream's last event id among them (kept for ``orphans``); RESPONSE events' keys are kept as
-        answered."""
+        answered. ``fence``: the writer's (``OpenedStream.fence``, ``Orphan.fence``): a stale one raises
+        ``Fenced`` and nothing is written (None: unfenced)."""
         ...
 
     async def append_run(
@@ -205,11 +231,14 @@ class Streams(Protocol):
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         """``append`` for a run of upstream message events (the hot path, see sse.SSERun)."""
         ...
 
-    async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...
+    async def end_stream(self, session_id: str, stream: int, now: float, fence: int | None = None) -> None:
+        """The stream is complete (``fence`` as ``append``: a stale one raises ``Fenced``)."""
+        ...
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         """Record that one client view follows ``streams`` together (POST + ``Last-Event-ID``): the view
@@ -237,7 +266,20 @@ class Registry(Protocol):
         """The replica id of the session's owner (None: session unknown)."""
         ...
 
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None: ...
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
+        """Register (or renew) ``replica_id`` at ``url`` until ``now + ttl``, by the process ``instance``."""
+        ...
+
+    async def replica_entry(self, replica_id: str) -> ReplicaEntry | None:
+        """The replica's registration whether its lease holds or not (None: never registered, released
+        on a drain, or pruned)."""
+        ...
+
+    async def prune_replicas(self, before: float) -> list[str]:
+        """Forget the registrations whose lease ended before ``before`` (replicas long dead); their ids."""
+        ...
 
     async def replica_url(self, replica_id: str, now: float) -> str | None:
         """Where the replica takes requests, while its lease holds (None: it expired or was released)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from mcpresume.core.cursor import new_epoch
@@ -37,7 +38,7 @@ from mcpresume.core.session import (
 )
 from mcpresume.core.sse import SSERun
 from mcpresume.core.window import Evicted, WindowLimits
-from mcpresume.store import GONE, OpenedStream, StoreStats
+from mcpresume.store import GONE, Fenced, OpenedStream, ReplicaEntry, StoreStats
 
 T = TypeVar("T")
 
@@ -116,8 +117,9 @@ class MemoryStore:
         self._total_bytes = 0
         self._trim_order: _TrimOrder | None = None  # while the total is near the cap (see the module doc)
         self._news: Callable[[str, int], None] = _no_news
-        self._replicas: dict[str, tuple[str, float]] = {}  # replica id -> (url, lease expiry)
+        self._replicas: dict[str, ReplicaEntry] = {}
         self._owners: dict[str, str] = {}  # session id -> owner, when not this store's only replica ("")
+        self._fences: dict[str, int] = {}  # session id -> its fence, once it changed owner (else 0)
 
     async def start(self) -> None:
         return None
@@ -199,6 +201,7 @@ class MemoryStore:
         if self._trim_order is not None:
             self._trim_order.forget(session_id)
         self._owners.pop(session_id, None)
+        self._fences.pop(session_id, None)
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._news(session_id, GONE)
@@ -233,18 +236,36 @@ class MemoryStore:
 
     # -- replicas (one process: the registry is a dict) --------------------------------------------------
 
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
-        self._replicas[replica_id] = (url, now + ttl)
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
+        self._replicas[replica_id] = ReplicaEntry(url, instance, now + ttl)
 
     async def replica_url(self, replica_id: str, now: float) -> str | None:
         entry = self._replicas.get(replica_id)
-        return entry[0] if entry is not None and entry[1] > now else None
+        return entry.url if entry is not None and entry.lease_until > now else None
+
+    async def replica_entry(self, replica_id: str) -> ReplicaEntry | None:
+        return self._replicas.get(replica_id)
+
+    async def prune_replicas(self, before: float) -> list[str]:
+        gone = [rid for rid, entry in self._replicas.items() if entry.lease_until < before]
+        for rid in gone:
+            del self._replicas[rid]
+        return gone
 
     async def release_replica(self, replica_id: str) -> None:
         self._replicas.pop(replica_id, None)
 
     async def live_replicas(self, now: float) -> int:
-        return sum(1 for _, expiry in self._replicas.values() if expiry > now)
+        return sum(1 for entry in self._replicas.values() if entry.lease_until > now)
+
+    # Twin: mcpresume/store/lua/common.lua fence_ok
+    def _fenced(self, session_id: str, fence: int | None) -> None:
+        """Raise ``Fenced`` when ``fence`` (None: an unfenced writer) is not the session's."""
+        current = self._fences.get(session_id, 0)
+        if fence is not None and fence != current:
+            raise Fenced(session_id, fence, current)
 
     async def access(self, session_id: str) -> SessionAccess | None:
         session = self._sessions.get(session_id)
@@ -324,7 +345,7 @@ class MemoryStore:
         self._moved(session)
         self._enforce_total()
         self._notify(session)
-        return OpenedStream(first.stream, session.epoch, first.seq)
+        return OpenedStream(first.stream, session.epoch, first.seq, self._fences.get(session_id, 0))
 
     async def standalone_stream(self, session_id: str) -> int | None:
         session = self._sessions.get(session_id)
@@ -338,8 +359,10 @@ class MemoryStore:
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         size = sum(len(event.body) for event in events)
+        self._fenced(session_id, fence)
         return self._append(
             session_id,
             stream,
@@ -358,7 +381,9 @@ class MemoryStore:
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
+        self._fenced(session_id, fence)
         return self._append(
             session_id,
             stream,
@@ -395,7 +420,8 @@ class MemoryStore:
         self._notify(session)
         return Appended(evicted)
 
-    async def end_stream(self, session_id: str, stream: int, now: float) -> None:
+    async def end_stream(self, session_id: str, stream: int, now: float, fence: int | None = None) -> None:
+        self._fenced(session_id, fence)
         session = self._sessions.get(session_id)
         if session is not None:
             session.end_stream(stream, now)
@@ -430,27 +456,33 @@ class MemoryStore:
 
     async def orphans(self, owner: str) -> list[Orphan]:
         owners = self._owners
-        return [
-            orphan
-            for session_id, session in self._sessions.items()
-            if owners.get(session_id, "") == owner
-            for orphan in session.orphans()
-        ]
+        found: list[Orphan] = []
+        for session_id, session in self._sessions.items():
+            if owners.get(session_id, "") == owner and (orphans := session.orphans()):
+                found.extend(self._adopted(session_id, orphans))
+        return found
 
     async def take_over(self, owner: str, by: str) -> list[Orphan]:
         owners = self._owners
         taken = [sid for sid, holder in owners.items() if holder == owner]
+        found: list[Orphan] = []
         for session_id in taken:
             owners[session_id] = by
-        return [orphan for session_id in taken for orphan in self._sessions[session_id].orphans()]
+            found.extend(self._adopted(session_id, self._sessions[session_id].orphans()))
+        return found
+
+    def _adopted(self, session_id: str, orphans: list[Orphan]) -> list[Orphan]:
+        """The session changes hands: a new fence, which ``orphans``' pumps write under."""
+        fence = self._fences[session_id] = self._fences.get(session_id, 0) + 1
+        return [replace(orphan, fence=fence) for orphan in orphans]
 
     async def lost_owners(self, now: float) -> list[str]:
-        live = {rid for rid, (_, expiry) in self._replicas.items() if expiry > now}
+        live = {rid for rid, entry in self._replicas.items() if entry.lease_until > now}
         return sorted(set(self._owners.values()) - live)
 
-    async def retire(self, session_id: str, epoch: str) -> None:
+    async def retire(self, session_id: str, epoch: str, fence: int | None = None) -> None:
         session = self._incarnation(session_id, epoch)
-        if session is not None:
+        if session is not None and (fence is None or fence == self._fences.get(session_id, 0)):
             session.retired = True
 
     # -- housekeeping ------------------------------------------------------------------------------------

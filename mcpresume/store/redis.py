@@ -72,7 +72,7 @@ from mcpresume.core.session import (
 )
 from mcpresume.core.sse import SSERun, priming_block
 from mcpresume.core.window import Evicted, EvictReason, Segment, WindowLimits
-from mcpresume.store import GONE, OpenedStream, StoreMetrics, StoreStats
+from mcpresume.store import GONE, Fenced, OpenedStream, ReplicaEntry, StoreMetrics, StoreStats
 from mcpresume.store.calls import RedisCalls, session_keys
 from mcpresume.store.copies import Copies, LastAppend, split
 from mcpresume.store.marks import Marks
@@ -84,6 +84,7 @@ T = TypeVar("T")
 INDEX: Final = "mcpresume:sessions"
 REPLICAS: Final = "mcpresume:{replicas}:leases"
 REPLICA_URLS: Final = "mcpresume:{replicas}:urls"
+REPLICA_INSTANCES: Final = "mcpresume:{replicas}:instances"
 
 
 # A read is a round trip here: a view takes up to this much per read (the memory store's reads stop at
@@ -364,7 +365,7 @@ class RedisStore:
         self._copies.epochs[session_id] = current.encode()
         self._copies.changed(session_id)  # its priming event came after it
         self._redis.notify(session_id, int(result[3]))
-        return OpenedStream(number, current, seq)
+        return OpenedStream(number, current, seq, int(result[4]))
 
     async def standalone_stream(self, session_id: str) -> int | None:
         value = await self._call("standalone_stream", self._client.hget(session_keys(session_id)[0], "sa"))
@@ -379,10 +380,11 @@ class RedisStore:
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
         answered = [e.response_key for e in events if e.response_key is not None]
         bodies = [e.body for e in events]
-        return await self._append(session_id, stream, bodies, now, guard, upstream_cursor, answered)
+        return await self._append(session_id, stream, bodies, now, guard, upstream_cursor, answered, fence)
 
     async def append_run(
         self,
@@ -392,8 +394,11 @@ class RedisStore:
         now: float,
         guard: Guard | None = None,
         upstream_cursor: str | None = None,
+        fence: int | None = None,
     ) -> Appended:
-        return await self._append(session_id, stream, list(run.blocks), now, guard, upstream_cursor, [])
+        return await self._append(
+            session_id, stream, list(run.blocks), now, guard, upstream_cursor, [], fence
+        )
 
     async def _append(
         self,
@@ -404,6 +409,7 @@ class RedisStore:
         guard: Guard | None,
         upstream_cursor: str | None,
         answered: list[str],
+        fence: int | None,
     ) -> Appended:
         if not bodies and guard is None and upstream_cursor is None:
             return NOT_APPENDED
@@ -428,6 +434,7 @@ class RedisStore:
             field,
             str(len(blob)),
             "" if carried is None else " ".join(map(str, (carried[0], *carried[1]))),
+            "" if fence is None else str(fence),
         )
         try:
             appended = self._redis.append(session_id, field, blob, args)
@@ -454,6 +461,9 @@ class RedisStore:
             pairs = [int(i) for i in result[1:]]  # (reader index, the seq it must reach), ...
             return Appended(Evicted(), tuple(pairs[0::2]), tuple(pairs[1::2]))
         self._copies.changed(session_id)
+        if status == "fenced":
+            self._tails.pop(key, None)
+            raise Fenced(session_id, -1 if fence is None else fence, int(result[1]))
         if status == "stale":
             # A repeated call (applied already), or another process appends to the stream: no-op.
             self._tails[key] = int(result[1])
@@ -461,11 +471,14 @@ class RedisStore:
             self._tails.pop(key, None)
         return NOT_APPENDED
 
-    async def end_stream(self, session_id: str, stream: int, now: float) -> None:
+    async def end_stream(self, session_id: str, stream: int, now: float, fence: int | None = None) -> None:
         self._tails.pop((session_id, stream), None)
-        version = await self._script("end_stream", "end", session_id, str(stream), _now_arg(now))
-        if version is not None:
-            self._redis.notify(session_id, int(version))
+        fence_arg = "" if fence is None else str(fence)
+        result = await self._script("end_stream", "end", session_id, str(stream), _now_arg(now), fence_arg)
+        if isinstance(result, list):  # {'fenced', the session's fence}
+            raise Fenced(session_id, -1 if fence is None else fence, int(result[1]))
+        if result is not None:
+            self._redis.notify(session_id, int(result))
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         await self._script("group_streams", "group", session_id, *map(str, streams))
@@ -629,6 +642,7 @@ class RedisStore:
             if raw is None:
                 continue
             record = orjson.loads(raw)
+            fence = int(record.get("fence", 0))
             for number, origin, pump, cursor, answered in record["streams"]:
                 found.append(
                     Orphan(
@@ -639,6 +653,7 @@ class RedisStore:
                         _pump_of(pump),
                         cursor or None,
                         tuple(answered) if isinstance(answered, list) else (),
+                        fence,
                     )
                 )
         return found
@@ -653,19 +668,48 @@ class RedisStore:
         live = await self._call("lost_owners", self._client.zrangebyscore(REPLICAS, f"({now!r}", "+inf"))
         return sorted(found - {_text(r) or "" for r in live})
 
-    async def retire(self, session_id: str, epoch: str) -> None:
-        await self._script("retire", "retire", session_id, epoch)
+    async def retire(self, session_id: str, epoch: str, fence: int | None = None) -> None:
+        await self._script("retire", "retire", session_id, epoch, "" if fence is None else str(fence))
 
     # -- replicas (the owner registry) ---------------------------------------------------------------------
 
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
         async def register() -> None:
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(REPLICAS, {replica_id: now + ttl})
                 pipe.hset(REPLICA_URLS, replica_id, url)
+                pipe.hset(REPLICA_INSTANCES, replica_id, instance)
                 await pipe.execute()
 
         await self._call("register_replica", register())
+
+    async def replica_entry(self, replica_id: str) -> ReplicaEntry | None:
+        lease, url, instance = await self._redis.batch(
+            "replica_entry",
+            [
+                ("ZSCORE", REPLICAS, replica_id),
+                ("HGET", REPLICA_URLS, replica_id),
+                ("HGET", REPLICA_INSTANCES, replica_id),
+            ],
+            strict=True,
+        )
+        if lease is None or url is None:
+            return None
+        return ReplicaEntry(_text(url) or "", _text(instance) or "", float(lease))
+
+    async def prune_replicas(self, before: float) -> list[str]:
+        client = self._client
+        found = await self._call("prune_replicas", client.zrangebyscore(REPLICAS, "-inf", f"({before!r}"))
+        ids = [_text(r) or "" for r in found]
+        if ids:
+            # Only the members still below ``before`` go; one that renewed in between keeps its lease, and
+            # its next renewal (a third of a lease later) writes its URL again.
+            await self._call("prune_replicas", client.zremrangebyscore(REPLICAS, "-inf", f"({before!r}"))
+            await self._call("prune_replicas", client.hdel(REPLICA_URLS, *ids))
+            await self._call("prune_replicas", client.hdel(REPLICA_INSTANCES, *ids))
+        return ids
 
     async def replica_url(self, replica_id: str, now: float) -> str | None:
         # Every request to another replica's session: the lease and the URL in one round trip (both keys
@@ -680,6 +724,7 @@ class RedisStore:
     async def release_replica(self, replica_id: str) -> None:
         await self._call("release_replica", self._client.zrem(REPLICAS, replica_id))
         await self._call("release_replica", self._client.hdel(REPLICA_URLS, replica_id))
+        await self._call("release_replica", self._client.hdel(REPLICA_INSTANCES, replica_id))
 
     async def live_replicas(self, now: float) -> int:
         return int(await self._call("live_replicas", self._client.zcount(REPLICAS, f"({now!r}", "+inf")))

@@ -23,6 +23,7 @@ waits for room, reconnects and counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -40,7 +41,7 @@ from mcpresume.core.sse import SSEParser, SSERun
 from mcpresume.process.drain import HAND_OVER
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.metrics import Metrics
-from mcpresume.store import Streams
+from mcpresume.store import Fenced, Streams
 from mcpresume.streams.upstream import Upstream, UpstreamAnswer
 
 log = logging.getLogger("mcpresume.pump")
@@ -69,10 +70,17 @@ class PumpJob:
     path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
     # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
     resume_headers: tuple[tuple[str, str], ...] = ()
+    # The session's fence the pump writes under (``OpenedStream.fence``, ``Orphan.fence``): once another
+    # process takes the session over, the store refuses the pump's writes and the pump steps down.
+    fence: int | None = None
 
     @classmethod
-    def of(cls, session_id: str, stream: int, record: PumpRecord, log_id: str) -> PumpJob:
-        return cls(session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers)
+    def of(
+        cls, session_id: str, stream: int, record: PumpRecord, log_id: str, fence: int | None = None
+    ) -> PumpJob:
+        return cls(
+            session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers, fence
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +226,31 @@ class Pump:
             if exc.args == (HAND_OVER,):
                 raise  # left live in the store: another replica resumes it upstream
             self.failure = "the proxy stopped reading the stream (shutdown or session end)"
-            await self._finish(wait=False)
+            with contextlib.suppress(Fenced):
+                await self._finish(wait=False)
             raise
-        await self._finish()
+        except Fenced as fenced:
+            self._step_down(fenced)
+            return
+        try:
+            await self._finish()
+        except Fenced as fenced:
+            self._step_down(fenced)
+
+    def _step_down(self, fenced: Fenced) -> None:
+        """Another process took the session over (``Fenced``): this pump writes nothing more and leaves the
+        stream live in the store; the new owner resumes it upstream from the last upstream id the store
+        holds, so what this pump read and could not append is read again there, never lost. (Its upstream
+        connection is released already, unread: closed, as a leaving client's.)"""
+        self.metrics.fenced_writes.inc()
+        log.warning(
+            "session %s stream %d: another replica owns the session now (fence %d, this pump's %d); "
+            "stepping down, the new owner resumes the stream",
+            self.job.log_id,
+            self.job.stream,
+            fenced.current,
+            fenced.fence,
+        )
 
     # -- one upstream connection -------------------------------------------------------------------------
 
@@ -384,8 +414,10 @@ class Pump:
     ) -> Awaitable[Appended]:
         job, store = self.job, self.store
         if isinstance(events, SSERun):
-            return store.append_run(job.session_id, job.stream, events, self.clock(), guard, cursor)
-        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor)
+            return store.append_run(
+                job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence
+            )
+        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence)
 
     async def _put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
         """``_put`` for the last slice of an upstream read: with the upstream's last id, when it is new."""
@@ -483,5 +515,7 @@ class Pump:
         finally:
             if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
                 await self._put(items, None)
-            end = functools.partial(self.store.end_stream, job.session_id, job.stream, self.clock())
+            end = functools.partial(
+                self.store.end_stream, job.session_id, job.stream, self.clock(), job.fence
+            )
             await (self._outlast(end, "ending the stream") if wait else end())

@@ -68,7 +68,9 @@ class PumpStarter:
         error for each pending request. Where this replica's upstream does not know the session (a dead
         replica's, in the sidecar layout), the session is then retired: its clients re-initialize."""
         for orphan in orphans:
-            job = PumpJob.of(orphan.session_id, orphan.stream, orphan.pump, log_id(orphan.session_id))
+            job = PumpJob.of(
+                orphan.session_id, orphan.stream, orphan.pump, log_id(orphan.session_id), orphan.fence
+            )
             pump = self._pump(job)
             pump.restore(orphan.upstream_cursor, orphan.answered)
             standalone = orphan.origin is StreamOrigin.GET
@@ -80,5 +82,5 @@ class PumpStarter:
     async def _adopted(self, pump: Pump, orphan: Orphan) -> None:
         await pump.run(None)
         if pump.upstream_forgot:
-            await self.store.retire(orphan.session_id, orphan.epoch)
+            await self.store.retire(orphan.session_id, orphan.epoch, orphan.fence)
             log.info("session %s: its upstream does not know it; new requests get 404", pump.job.log_id)

@@ -70,7 +70,9 @@ class _NoRelease:
     async def release_replica(self, replica_id: str) -> None:
         return None
 
-    async def register_replica(self, replica_id: str, url: str, ttl: float, now: float) -> None:
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
         return None
 
     async def live_replicas(self, now: float) -> int:

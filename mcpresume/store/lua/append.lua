@@ -1,14 +1,14 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
 -- answered request keys JSON or '', event count, their sizes (4 bytes little-endian each), the BD field the client set
 -- to their bodies (concatenated) in the same MULTI, their bytes, a delivery mark '<seq> <stream> ...' or ''
--- (applied first: delivered.lua's, carried):
+-- (applied first: delivered.lua's, carried), the writer's fence or '' (unfenced):
 -- {'ok', version, last seq, counts..., the stream's last seq evicted} | {'gone'} | {'noop'} | {'stale', last seq} |
--- {'blocked', (reader index, seq it must reach)...}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
+-- {'blocked', (reader index, seq it must reach)...} | {'fenced', the session's fence}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
 -- Twin: mcpresume/core/session.py SessionState.append_run, SessionState.refusal
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])
-if not load_meta({'epoch', 'nseq', 'ver', 'ne', 'nb', 'hc', 'hb', 'rx', 'ls'}) then redis.call('DEL', BD); return {'gone'} end
+if not load_meta({'epoch', 'nseq', 'ver', 'ne', 'nb', 'hc', 'hb', 'rx', 'ls', 'fen'}) then redis.call('DEL', BD); return {'gone'} end
 local marked, synced = false, false
 if ARGV[A + 10] ~= '' then
   local seq = nil
@@ -21,6 +21,7 @@ local function refused(reply)
   if marked and not synced then save_streams() end  -- the mark stands (a window found expired: redone later)
   return reply
 end
+if not fence_ok(ARGV[A + 11]) then return refused({'fenced', num('fen')}) end
 local s = stream(n)
 if s and s.v == 1 and expected ~= '' and tonumber(expected) ~= s.l then return refused({'stale', s.l}) end
 local counts, touched = new_counts(), {}

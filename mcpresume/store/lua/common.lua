@@ -383,3 +383,10 @@ end
 local function epoch_ok(epoch)
   return epoch == '' or meta.epoch == epoch
 end
+-- Fencing (ARCHITECTURE.md, invariant "one writer per session"): the meta's 'fen' grows with every change
+-- of owner (takeover.lua, orphans.lua); a pump's writes carry the fence it was given, and a write whose
+-- fence is not the session's is refused ('' : an unfenced writer, a session without owners).
+-- Twin: mcpresume/store/memory.py MemoryStore._fenced
+local function fence_ok(fence)
+  return fence == nil or fence == '' or num('fen') == tonumber(fence)
+end

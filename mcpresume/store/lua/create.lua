@@ -6,7 +6,7 @@ local nst, ver = 1, 0
 if old[1] then nst = tonumber(old[1]); ver = tonumber(old[2]) + 1 end
 drop_all()
 redis.call('HSET', META, 'sid', SID, 'epoch', epoch, 'nseq', 1, 'nst', nst, 'ver', ver, 'la', now,
-  'cred', cred, 'pv', '', 'inf', 0, 'ne', 0, 'nb', 0, 'hc', 0, 'hb', 0, 'lp', 0, 'own', owner, 'rc', 0, 'gone', '[]', 'gs', '', 'sa', '')
+  'cred', cred, 'pv', '', 'inf', 0, 'ne', 0, 'nb', 0, 'hc', 0, 'hb', 0, 'lp', 0, 'own', owner, 'fen', 0, 'rc', 0, 'gone', '[]', 'gs', '', 'sa', '')
 refresh()
 publish(ver)
 return ver

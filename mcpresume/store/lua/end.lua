@@ -1,7 +1,9 @@
--- end_stream (ARGV: stream, now): the version, or false (nothing changed).
+-- end_stream (ARGV: stream, now, the writer's fence or ''): the version, or false (nothing changed), or
+-- {'fenced', fence}.
 -- Twin: mcpresume/core/session.py SessionState.end_stream
 if not load_meta() then return false end
 local n, now = tonumber(ARGV[A]), ARGV[A + 1]
+if not fence_ok(ARGV[A + 2]) then return {'fenced', num('fen')} end
 local s = stream(n)
 if not s or s.v == 0 then return false end
 s.v = 0; mark(n)
