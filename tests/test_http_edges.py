@@ -336,16 +336,22 @@ async def test_connections_without_a_complete_head_are_closed_after_header_timeo
     assert [p for _, p, _ in received(upstream)] == ["/mcp"]
 
 
-async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A keep-alive connection that made a request and got its answer (it waits for no head)."""
+async def _served(port: int, before: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection that made a request (after the bytes ``before``) and got its answer (it waits
+    for no head)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await _ping(reader, writer, before)
+    return reader, writer
+
+
+async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, before: bytes = b"") -> None:
+    """A GET /ping on an open connection, answered 200 and read to its end."""
+    writer.write(before + b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     async with asyncio.timeout(TIMEOUT):
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         await reader.readexactly(length)
-    return reader, writer
 
 
 async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
@@ -397,6 +403,33 @@ async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(ser
         assert (await served[0].readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
         for _, writer in [served, *slow]:
             writer.close()
+
+
+async def test_at_the_cap_connections_that_sent_only_empty_lines_make_room(serve) -> None:
+    """Empty lines before a request line are no request (RFC 9112 section 2.2: a server ignores them): a
+    connection that sent only CRLFs (or bare CRs and LFs) is still waiting for its first head, evicted at the
+    cap for a fresh client; a request after empty lines is a request like any other."""
+    upstream = recording()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=6, header_timeout=300.0) as proxy:
+        served = await _served(proxy.port, before=b"\r\n\r\n")  # sent a request: never evicted
+        empty_lines = [b"\r\n\r\n", b"\r\n" * 64, b"\n\n\n", b"\r\r\r\r", b"\r\n\r"]
+        blank = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in empty_lines]
+        for (_, writer), lines in zip(blank, empty_lines, strict=True):
+            writer.write(lines)
+        await until(lambda: proxy.connections.open == 6, what="six connections open")
+        # Every empty line is read before the fresh clients come (the HTTP server reads whatever arrives).
+        await _ping(*blank[-1], before=b"\n")  # the newest blank one asks at last: a request
+        fresh = await _served(proxy.port)  # takes the place of the oldest blank one
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200  # and of the next
+        assert proxy.connections.evicted == 2 and proxy.connections.refused == 0
+        assert [await _eof_or_answer(reader) == b"" for reader, _ in blank[:2]] == [True, True]
+        assert not any(reader.at_eof() for reader, _ in blank[2:])
+        await _ping(*served)  # still open, still served
+        for _, writer in [served, fresh, *blank]:
+            writer.close()
+    assert [p for _, p, _ in received(upstream)] == ["/ping"] * 3 + ["/mcp", "/ping"]
 
 
 SLOWLORIS = """
