@@ -439,6 +439,7 @@ def test_the_docs_list_every_upstream_error_reason_the_code_counts() -> None:
     counted = set(re.findall(r'upstream_errors\.labels\("([a-z_]+)"\)', source))
     # and the reasons of the errors counted by class (ctx.reject counts every upstream error's reason)
     counted |= {"upstream_unreachable", "upstream_timeout", "upstream_bad_response", "event_too_large"}
+    counted |= {"upstream_bad_session_id"}
     assert "stream_dropped" in counted
     (row,) = [
         line

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from mcpresume.core.cursor import new_epoch
 from mcpresume.core.flow import Guard
+from mcpresume.core.headers import MAX_SESSION_ID_LEN
 from mcpresume.core.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import Event, EventKind, EvictReason, Window, WindowLimits
@@ -503,7 +504,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
         client = await works(http, proxy.url)
         posts = len(upstream.requests(http="POST"))
         port = proxy.port
-        for bad in ("s" * 300, "has space"):
+        for bad in ("s" * (MAX_SESSION_ID_LEN + 1), "has space"):
             _, body = client.tool_call("echo", {"text": "x"})
             headers = client.headers(**{"Mcp-Session-Id": bad})
             async with http.post(client.url, data=body, headers=headers) as response:
@@ -971,6 +972,47 @@ async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, htt
         finally:
             release(upstream)
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
+
+
+async def test_an_upstream_session_id_is_carried_up_to_the_bound_and_refused_at_initialize_beyond(
+    serve, http
+) -> None:
+    """One bound on both sides: a signed id the upstream issues (a JWT, 1,500 characters) is a session like
+    any other; one the proxy cannot carry (over the bound, or not visible ASCII) is refused at its
+    ``initialize`` with 502 ``upstream_bad_session_id``, and no session is begun (it was a 200, then 400
+    ``bad_session_id`` on every request, and a ``max_sessions`` slot held until the TTL)."""
+    signed = "eyJhbGciOiJIUzI1NiJ9." + "c" * 1450 + ".sig"
+    too_long = "t" * (MAX_SESSION_ID_LEN + 1)
+    upstream = tool_upstream()
+    upstream.session_ids = [signed, too_long, "not visible", "tool-session-fresh"]
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:
+        client = await works(http, proxy.url)  # initialize, then a tool call in the session
+        assert client.session_id == signed and len(signed) == 1475
+        fresh = Client(http, proxy.url)
+        for refused in (too_long, "not visible"):
+            params = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            }
+            body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+            async with http.post(proxy.url, data=body, headers=fresh.headers()) as response:
+                assert response.status == 502
+                assert "Mcp-Session-Id" not in response.headers
+                error = await error_of(response)
+            assert error["data"] == {
+                "reason": "upstream_bad_session_id",
+                "length": len(refused),
+                "limit": MAX_SESSION_ID_LEN,
+            }
+        assert (await proxy.ctx.store.stats()).sessions == 1  # the signed one only
+        # The upstream's session is ended where its id can be sent back (too long, but visible ASCII).
+        await until(lambda: upstream.requests(http="DELETE"), what="the upstream's session ended")
+        assert [seen.session_id for seen in upstream.requests(http="DELETE")] == [too_long]
+        reason = "upstream_bad_session_id"
+        assert sample(proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason=reason) == 2
+        await works(http, proxy.url)  # the next session begins as ever
 
 
 async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> None:

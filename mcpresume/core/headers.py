@@ -127,12 +127,21 @@ def forwarded(
 
 
 # Spec: a session id "MUST only contain visible ASCII characters (ranging from 0x21 to 0x7E)". The length
-# bound is ours: real ids are 32-64 characters; 256 leaves room and keeps a hostile header out of the store.
-MAX_SESSION_ID_LEN: Final = 256
+# bound is ours, one bound for both sides (what a client may send, what an upstream's initialize may issue:
+# an id the proxy cannot carry is refused there, http/send.py). Random ids are 32-64 characters, but an
+# upstream may issue a signed token (a JWT with a few claims: 300-1,500); 2,048 holds those and stays well
+# within the request header limits on the way (max_header_bytes, 16 KiB by default; aiohttp's and Node's
+# 8 KiB per field and more in all), while keeping a hostile header out of the store.
+MAX_SESSION_ID_LEN: Final = 2048
 
 
 def valid_session_id(value: str) -> bool:
-    return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+    return 0 < len(value) <= MAX_SESSION_ID_LEN and visible_ascii(value)
+
+
+def visible_ascii(value: str) -> bool:
+    """Whether every character of ``value`` is visible ASCII (0x21-0x7E)."""
+    return all("!" <= c <= "~" for c in value)
 
 
 # The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding

@@ -42,6 +42,7 @@ from mcpresume.core.errors import (
     ShuttingDown,
 )
 from mcpresume.core.headers import (
+    MAX_SESSION_ID_LEN,
     SESSION_HEADER,
     effective_allowed_hosts,
     header_bytes,
@@ -149,4 +150,4 @@ class Proxy:
             return
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
-            raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
+            raise BadSessionId(f"Mcp-Session-Id must be 1-{MAX_SESSION_ID_LEN} visible ASCII characters")
