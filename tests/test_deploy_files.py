@@ -271,7 +271,7 @@ def test_every_resume_outcome_is_exported_before_the_first_resume() -> None:
     # The dashboard's re-attach share divides the reattach series by all: without the series at 0 it shows
     # "No data" while every resume is refused, and rate() misses a series' first increment.
     rendered = Metrics().render().decode()
-    for outcome in OUTCOMES:
+    for outcome in (*OUTCOMES, "too_many_attachments"):  # the decision's, and the view's admission
         assert f'mcpresume_resumptions_total{{outcome="{outcome}"}} 0.0' in rendered
 
 

@@ -580,6 +580,63 @@ async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(ex
             assert response.status == 200  # ends the standalone stream's pump
 
 
+async def test_each_request_and_resume_is_counted_once_when_its_outcome_is_known(serve, http) -> None:
+    """A stream whose client drops (the drop the proxy exists for) is a request counted with the 200 it was
+    answered, though its handler is cancelled, and a request whose client leaves before any answer is counted
+    499; a re-attach refused 429 is ``too_many_attachments``, not ``reattach`` (both were counted so before
+    the view was admitted, and the cancelled requests not at all); an admitted one is timed."""
+    upstream = tool_upstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_attached_per_session=1, drain_timeout=1) as proxy:
+        metrics, local = proxy.ctx.metrics, proxy.ctx.local
+
+        def requests(method: str, status: str) -> float:
+            return sample(metrics, "mcpresume_requests_total", method=method, status=status)
+
+        def resumes(outcome: str) -> float:
+            return sample(metrics, "mcpresume_resumptions_total", outcome=outcome)
+
+        client = Client(http, proxy.url)
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                await client.initialize()
+                answered = requests("POST", "200")
+                hold_id, body = client.tool_call("hold", {})
+                held = await http.post(client.url, data=body, headers=client.headers())
+                assert held.status == 200
+                progress = (await collect(held, limit=1))[-1]  # the upstream holds the rest
+                assert progress.id is not None and progress.data
+                cursor = {"Last-Event-ID": progress.id.decode()}
+                # The POST's view is the session's one: a re-attach now is refused, and counted so.
+                async with http.get(client.url, headers=client.headers(**cursor)) as refused:
+                    assert refused.status == 429
+                assert (resumes("reattach"), resumes("too_many_attachments")) == (0, 1)
+                held.close()  # the client drops: its handler is cancelled
+            await until(lambda: requests("POST", "200") == answered + 1, what="the dropped stream counted")
+            await until(lambda: local.attached_total() == 0, what="the dropped view detached")
+            async with asyncio.timeout(TIMEOUT):
+                async with http.get(client.url, headers=client.headers(**cursor)) as resumed:
+                    assert resumed.status == 200
+                    assert resumes("reattach") == 1
+                    upstream.open("hold")
+                    rest = await collect(resumed)
+                assert [m["id"] for m in messages(rest) if "result" in m] == [hold_id]
+                assert sample(metrics, "mcpresume_resume_latency_seconds_count") == 1
+                assert requests("GET", "200") == 1 and requests("GET", "429") == 1
+                # A client that leaves while its request waits for the upstream's answer.
+                _, body = client.tool_call("stall", {})
+                leaving = asyncio.ensure_future(http.post(client.url, data=body, headers=client.headers()))
+                await upstream.arrived("stall").wait()
+                leaving.cancel()
+            await until(lambda: requests("POST", "499") == 1, what="the request its client left counted")
+            release(upstream)
+            await works(http, proxy.url)
+            assert requests("POST", "499") == 1 and requests("POST", "200") == answered + 3
+            assert (resumes("reattach"), resumes("too_many_attachments")) == (1, 1)
+        finally:
+            release(upstream)
+
+
 # -- 7. live streams per session -------------------------------------------------------------------------
 
 

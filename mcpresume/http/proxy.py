@@ -29,7 +29,9 @@ stable, and is logged in one line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Final
 
 from aiohttp import web
 
@@ -50,7 +52,7 @@ from mcpresume.core.headers import (
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import ANSWERED, ARRIVED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
 from mcpresume.http.get import Gets, Openings
@@ -61,6 +63,23 @@ from mcpresume.http.send import Sender
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")
+
+
+# The status a request is counted with when its client left (its handler cancelled) before any answer: the
+# one nginx logs for a client that closed its request.
+CLIENT_CLOSED: Final = 499
+
+
+def unreturned_status(request: web.Request, exc: BaseException) -> int:
+    """The status of a request whose handler did not return: the answer it was sent when its head went out
+    (an SSE view its client dropped: 200); else 499 when it was cancelled (handler_cancellation: its client
+    left; or the shutdown's last step), or the status aiohttp answers the exception with."""
+    answered: int | None = request.get(ANSWERED)
+    if answered is not None:
+        return answered
+    if isinstance(exc, asyncio.CancelledError):
+        return CLIENT_CLOSED
+    return int(exc.status) if isinstance(exc, web.HTTPException) else 500
 
 
 class Proxy:
@@ -82,6 +101,7 @@ class Proxy:
         """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
         keeps every frame above its follow loop (tests/test_review_findings.py counts them)."""
         ctx, settings = self.ctx, self.settings
+        request[ARRIVED] = asyncio.get_running_loop().time()
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
@@ -106,8 +126,16 @@ class Proxy:
                 response = await passthrough(ctx, request, body_stream(request, settings.body_timeout))
         except ProxyError as error:
             response = ctx.reject(request, error, None)
+        except BaseException as exc:  # counted when it ends, as every request: once (the client left, say)
+            ctx.metrics.requests.labels(request.method, str(unreturned_status(request, exc))).inc()
+            raise
         ctx.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
+
+    async def prepared(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The application's ``on_response_prepare``: the status a request was answered is known from here
+        (its handler may yet be cancelled)."""
+        request[ANSWERED] = response.status
 
     async def _other_path(self, request: web.Request) -> web.StreamResponse:
         """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the
