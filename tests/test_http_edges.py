@@ -311,6 +311,40 @@ async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> N
     assert len(upstream.seen) == 4
 
 
+async def test_a_request_passed_through_carries_no_header_the_client_did_not_send(serve) -> None:
+    """Requests passed through as is (any path but the MCP endpoint) keep the client's ``Accept-Encoding``,
+    absent included: aiohttp's client added one (and ``User-Agent``, ``Accept``) to a request without it, so
+    a client that never asked for compression (curl, a raw client) got a gzip body from an upstream that
+    compresses what its clients accept. A client that asks for it still gets it."""
+
+    async def compressing(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        response = web.json_response({"path": seen.path, "padding": "x" * 2000})
+        response.enable_compression()  # gzip or deflate when the request accepts one, else none
+        return response
+
+    upstream = Playbook()
+    upstream.on(None, compressing, http=None)
+    url = await serve(upstream.app())
+    nothing_added = {"Accept-Encoding", "User-Agent", "Accept"}  # this test client's own defaults, off
+    async with (
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=nothing_added) as http,
+        asyncio.timeout(TIMEOUT),
+    ):
+        base = proxy.url.removesuffix("/mcp")
+        async with http.get(f"{base}/plain") as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            assert orjson.loads(await response.read())["path"] == "/plain"
+        async with http.get(f"{base}/asked", headers={"Accept-Encoding": "gzip"}) as response:
+            assert response.status == 200
+            assert response.headers["Content-Encoding"] == "gzip"
+            assert orjson.loads(zlib.decompress(await response.read(), wbits=31))["path"] == "/asked"
+    plain, asked = upstream.seen
+    assert [plain.header(name) for name in sorted(nothing_added)] == [None, None, None]
+    assert asked.header("Accept-Encoding") == "gzip"
+
+
 # -- 8. header timeout and connection cap ----------------------------------------------------------------
 
 
