@@ -110,10 +110,15 @@ def test_manifest_kinds(manifests: dict[str, dict[str, Any]]) -> None:
     assert set(manifests) == {"Deployment", "Service"}
 
 
-def test_sidecar_points_at_the_upstream_container(sidecar_settings: Settings) -> None:
+def test_sidecar_points_at_the_upstream_container(
+    sidecar_settings: Settings, manifests: dict[str, dict[str, Any]]
+) -> None:
     assert sidecar_settings.upstream == UPSTREAM
     assert sidecar_settings.host == "0.0.0.0"  # the kubelet and the Service reach it on the pod IP
     assert sidecar_settings.metrics_host in (None, "0.0.0.0")
+    # Off loopback only IP addresses and localhost pass by default: the Service's name must be listed.
+    service = manifests["Service"]["metadata"]["name"]
+    assert {service, f"{service}.default.svc.cluster.local"} <= set(sidecar_settings.allowed_hosts)
 
 
 def test_sidecar_ports_match_its_settings(sidecar: dict[str, Any], sidecar_settings: Settings) -> None:

@@ -142,6 +142,40 @@ async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstre
                 assert response.headers.get("Mcp-Session-Id")
 
 
+async def test_on_a_non_loopback_address_the_default_refuses_a_rebinding_host(example_upstream, http) -> None:
+    """The proxy sends the upstream its own authority, never the client's Host, so the SDK server's
+    DNS-rebinding check sees the proxy's address whatever the client sent: a page rebinding its own DNS name
+    to the proxy's address got through it to the upstream when the proxy listened on a non-loopback address
+    (any Host accepted there by default). By default there, the proxy accepts IP addresses and the loopback
+    names only; a name the clients use is listed in allowed_hosts."""
+    async with running_proxy(example_upstream, host="0.0.0.0") as proxy, asyncio.timeout(TIMEOUT):
+        url = f"http://127.0.0.1:{proxy.port}/mcp"
+        for host in ("rebound.example", f"rebound.example:{proxy.port}", "10.0.0.5.nip.io:80"):
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 403, host
+                error = await error_of(response)
+            assert error["data"]["reason"] == "host_not_allowed"
+            assert "list the names clients use in allowed_hosts" in error["message"]
+            async with http.get(url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as response:
+                assert response.status == 403, host  # every path the proxy relays
+        for host in (f"127.0.0.1:{proxy.port}", "10.0.0.5:8080", "[fd00::5]", "localhost"):
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 200, host
+    # What the SDK server's own check would have let through: the proxy's Host is the upstream's authority.
+    async with (
+        running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="*") as proxy,
+        http.post(
+            f"http://127.0.0.1:{proxy.port}/mcp", data=INIT, headers={**MCP, "Host": "rebound.example"}
+        ) as r,
+    ):
+        assert r.status == 200
+    async with running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="mcp.example") as proxy:
+        url = f"http://127.0.0.1:{proxy.port}/mcp"
+        for host, status in (("mcp.example:80", 200), (f"127.0.0.1:{proxy.port}", 403)):  # as listed
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == status, host
+
+
 async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
     upstream = recording()
     url = await serve(upstream.app())

@@ -149,6 +149,11 @@ def visible_ascii(value: str) -> bool:
 # that name in Host, never one of these.
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
 ANY_HOST: Final = "*"
+# Any IP address (IPv6 in brackets), on any port. A DNS-rebinding page reaches the proxy under a DNS name of
+# its attacker's, and its browser sends that name in Host, never an address: so IP addresses and the
+# loopback names are what the proxy accepts by default on a non-loopback address (a name clients use, a
+# load balancer's or a Service's, is listed in ``allowed_hosts``). Not a Host value: it matches none.
+IP_ADDRESSES: Final = "<any IP address>"
 
 
 def split_host(value: str) -> tuple[str, str | None]:
@@ -166,18 +171,37 @@ def split_host(value: str) -> tuple[str, str | None]:
 
 def host_allowed(value: str | None, allowed: Sequence[str]) -> bool:
     """Whether a Host value matches one of ``allowed``: the same name, and the same port when the entry
-    names one (an entry without a port matches any port); ``*`` matches anything. No Host matches nothing
-    but ``*``."""
+    names one (an entry without a port matches any port); ``*`` matches anything, ``IP_ADDRESSES`` any IP
+    address. No Host matches nothing but ``*``."""
     if ANY_HOST in allowed:
         return True
     if value is None:
         return False
     name, port = split_host(value)
     for entry in allowed:
+        if entry == IP_ADDRESSES:
+            if _ip_address(name):
+                return True
+            continue
         entry_name, entry_port = split_host(entry)
         if entry_name == name and (entry_port is None or entry_port == port):
             return True
     return False
+
+
+def _ip_address(name: str) -> bool:
+    """Whether a Host's name (``split_host``'s) is an IP address: IPv4, or IPv6 in brackets."""
+    if name.startswith("["):
+        if not name.endswith("]"):
+            return False
+        name = name[1:-1]
+    elif ":" in name:
+        return False  # an IPv6 address in Host is always bracketed (RFC 3986 3.2.2)
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(address: str) -> bool:
@@ -191,12 +215,13 @@ def is_loopback(address: str) -> bool:
 
 
 def effective_allowed_hosts(allowed: Sequence[str], listen: str) -> tuple[str, ...]:
-    """The Host values the proxy accepts: ``allowed_hosts`` as set; unset, the SDKs' loopback rule when
-    the proxy listens on loopback (it rewrites Host, so the upstream's own check no longer sees the
-    client's), else any."""
+    """The Host values the proxy accepts: ``allowed_hosts`` as set. Unset: the SDKs' loopback rule when the
+    proxy listens on loopback; on any other address, that and any IP address (``IP_ADDRESSES``): no DNS
+    name. The proxy sends the upstream its own authority, never the client's Host, so an upstream's own
+    DNS-rebinding check cannot see the client's: this one is what stands in for it."""
     if allowed:
         return tuple(allowed)
-    return LOOPBACK_HOSTS if is_loopback(listen) else (ANY_HOST,)
+    return LOOPBACK_HOSTS if is_loopback(listen) else (*LOOPBACK_HOSTS, IP_ADDRESSES)
 
 
 def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:

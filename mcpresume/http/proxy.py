@@ -49,6 +49,7 @@ from mcpresume.core.headers import (
     effective_allowed_hosts,
     header_bytes,
     host_allowed,
+    is_loopback,
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
@@ -89,6 +90,12 @@ class Proxy:
         self.ctx = ctx
         self.settings = ctx.settings
         self._allowed_hosts = effective_allowed_hosts(ctx.settings.allowed_hosts, ctx.settings.host)
+        self._hosts_hint = (
+            ""
+            if ctx.settings.allowed_hosts or is_loopback(ctx.settings.host)
+            else " (allowed_hosts is unset: on a non-loopback address, IP addresses and localhost only; "
+            "list the names clients use in allowed_hosts)"
+        )
         openings = Openings()  # the standalone GETs being opened: a session's POSTs wait for them
         self.pumps = PumpStarter(
             ctx.settings, ctx.pumps, ctx.store, ctx.local, ctx.metrics, ctx.upstream, ctx.clock
@@ -173,7 +180,7 @@ class Proxy:
             raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
         host = request.headers.get("Host")
         if not host_allowed(host, self._allowed_hosts):
-            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed{self._hosts_hint}")
         if request.path != self.ctx.upstream.mcp_path:
             return
         session_id = request.headers.get(SESSION_HEADER)
