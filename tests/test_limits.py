@@ -35,6 +35,7 @@ from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.sdk import result_text, sdk_session
 
 TIMEOUT = 10.0  # generous bound on anything a test awaits (a loaded 2-core box)
 
@@ -1042,10 +1043,18 @@ async def test_an_upstream_session_id_is_carried_up_to_the_bound_and_refused_at_
     too_long = "t" * (MAX_SESSION_ID_LEN + 1)
     upstream = tool_upstream()
     upstream.session_ids = [signed, too_long, "not visible", "tool-session-fresh"]
+    tools = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+    upstream.on("tools/list", pb.reply(pb.result(tools)))  # the SDK client lists them after a call
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy:
-        client = await works(http, proxy.url)  # initialize, then a tool call in the session
-        assert client.session_id == signed and len(signed) == 1475
+        try:  # the official SDK client: initialize, the standalone stream, a tool call, DELETE at the end
+            async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
+                assert result_text(await session.call_tool("echo", {"text": "signed"})) == "echo"
+        finally:
+            upstream.open("standalone")
+        assert len(signed) == 1475 and {seen.session_id for seen in upstream.seen[1:]} == {signed}
+        assert upstream.requests(http="DELETE")[-1].session_id == signed  # the SDK's own DELETE
+        upstream.seen.clear()
         fresh = Client(http, proxy.url)
         for refused in (too_long, "not visible"):
             params = {
@@ -1063,7 +1072,7 @@ async def test_an_upstream_session_id_is_carried_up_to_the_bound_and_refused_at_
                 "length": len(refused),
                 "limit": MAX_SESSION_ID_LEN,
             }
-        assert (await proxy.ctx.store.stats()).sessions == 1  # the signed one only
+        assert (await proxy.ctx.store.stats()).sessions == 0  # none begun (the signed one was DELETEd)
         # The upstream's session is ended where its id can be sent back (too long, but visible ASCII).
         await until(lambda: upstream.requests(http="DELETE"), what="the upstream's session ended")
         assert [seen.session_id for seen in upstream.requests(http="DELETE")] == [too_long]
