@@ -110,10 +110,15 @@ def test_manifest_kinds(manifests: dict[str, dict[str, Any]]) -> None:
     assert set(manifests) == {"Deployment", "Service"}
 
 
-def test_sidecar_points_at_the_upstream_container(sidecar_settings: Settings) -> None:
+def test_sidecar_points_at_the_upstream_container(
+    sidecar_settings: Settings, manifests: dict[str, dict[str, Any]]
+) -> None:
     assert sidecar_settings.upstream == UPSTREAM
     assert sidecar_settings.host == "0.0.0.0"  # the kubelet and the Service reach it on the pod IP
     assert sidecar_settings.metrics_host in (None, "0.0.0.0")
+    # Off loopback only IP addresses and localhost pass by default: the Service's name must be listed.
+    service = manifests["Service"]["metadata"]["name"]
+    assert {service, f"{service}.default.svc.cluster.local"} <= set(sidecar_settings.allowed_hosts)
 
 
 def test_sidecar_ports_match_its_settings(sidecar: dict[str, Any], sidecar_settings: Settings) -> None:
@@ -271,7 +276,7 @@ def test_every_resume_outcome_is_exported_before_the_first_resume() -> None:
     # The dashboard's re-attach share divides the reattach series by all: without the series at 0 it shows
     # "No data" while every resume is refused, and rate() misses a series' first increment.
     rendered = Metrics().render().decode()
-    for outcome in OUTCOMES:
+    for outcome in (*OUTCOMES, "too_many_attachments"):  # the decision's, and the view's admission
         assert f'mcpresume_resumptions_total{{outcome="{outcome}"}} 0.0' in rendered
 
 
@@ -439,6 +444,7 @@ def test_the_docs_list_every_upstream_error_reason_the_code_counts() -> None:
     counted = set(re.findall(r'upstream_errors\.labels\("([a-z_]+)"\)', source))
     # and the reasons of the errors counted by class (ctx.reject counts every upstream error's reason)
     counted |= {"upstream_unreachable", "upstream_timeout", "upstream_bad_response", "event_too_large"}
+    counted |= {"upstream_bad_session_id"}
     assert "stream_dropped" in counted
     (row,) = [
         line

@@ -223,6 +223,7 @@ def test_kubernetes_scales_the_sidecar_pod_over_one_redis(
     (http_port,) = [p["containerPort"] for p in sidecar["ports"] if p["name"] == "http"]
     assert settings.advertise_url == f"http://10.1.2.3:{http_port}{urlsplit(UPSTREAM).path}"
     assert settings.port == http_port and settings.host == "0.0.0.0"
+    assert "mcp-server-scaled" in settings.allowed_hosts  # the Service's name (a DNS name: listed)
     assert settings.upstream == UPSTREAM
     # The store: the Redis Service, by its name and port, selecting the Redis pods and only them.
     store = urlsplit(settings.store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mcpresume.core.headers import (
+    IP_ADDRESSES,
     LOOPBACK_HOSTS,
     effective_allowed_hosts,
     end_to_end,
@@ -191,8 +192,24 @@ def test_host_matching_and_the_default_rule() -> None:
     assert effective_allowed_hosts([], "127.0.0.1") == LOOPBACK_HOSTS
     assert effective_allowed_hosts([], "::1") == LOOPBACK_HOSTS
     assert effective_allowed_hosts([], "localhost") == LOOPBACK_HOSTS
-    assert effective_allowed_hosts([], "0.0.0.0") == ("*",)
-    assert effective_allowed_hosts([], "::") == ("*",)
+    # Elsewhere: those and any IP address, no DNS name (what a rebinding page's browser sends).
+    assert effective_allowed_hosts([], "0.0.0.0") == (*LOOPBACK_HOSTS, IP_ADDRESSES)
+    assert effective_allowed_hosts([], "::") == (*LOOPBACK_HOSTS, IP_ADDRESSES)
+    assert effective_allowed_hosts([], "10.1.2.3") == (*LOOPBACK_HOSTS, IP_ADDRESSES)
+    anywhere = effective_allowed_hosts([], "0.0.0.0")
+    for host in ("10.1.2.3:8080", "10.1.2.3", "[fd00::1]:80", "[::1]", "localhost:1", "127.0.0.1"):
+        assert host_allowed(host, anywhere), host
+    for host in (
+        "evil.example",
+        "evil.example:8080",
+        "10.1.2.3.nip.io",
+        "[fd00::1",
+        "fd00::1",
+        IP_ADDRESSES,
+        "",
+    ):
+        assert not host_allowed(host, anywhere), host
+    assert not host_allowed(None, anywhere)
     assert effective_allowed_hosts(["a.example"], "127.0.0.1") == ("a.example",)
     assert not host_allowed("evil.example:80", LOOPBACK_HOSTS)
     assert host_allowed("127.0.0.1:65000", LOOPBACK_HOSTS)

@@ -22,7 +22,13 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
-from mcpresume.core.headers import HOP_HEADER, LAST_EVENT_ID_HEADER, SESSION_HEADER, end_to_end
+from mcpresume.core.headers import (
+    HOP_HEADER,
+    LAST_EVENT_ID_HEADER,
+    MAX_SESSION_ID_LEN,
+    SESSION_HEADER,
+    end_to_end,
+)
 from mcpresume.core.route import Forward, Refuse, Route, Serve, TakeOver
 from mcpresume.core.window import WindowLimits
 from mcpresume.process.drain import Drain
@@ -287,7 +293,7 @@ async def test_requests_routing_does_not_depend_on_never_ask_the_store(front: Fr
         for method, headers in (
             ("POST", {}),
             ("PUT", {SESSION_HEADER: SESSION}),
-            ("POST", {SESSION_HEADER: "x" * 300}),
+            ("POST", {SESSION_HEADER: "x" * (MAX_SESSION_ID_LEN + 1)}),
         ):
             async with http.request(method, front.url, headers=headers, data=b"{}") as resp:
                 assert resp.status == 200 and await resp.text() == "served here"

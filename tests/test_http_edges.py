@@ -142,6 +142,40 @@ async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstre
                 assert response.headers.get("Mcp-Session-Id")
 
 
+async def test_on_a_non_loopback_address_the_default_refuses_a_rebinding_host(example_upstream, http) -> None:
+    """The proxy sends the upstream its own authority, never the client's Host, so the SDK server's
+    DNS-rebinding check sees the proxy's address whatever the client sent: a page rebinding its own DNS name
+    to the proxy's address got through it to the upstream when the proxy listened on a non-loopback address
+    (any Host accepted there by default). By default there, the proxy accepts IP addresses and the loopback
+    names only; a name the clients use is listed in allowed_hosts."""
+    async with running_proxy(example_upstream, host="0.0.0.0") as proxy, asyncio.timeout(TIMEOUT):
+        url = f"http://127.0.0.1:{proxy.port}/mcp"
+        for host in ("rebound.example", f"rebound.example:{proxy.port}", "10.0.0.5.nip.io:80"):
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 403, host
+                error = await error_of(response)
+            assert error["data"]["reason"] == "host_not_allowed"
+            assert "list the names clients use in allowed_hosts" in error["message"]
+            async with http.get(url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as response:
+                assert response.status == 403, host  # every path the proxy relays
+        for host in (f"127.0.0.1:{proxy.port}", "10.0.0.5:8080", "[fd00::5]", "localhost"):
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == 200, host
+    # What the SDK server's own check would have let through: the proxy's Host is the upstream's authority.
+    async with (
+        running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="*") as proxy,
+        http.post(
+            f"http://127.0.0.1:{proxy.port}/mcp", data=INIT, headers={**MCP, "Host": "rebound.example"}
+        ) as r,
+    ):
+        assert r.status == 200
+    async with running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="mcp.example") as proxy:
+        url = f"http://127.0.0.1:{proxy.port}/mcp"
+        for host, status in (("mcp.example:80", 200), (f"127.0.0.1:{proxy.port}", 403)):  # as listed
+            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+                assert response.status == status, host
+
+
 async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
     upstream = recording()
     url = await serve(upstream.app())
@@ -311,6 +345,40 @@ async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> N
     assert len(upstream.seen) == 4
 
 
+async def test_a_request_passed_through_carries_no_header_the_client_did_not_send(serve) -> None:
+    """Requests passed through as is (any path but the MCP endpoint) keep the client's ``Accept-Encoding``,
+    absent included: aiohttp's client added one (and ``User-Agent``, ``Accept``) to a request without it, so
+    a client that never asked for compression (curl, a raw client) got a gzip body from an upstream that
+    compresses what its clients accept. A client that asks for it still gets it."""
+
+    async def compressing(playbook: Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+        response = web.json_response({"path": seen.path, "padding": "x" * 2000})
+        response.enable_compression()  # gzip or deflate when the request accepts one, else none
+        return response
+
+    upstream = Playbook()
+    upstream.on(None, compressing, http=None)
+    url = await serve(upstream.app())
+    nothing_added = {"Accept-Encoding", "User-Agent", "Accept"}  # this test client's own defaults, off
+    async with (
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=nothing_added) as http,
+        asyncio.timeout(TIMEOUT),
+    ):
+        base = proxy.url.removesuffix("/mcp")
+        async with http.get(f"{base}/plain") as response:
+            assert response.status == 200
+            assert "Content-Encoding" not in response.headers
+            assert orjson.loads(await response.read())["path"] == "/plain"
+        async with http.get(f"{base}/asked", headers={"Accept-Encoding": "gzip"}) as response:
+            assert response.status == 200
+            assert response.headers["Content-Encoding"] == "gzip"
+            assert orjson.loads(zlib.decompress(await response.read(), wbits=31))["path"] == "/asked"
+    plain, asked = upstream.seen
+    assert [plain.header(name) for name in sorted(nothing_added)] == [None, None, None]
+    assert asked.header("Accept-Encoding") == "gzip"
+
+
 # -- 8. header timeout and connection cap ----------------------------------------------------------------
 
 
@@ -336,16 +404,22 @@ async def test_connections_without_a_complete_head_are_closed_after_header_timeo
     assert [p for _, p, _ in received(upstream)] == ["/mcp"]
 
 
-async def _served(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A keep-alive connection that made a request and got its answer (it waits for no head)."""
+async def _served(port: int, before: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection that made a request (after the bytes ``before``) and got its answer (it waits
+    for no head)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await _ping(reader, writer, before)
+    return reader, writer
+
+
+async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, before: bytes = b"") -> None:
+    """A GET /ping on an open connection, answered 200 and read to its end."""
+    writer.write(before + b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     async with asyncio.timeout(TIMEOUT):
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         await reader.readexactly(length)
-    return reader, writer
 
 
 async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
@@ -397,6 +471,33 @@ async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(ser
         assert (await served[0].readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
         for _, writer in [served, *slow]:
             writer.close()
+
+
+async def test_at_the_cap_connections_that_sent_only_empty_lines_make_room(serve) -> None:
+    """Empty lines before a request line are no request (RFC 9112 section 2.2: a server ignores them): a
+    connection that sent only CRLFs (or bare CRs and LFs) is still waiting for its first head, evicted at the
+    cap for a fresh client; a request after empty lines is a request like any other."""
+    upstream = recording()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_connections=6, header_timeout=300.0) as proxy:
+        served = await _served(proxy.port, before=b"\r\n\r\n")  # sent a request: never evicted
+        empty_lines = [b"\r\n\r\n", b"\r\n" * 64, b"\n\n\n", b"\r\r\r\r", b"\r\n\r"]
+        blank = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in empty_lines]
+        for (_, writer), lines in zip(blank, empty_lines, strict=True):
+            writer.write(lines)
+        await until(lambda: proxy.connections.open == 6, what="six connections open")
+        # Every empty line is read before the fresh clients come (the HTTP server reads whatever arrives).
+        await _ping(*blank[-1], before=b"\n")  # the newest blank one asks at last: a request
+        fresh = await _served(proxy.port)  # takes the place of the oldest blank one
+        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+            assert response.status == 200  # and of the next
+        assert proxy.connections.evicted == 2 and proxy.connections.refused == 0
+        assert [await _eof_or_answer(reader) == b"" for reader, _ in blank[:2]] == [True, True]
+        assert not any(reader.at_eof() for reader, _ in blank[2:])
+        await _ping(*served)  # still open, still served
+        for _, writer in [served, fresh, *blank]:
+            writer.close()
+    assert [p for _, p, _ in received(upstream)] == ["/ping"] * 3 + ["/mcp", "/ping"]
 
 
 SLOWLORIS = """

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from mcpresume.core.cursor import new_epoch
 from mcpresume.core.flow import Guard
+from mcpresume.core.headers import MAX_SESSION_ID_LEN
 from mcpresume.core.session import NewEvent, SessionState, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import Event, EventKind, EvictReason, Window, WindowLimits
@@ -34,6 +35,7 @@ from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.sdk import result_text, sdk_session
 
 TIMEOUT = 10.0  # generous bound on anything a test awaits (a loaded 2-core box)
 
@@ -503,7 +505,7 @@ async def test_invalid_session_ids_are_400_and_malformed_cursors_400(serve, http
         client = await works(http, proxy.url)
         posts = len(upstream.requests(http="POST"))
         port = proxy.port
-        for bad in ("s" * 300, "has space"):
+        for bad in ("s" * (MAX_SESSION_ID_LEN + 1), "has space"):
             _, body = client.tool_call("echo", {"text": "x"})
             headers = client.headers(**{"Mcp-Session-Id": bad})
             async with http.post(client.url, data=body, headers=headers) as response:
@@ -577,6 +579,63 @@ async def test_views_per_session_beyond_max_attached_are_429_until_one_closes(ex
                 view.close()
         async with http.delete(client.url, headers=client.headers()) as response:
             assert response.status == 200  # ends the standalone stream's pump
+
+
+async def test_each_request_and_resume_is_counted_once_when_its_outcome_is_known(serve, http) -> None:
+    """A stream whose client drops (the drop the proxy exists for) is a request counted with the 200 it was
+    answered, though its handler is cancelled, and a request whose client leaves before any answer is counted
+    499; a re-attach refused 429 is ``too_many_attachments``, not ``reattach`` (both were counted so before
+    the view was admitted, and the cancelled requests not at all); an admitted one is timed."""
+    upstream = tool_upstream()
+    url = await serve(upstream.app())
+    async with running_proxy(url, max_attached_per_session=1, drain_timeout=1) as proxy:
+        metrics, local = proxy.ctx.metrics, proxy.ctx.local
+
+        def requests(method: str, status: str) -> float:
+            return sample(metrics, "mcpresume_requests_total", method=method, status=status)
+
+        def resumes(outcome: str) -> float:
+            return sample(metrics, "mcpresume_resumptions_total", outcome=outcome)
+
+        client = Client(http, proxy.url)
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                await client.initialize()
+                answered = requests("POST", "200")
+                hold_id, body = client.tool_call("hold", {})
+                held = await http.post(client.url, data=body, headers=client.headers())
+                assert held.status == 200
+                progress = (await collect(held, limit=1))[-1]  # the upstream holds the rest
+                assert progress.id is not None and progress.data
+                cursor = {"Last-Event-ID": progress.id.decode()}
+                # The POST's view is the session's one: a re-attach now is refused, and counted so.
+                async with http.get(client.url, headers=client.headers(**cursor)) as refused:
+                    assert refused.status == 429
+                assert (resumes("reattach"), resumes("too_many_attachments")) == (0, 1)
+                held.close()  # the client drops: its handler is cancelled
+            await until(lambda: requests("POST", "200") == answered + 1, what="the dropped stream counted")
+            await until(lambda: local.attached_total() == 0, what="the dropped view detached")
+            async with asyncio.timeout(TIMEOUT):
+                async with http.get(client.url, headers=client.headers(**cursor)) as resumed:
+                    assert resumed.status == 200
+                    assert resumes("reattach") == 1
+                    upstream.open("hold")
+                    rest = await collect(resumed)
+                assert [m["id"] for m in messages(rest) if "result" in m] == [hold_id]
+                assert sample(metrics, "mcpresume_resume_latency_seconds_count") == 1
+                assert requests("GET", "200") == 1 and requests("GET", "429") == 1
+                # A client that leaves while its request waits for the upstream's answer.
+                _, body = client.tool_call("stall", {})
+                leaving = asyncio.ensure_future(http.post(client.url, data=body, headers=client.headers()))
+                await upstream.arrived("stall").wait()
+                leaving.cancel()
+            await until(lambda: requests("POST", "499") == 1, what="the request its client left counted")
+            release(upstream)
+            await works(http, proxy.url)
+            assert requests("POST", "499") == 1 and requests("POST", "200") == answered + 3
+            assert (resumes("reattach"), resumes("too_many_attachments")) == (1, 1)
+        finally:
+            release(upstream)
 
 
 # -- 7. live streams per session -------------------------------------------------------------------------
@@ -971,6 +1030,55 @@ async def test_post_refused_for_too_many_attachments_is_not_forwarded(serve, htt
         finally:
             release(upstream)
         assert sample(proxy.ctx.metrics, "mcpresume_requests_total", method="POST", status="429") == 1
+
+
+async def test_an_upstream_session_id_is_carried_up_to_the_bound_and_refused_at_initialize_beyond(
+    serve, http
+) -> None:
+    """One bound on both sides: a signed id the upstream issues (a JWT, 1,500 characters) is a session like
+    any other; one the proxy cannot carry (over the bound, or not visible ASCII) is refused at its
+    ``initialize`` with 502 ``upstream_bad_session_id``, and no session is begun (it was a 200, then 400
+    ``bad_session_id`` on every request, and a ``max_sessions`` slot held until the TTL)."""
+    signed = "eyJhbGciOiJIUzI1NiJ9." + "c" * 1450 + ".sig"
+    too_long = "t" * (MAX_SESSION_ID_LEN + 1)
+    upstream = tool_upstream()
+    upstream.session_ids = [signed, too_long, "not visible", "tool-session-fresh"]
+    tools = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+    upstream.on("tools/list", pb.reply(pb.result(tools)))  # the SDK client lists them after a call
+    url = await serve(upstream.app())
+    async with running_proxy(url) as proxy:
+        try:  # the official SDK client: initialize, the standalone stream, a tool call, DELETE at the end
+            async with asyncio.timeout(TIMEOUT), sdk_session(proxy.url) as session:
+                assert result_text(await session.call_tool("echo", {"text": "signed"})) == "echo"
+        finally:
+            upstream.open("standalone")
+        assert len(signed) == 1475 and {seen.session_id for seen in upstream.seen[1:]} == {signed}
+        assert upstream.requests(http="DELETE")[-1].session_id == signed  # the SDK's own DELETE
+        upstream.seen.clear()
+        fresh = Client(http, proxy.url)
+        for refused in (too_long, "not visible"):
+            params = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            }
+            body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+            async with http.post(proxy.url, data=body, headers=fresh.headers()) as response:
+                assert response.status == 502
+                assert "Mcp-Session-Id" not in response.headers
+                error = await error_of(response)
+            assert error["data"] == {
+                "reason": "upstream_bad_session_id",
+                "length": len(refused),
+                "limit": MAX_SESSION_ID_LEN,
+            }
+        assert (await proxy.ctx.store.stats()).sessions == 0  # none begun (the signed one was DELETEd)
+        # The upstream's session is ended where its id can be sent back (too long, but visible ASCII).
+        await until(lambda: upstream.requests(http="DELETE"), what="the upstream's session ended")
+        assert [seen.session_id for seen in upstream.requests(http="DELETE")] == [too_long]
+        reason = "upstream_bad_session_id"
+        assert sample(proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason=reason) == 2
+        await works(http, proxy.url)  # the next session begins as ever
 
 
 async def test_session_id_with_bytes_that_are_not_utf8_is_400(serve, http) -> None:

@@ -195,7 +195,8 @@ class BadRequest(ProxyError):
 
 
 class BadSessionId(BadRequest):
-    """400: an ``Mcp-Session-Id`` that is not 1-256 visible ASCII characters (spec: 0x21-0x7E)."""
+    """400: an ``Mcp-Session-Id`` that is not 1-``MAX_SESSION_ID_LEN`` (``core/headers.py``: 2,048) visible
+    ASCII characters (spec: 0x21-0x7E)."""
 
     code = SERVER_ERROR
     reason = "bad_session_id"
@@ -245,6 +246,15 @@ class UpstreamStreamLost(ProxyError):
 
     status = 502
     reason = "upstream_stream_lost"
+
+
+class UpstreamBadSessionId(ProxyError):
+    """502: an ``initialize`` the upstream answered with an ``Mcp-Session-Id`` the proxy cannot carry (over
+    ``MAX_SESSION_ID_LEN`` characters, or not visible ASCII): every request of the session would be 400
+    ``bad_session_id``, so none is begun (the upstream is asked to end its own with a DELETE)."""
+
+    status = 502
+    reason = "upstream_bad_session_id"
 
 
 # -- several replicas (owner routing) ----------------------------------------------------------------------

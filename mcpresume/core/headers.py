@@ -132,12 +132,21 @@ def forwarded(
 
 
 # Spec: a session id "MUST only contain visible ASCII characters (ranging from 0x21 to 0x7E)". The length
-# bound is ours: real ids are 32-64 characters; 256 leaves room and keeps a hostile header out of the store.
-MAX_SESSION_ID_LEN: Final = 256
+# bound is ours, one bound for both sides (what a client may send, what an upstream's initialize may issue:
+# an id the proxy cannot carry is refused there, http/send.py). Random ids are 32-64 characters, but an
+# upstream may issue a signed token (a JWT with a few claims: 300-1,500); 2,048 holds those and stays well
+# within the request header limits on the way (max_header_bytes, 16 KiB by default; aiohttp's and Node's
+# 8 KiB per field and more in all), while keeping a hostile header out of the store.
+MAX_SESSION_ID_LEN: Final = 2048
 
 
 def valid_session_id(value: str) -> bool:
-    return 0 < len(value) <= MAX_SESSION_ID_LEN and all("!" <= c <= "~" for c in value)
+    return 0 < len(value) <= MAX_SESSION_ID_LEN and visible_ascii(value)
+
+
+def visible_ascii(value: str) -> bool:
+    """Whether every character of ``value`` is visible ASCII (0x21-0x7E)."""
+    return all("!" <= c <= "~" for c in value)
 
 
 # The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding
@@ -145,6 +154,11 @@ def valid_session_id(value: str) -> bool:
 # that name in Host, never one of these.
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
 ANY_HOST: Final = "*"
+# Any IP address (IPv6 in brackets), on any port. A DNS-rebinding page reaches the proxy under a DNS name of
+# its attacker's, and its browser sends that name in Host, never an address: so IP addresses and the
+# loopback names are what the proxy accepts by default on a non-loopback address (a name clients use, a
+# load balancer's or a Service's, is listed in ``allowed_hosts``). Not a Host value: it matches none.
+IP_ADDRESSES: Final = "<any IP address>"
 
 
 def split_host(value: str) -> tuple[str, str | None]:
@@ -162,18 +176,37 @@ def split_host(value: str) -> tuple[str, str | None]:
 
 def host_allowed(value: str | None, allowed: Sequence[str]) -> bool:
     """Whether a Host value matches one of ``allowed``: the same name, and the same port when the entry
-    names one (an entry without a port matches any port); ``*`` matches anything. No Host matches nothing
-    but ``*``."""
+    names one (an entry without a port matches any port); ``*`` matches anything, ``IP_ADDRESSES`` any IP
+    address. No Host matches nothing but ``*``."""
     if ANY_HOST in allowed:
         return True
     if value is None:
         return False
     name, port = split_host(value)
     for entry in allowed:
+        if entry == IP_ADDRESSES:
+            if _ip_address(name):
+                return True
+            continue
         entry_name, entry_port = split_host(entry)
         if entry_name == name and (entry_port is None or entry_port == port):
             return True
     return False
+
+
+def _ip_address(name: str) -> bool:
+    """Whether a Host's name (``split_host``'s) is an IP address: IPv4, or IPv6 in brackets."""
+    if name.startswith("["):
+        if not name.endswith("]"):
+            return False
+        name = name[1:-1]
+    elif ":" in name:
+        return False  # an IPv6 address in Host is always bracketed (RFC 3986 3.2.2)
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(address: str) -> bool:
@@ -187,12 +220,13 @@ def is_loopback(address: str) -> bool:
 
 
 def effective_allowed_hosts(allowed: Sequence[str], listen: str) -> tuple[str, ...]:
-    """The Host values the proxy accepts: ``allowed_hosts`` as set; unset, the SDKs' loopback rule when
-    the proxy listens on loopback (it rewrites Host, so the upstream's own check no longer sees the
-    client's), else any."""
+    """The Host values the proxy accepts: ``allowed_hosts`` as set. Unset: the SDKs' loopback rule when the
+    proxy listens on loopback; on any other address, that and any IP address (``IP_ADDRESSES``): no DNS
+    name. The proxy sends the upstream its own authority, never the client's Host, so an upstream's own
+    DNS-rebinding check cannot see the client's: this one is what stands in for it."""
     if allowed:
         return tuple(allowed)
-    return LOOPBACK_HOSTS if is_loopback(listen) else (ANY_HOST,)
+    return LOOPBACK_HOSTS if is_loopback(listen) else (*LOOPBACK_HOSTS, IP_ADDRESSES)
 
 
 def header_bytes(headers: Iterable[tuple[bytes, bytes]]) -> int:

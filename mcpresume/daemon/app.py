@@ -138,6 +138,7 @@ def build_app(
     app[CONTEXT] = ctx
     proxy = app[PROXY] = Proxy(ctx)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    app.on_response_prepare.append(proxy.prepared)  # the status a request was answered: for the metric
     app.cleanup_ctx.append(_lifecycle)
     return app
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
@@ -30,6 +30,12 @@ from mcpresume.streams.pump import Pumps
 from mcpresume.streams.upstream import Upstream
 
 log = logging.getLogger("mcpresume.proxy")
+
+# What a request carries for the metrics: when its handler began (the loop's clock: a re-attach's latency
+# runs from there), and the status of the answer it was sent, once its head is prepared (a handler cancelled
+# later, its client gone, is counted with it: ``Proxy.handle``).
+ARRIVED: Final = web.RequestKey("mcpresume_arrived", float)
+ANSWERED: Final = web.RequestKey("mcpresume_answered", int)
 
 
 @dataclass

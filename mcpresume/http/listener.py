@@ -6,9 +6,9 @@ keep-alive timeout, which runs from a connection's opening and from each answer'
 request head arrives); the cap bounds how many of them can be open meanwhile, below the descriptor limit,
 so they cannot starve the proxy of descriptors for its own work (the upstream connections). At the cap, a
 new connection takes the place of the oldest one still waiting for its first request head (a real client
-sends its head at once: the longest-waiting is the likeliest slowloris), so a flood of such connections
-cannot lock out a fresh client; only when every open connection has sent a request is a new one refused,
-with a clean 503.
+sends its head at once: the longest-waiting is the likeliest slowloris; empty lines before a request line
+are no head), so a flood of such connections cannot lock out a fresh client; only when every open
+connection has sent a request is a new one refused, with a clean 503.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ LOG_INTERVAL: Final = 1.0
 # Connections closed to make room whose descriptors are not released yet (they are on the loop's next
 # turn): beyond this many, a new connection is refused instead, so the cap overshoots by at most this.
 MAX_EVICTING: Final = 64
+# A request head ends at an empty line; before its request line, CR and LF are skipped (RFC 9112 section 2.2
+# lets a server ignore empty lines there; aiohttp's parser skips any CR and LF), so `\r\n\r\n` alone is no
+# head: a connection that sends only empty lines is still waiting for its first request.
 _HEAD_END: Final = b"\r\n\r\n"
+_EMPTY_LINES: Final = b"\r\n"
 
 
 def connection_budget(max_connections: int) -> tuple[int, int | None]:
@@ -140,7 +144,8 @@ class _Counted(asyncio.Protocol):
     def __init__(self, inner: asyncio.Protocol, cap: ConnectionCap) -> None:
         self._inner = inner
         self._cap = cap
-        self._tail: bytes | None = b""  # the last bytes of a head in progress; None: a head arrived
+        # The last bytes of a head in progress (empty: no request line yet); None: a head arrived.
+        self._tail: bytes | None = b""
         self._transport: asyncio.BaseTransport | None = None
         self._evicted = False
 
@@ -152,11 +157,13 @@ class _Counted(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._tail is not None:
             seen = self._tail + data
+            if not self._tail:  # no request line begun: empty lines before it are ignored (RFC 9112 2.2)
+                seen = seen.lstrip(_EMPTY_LINES)
             if _HEAD_END in seen:
                 self._tail = None
                 self._cap.waiting.pop(self, None)
             else:
-                self._tail = seen[-3:]
+                self._tail = seen[-3:]  # never empty once a request line began
         self._inner.data_received(data)
 
     def evict(self) -> None:

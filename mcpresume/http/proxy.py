@@ -29,7 +29,9 @@ stable, and is logged in one line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Final
 
 from aiohttp import web
 
@@ -42,16 +44,18 @@ from mcpresume.core.errors import (
     ShuttingDown,
 )
 from mcpresume.core.headers import (
+    MAX_SESSION_ID_LEN,
     PROBE_HEADER,
     REPLICA_HEADER,
     SESSION_HEADER,
     effective_allowed_hosts,
     header_bytes,
     host_allowed,
+    is_loopback,
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import ANSWERED, ARRIVED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
 from mcpresume.http.get import Gets, Openings
@@ -64,6 +68,23 @@ from mcpresume.streams.starter import PumpStarter
 log = logging.getLogger("mcpresume.proxy")
 
 
+# The status a request is counted with when its client left (its handler cancelled) before any answer: the
+# one nginx logs for a client that closed its request.
+CLIENT_CLOSED: Final = 499
+
+
+def unreturned_status(request: web.Request, exc: BaseException) -> int:
+    """The status of a request whose handler did not return: the answer it was sent when its head went out
+    (an SSE view its client dropped: 200); else 499 when it was cancelled (handler_cancellation: its client
+    left; or the shutdown's last step), or the status aiohttp answers the exception with."""
+    answered: int | None = request.get(ANSWERED)
+    if answered is not None:
+        return answered
+    if isinstance(exc, asyncio.CancelledError):
+        return CLIENT_CLOSED
+    return int(exc.status) if isinstance(exc, web.HTTPException) else 500
+
+
 class Proxy:
     """The client listener's one handler: admits a request, then dispatches it by path and method."""
 
@@ -71,6 +92,12 @@ class Proxy:
         self.ctx = ctx
         self.settings = ctx.settings
         self._allowed_hosts = effective_allowed_hosts(ctx.settings.allowed_hosts, ctx.settings.host)
+        self._hosts_hint = (
+            ""
+            if ctx.settings.allowed_hosts or is_loopback(ctx.settings.host)
+            else " (allowed_hosts is unset: on a non-loopback address, IP addresses and localhost only; "
+            "list the names clients use in allowed_hosts)"
+        )
         openings = Openings()  # the standalone GETs being opened: a session's POSTs wait for them
         self.pumps = PumpStarter(
             ctx.settings, ctx.pumps, ctx.store, ctx.local, ctx.metrics, ctx.upstream, ctx.clock
@@ -88,6 +115,7 @@ class Proxy:
             return web.Response(
                 status=503 if ctx.drain.started else 204, headers={REPLICA_HEADER: settings.replica}
             )
+        request[ARRIVED] = asyncio.get_running_loop().time()
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
@@ -112,8 +140,16 @@ class Proxy:
                 response = await passthrough(ctx, request, body_stream(request, settings.body_timeout))
         except ProxyError as error:
             response = ctx.reject(request, error, None)
+        except BaseException as exc:  # counted when it ends, as every request: once (the client left, say)
+            ctx.metrics.requests.labels(request.method, str(unreturned_status(request, exc))).inc()
+            raise
         ctx.metrics.requests.labels(request.method, str(response.status)).inc()
         return response
+
+    async def prepared(self, request: web.Request, response: web.StreamResponse) -> None:
+        """The application's ``on_response_prepare``: the status a request was answered is known from here
+        (its handler may yet be cancelled)."""
+        request[ANSWERED] = response.status
 
     async def _other_path(self, request: web.Request) -> web.StreamResponse:
         """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the
@@ -151,9 +187,9 @@ class Proxy:
             raise OriginNotAllowed(f"Origin {origin[:200]!r} is not allowed")
         host = request.headers.get("Host")
         if not host_allowed(host, self._allowed_hosts):
-            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed")
+            raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed{self._hosts_hint}")
         if request.path != self.ctx.upstream.mcp_path:
             return
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
-            raise BadSessionId("Mcp-Session-Id must be 1-256 visible ASCII characters")
+            raise BadSessionId(f"Mcp-Session-Id must be 1-{MAX_SESSION_ID_LEN} visible ASCII characters")

@@ -2,7 +2,8 @@
 preface a resumed view begins with.
 
 ``core.resume.decide`` decides (its table is that module's docstring); ``decide_cursor`` reads the store for
-it, in the incarnation the request's credentials were checked in, and counts the outcome.
+it, in the incarnation the request's credentials were checked in, and counts a rejection (a re-attach is
+counted once its view is admitted, ``http.view.reserve_view``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ async def decide_cursor(
     if view is not None and (granted is None or view.epoch != granted.epoch):
         view = None  # begun since the check: nothing of it is served to credentials not checked in it
     decision = decide(view, cursor, ctx.clock())
-    ctx.metrics.resumptions.labels(outcome_label(decision)).inc()
     if isinstance(decision, ProxyError):
+        ctx.metrics.resumptions.labels(outcome_label(decision)).inc()
         return decision
+    # A re-attach is counted once its view is admitted or refused (``http.view.reserve_view``).
     assert view is not None and view.stream is not None  # decide re-attaches only to a stream it saw
     return Resumed(decision, view.stream, view.newest_seq)
 

@@ -28,8 +28,9 @@ from mcpresume.core.errors import (
     TooManySessions,
     UnknownSession,
     UpstreamBadResponse,
+    UpstreamBadSessionId,
 )
-from mcpresume.core.headers import SESSION_HEADER
+from mcpresume.core.headers import MAX_SESSION_ID_LEN, SESSION_HEADER, valid_session_id, visible_ascii
 from mcpresume.core.jsonrpc import error_response
 from mcpresume.core.post import CLAIM_ENDS, Answer, ClaimEnd, Upstream, answer_of, upstream_outcome
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
@@ -155,6 +156,8 @@ class Sender:
             return Forwarded.of(upstream)
         assert sid is not None  # upstream_outcome: the rest are 2xx answers in a session
         if session_id is None:
+            if not valid_session_id(sid):  # its every request would be 400 bad_session_id: begin none
+                return self._uncarried(post, upstream, sid)
             epoch = await self._begin_session(sid, begins_with(ctx, request))
             if epoch is None:
                 upstream.release()
@@ -202,6 +205,30 @@ class Sender:
             await self.ctx.store.settle(session_id, keys, epoch)
         else:
             await self.ctx.store.release(session_id, keys, epoch)
+
+    def _uncarried(self, post: Post, upstream: aiohttp.ClientResponse, sid: str) -> Forwarded:
+        """An ``initialize`` answered with a session id the proxy cannot carry: 502, and no session begun.
+        The upstream's own is ended with a DELETE, on its own (the 502 does not wait), when the id can be
+        sent back (too long, but visible ASCII); else the upstream's own expiry ends it."""
+        upstream.release()
+        if visible_ascii(sid):
+            headers = [*upstream_headers(post.request), (SESSION_HEADER, sid)]
+            self.ctx.drain.spawn(self._end_upstream_session(post.request.path_qs, headers), "mcpresume-end")
+        return Forwarded.failed(
+            UpstreamBadSessionId(
+                f"the upstream began a session whose Mcp-Session-Id the proxy cannot carry ({len(sid)} "
+                f"characters; it takes 1-{MAX_SESSION_ID_LEN} visible ASCII characters)",
+                length=len(sid),
+                limit=MAX_SESSION_ID_LEN,
+            )
+        )
+
+    async def _end_upstream_session(self, path_qs: str, headers: list[tuple[str, str]]) -> None:
+        try:
+            ended = await self.ctx.upstream.request("DELETE", path_qs, headers, None, decoded=True)
+            ended.release()
+        except ProxyError as error:
+            log.warning("the upstream's session with an id too long was not ended: %s", error.message)
 
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""

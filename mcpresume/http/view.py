@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, assert_never
 
@@ -28,11 +29,13 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 
 from mcpresume.core.errors import StoreUnavailable, TooManyAttachments
-from mcpresume.core.headers import SESSION_HEADER
-from mcpresume.http.context import ProxyContext
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
+from mcpresume.core.resume import REATTACH
+from mcpresume.http.context import ARRIVED, ProxyContext
 from mcpresume.process.drain import View, end_for_drain
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.logs import log_id
+from mcpresume.process.metrics import Metrics
 from mcpresume.store import Streams
 
 log = logging.getLogger("mcpresume.proxy")
@@ -209,6 +212,7 @@ async def follow(
     reader: int | None = None,
     wait: bool = True,
     view: View | None = None,
+    caught_up: Callable[[], None] | None = None,
 ) -> AttachOutcome:
     """Send the events of ``streams`` after seq ``after`` until the streams complete or the client leaves.
 
@@ -216,6 +220,7 @@ async def follow(
     before its pump starts, so not even the first burst can overrun it); registered here otherwise.
     ``wait=False``, or ``view`` ending (the drain ended it): stop (``ViewEnd.DRAINING``) when everything
     retained is sent instead of waiting for more. The drain wakes the wait when it ends the view.
+    ``caught_up``: called once, when the first events are written, or when there are none to write yet.
     """
     outcome = AttachOutcome()
     position = after
@@ -232,6 +237,9 @@ async def follow(
                 return outcome
             if result.segments:
                 await writer.write(result.body())
+                if caught_up is not None:
+                    caught_up()
+                    caught_up = None
                 position = result.last_seq
                 local.move_reader(session_id, reader, position)
                 await store.mark_delivered(session_id, streams, position)
@@ -246,6 +254,9 @@ async def follow(
                 # (during the write, say), else parks until it does.
             elif result.complete:
                 return outcome  # reason: COMPLETE
+            elif caught_up is not None:  # nothing after the position: caught up at once
+                caught_up()
+                caught_up = None
             if not wait or (view is not None and view.ending):
                 outcome.reason = ViewEnd.DRAINING
                 return outcome
@@ -275,11 +286,26 @@ async def reserve_view(
     """Count one client view of the session against max_attached_per_session; the 429 answer if full.
     The one place the limit is checked: a view counted here is uncounted with ``release_view``."""
     limit = ctx.settings.max_attached_per_session
-    if ctx.local.attach(session_id, limit):
+    admitted = ctx.local.attach(session_id, limit)
+    if resuming(request):  # the re-attach's outcome is known now
+        ctx.metrics.resumptions.labels(REATTACH if admitted else TooManyAttachments.reason).inc()
+    if admitted:
         await ctx.store.touch((session_id,), ctx.clock())
         return None
     error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
     return ctx.reject(request, error, request_id)
+
+
+def _resumed(metrics: Metrics, arrived: float) -> None:
+    metrics.resume_latency.observe(asyncio.get_running_loop().time() - arrived)
+
+
+def resuming(request: web.Request) -> bool:
+    """Whether the request is a re-attach the resume decision accepted: it has a session and a cursor, and
+    a view is being counted for it. Every plan decides a cursor before it counts a view (``core.get.plan_get``
+    and ``core.post.plan_post`` ask ``Need.RESUME`` first) and answers a rejection at once."""
+    headers = request.headers
+    return LAST_EVENT_ID_HEADER in headers and SESSION_HEADER in headers
 
 
 async def attach_view(
@@ -325,6 +351,9 @@ async def serve_view(
         )
         return response
     metrics = ctx.metrics
+    # A re-attach's latency: from its request to the moment it sent what the window holds after the cursor.
+    arrived: float | None = request.get(ARRIVED) if resuming(request) else None
+    caught_up = None if arrived is None else functools.partial(_resumed, metrics, arrived)
     metrics.open_streams.inc()
     # Opened after the drain ended such views, it is ending from the start: it sends what is there now,
     # then ends as they did.
@@ -340,6 +369,7 @@ async def serve_view(
                 replay_through=plan.replay_through,
                 reader=plan.reader,
                 view=view,
+                caught_up=caught_up,
             )
     finally:
         metrics.open_streams.dec()

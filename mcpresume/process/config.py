@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host values accepted, every path; no port: any port; '*': any (empty: loopback "
-        "names when listening on loopback, else any)",
+        "names when listening on loopback, else those and IP addresses: no DNS name)",
     )
     credential_headers: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_CREDENTIAL_HEADERS),

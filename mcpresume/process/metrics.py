@@ -11,6 +11,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from mcpresume.core.errors import TooManyAttachments
 from mcpresume.core.resume import OUTCOMES
 from mcpresume.core.route import FORWARD_OUTCOMES
 from mcpresume.core.window import Evicted, EvictReason
@@ -28,7 +29,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "mcpresume_requests",
-            "Client requests answered, by method and status.",
+            "Client requests, by method and the status they were answered (499: the client left, or the "
+            "shutdown ended it, before any answer), each counted once when it ends.",
             ["method", "status"],
             registry=r,
         )
@@ -50,12 +52,22 @@ class Metrics:
             self.refused_connections.labels(how)
         self.resumptions = Counter(
             "mcpresume_resumptions",
-            "Resume requests (Last-Event-ID), by outcome: reattach or the rejection reason.",
+            "Resume requests (Last-Event-ID), by outcome: reattach (its view admitted), or the rejection "
+            "reason (the decision's, or too_many_attachments).",
             ["outcome"],
             registry=r,
         )
-        for outcome in OUTCOMES:  # exported at 0 from the start: a ratio or rate() sees the first one
+        # Exported at 0 from the start: a ratio or rate() sees the first one. A re-attach the decision
+        # accepted is counted once its view is admitted: reattach, or too_many_attachments (429).
+        for outcome in (*OUTCOMES, TooManyAttachments.reason):
             self.resumptions.labels(outcome)
+        self.resume_latency = Histogram(
+            "mcpresume_resume_latency_seconds",
+            "Seconds from a re-attach's request to its view sending what the window holds after the cursor "
+            "(its first events, or finding none to send).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
         self.replayed_events = Counter(
             "mcpresume_replayed_events", "Events sent from the window on re-attach.", registry=r
         )

@@ -27,6 +27,10 @@ from mcpresume.streams.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEn
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
+# Headers aiohttp's client adds on its own when a request has none: the proxy adds none the client did not
+# send (an Accept-Encoding it never offered would bring it a compressed answer on a path passed through as
+# is). A request whose answer the proxy reads asks for identity itself (``request(decoded=True)``).
+NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 E = TypeVar("E", bound=BaseException)
 
 
@@ -130,6 +134,7 @@ class Upstream:
                     method,
                     self.origin.join(URL(path_qs, encoded=True)),
                     headers=list(headers),
+                    skip_auto_headers=NO_AUTO_HEADERS,
                     data=data,
                     allow_redirects=False,  # redirects are the client's to follow, with its own policy
                     auto_decompress=decoded,
