@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import redis.asyncio as aioredis
 
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.redis import RedisProcess
@@ -104,3 +105,40 @@ async def test_a_session_outlives_the_proxy_process_that_began_it(
                 replayed = await collect(response)
     assert [e.id.decode() for e in replayed if e.id] == cursors[2:]
     assert [e.data for e in replayed if e.id] == [e.data for e in sent if e.id][2:]
+
+
+async def test_redis_at_maxmemory_is_an_outage_503_and_not_ready_then_nothing_lost(
+    example_upstream: str, own_redis: RedisProcess
+) -> None:
+    """Redis full (``maxmemory`` with ``noeviction``, as the README recommends) refuses every write with
+    "OOM command not allowed" while PING still answers: a request that needs a write is 503
+    ``store_unavailable``, ``/readyz`` is 503 (it was 200: it only pinged), and once Redis has room again the
+    session serves on, its calls running once each."""
+    async with (
+        running_proxy(example_upstream, **on_redis(own_redis.url, metrics_port=free_port())) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        admin = aioredis.Redis.from_url(own_redis.url)
+        try:
+            await admin.config_set("maxmemory-policy", "noeviction")
+            await admin.config_set("maxmemory", "1")  # below what Redis already holds: every write refused
+            try:
+                async with http.get(f"{proxy.admin_url}/readyz") as ready:
+                    assert ready.status == 503
+                _, body = client.tool_call("tally", {})
+                async with http.post(client.url, data=body, headers=client.headers()) as response:
+                    assert response.status == 503
+                    assert (await error_of(response))["data"]["reason"] == "store_unavailable"
+            finally:
+                await admin.config_set("maxmemory", "0")
+        finally:
+            await admin.aclose()
+        async with http.get(f"{proxy.admin_url}/readyz") as ready:
+            assert ready.status == 200
+        _, body = client.tool_call("tally", {})
+        async with http.post(client.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200
+            (result,) = [r for r in _results(await collect(response)) if r is not None]
+        assert result["structuredContent"]["result"] == 1  # the refused call never ran upstream

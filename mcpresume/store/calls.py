@@ -199,8 +199,11 @@ class RedisCalls:
         self.client = self._pubsub_client = None
 
     async def ready(self) -> bool:
+        """Whether Redis takes writes: a small key of this process's, written with a minute's expiry. A
+        PING would pass where every write fails (Redis at ``maxmemory`` with ``noeviction`` refuses them:
+        "OOM command not allowed"), and a store full is an outage like any other."""
         try:
-            await self.call("ping", self.client.ping())
+            await self.call("ready", self.client.set(f"mcpresume:ready:{self.token}", b"1", px=60_000))
         except StoreUnavailable:
             return False
         return True
