@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import secrets
 from typing import Any
 
 import pytest
 
 from mcpresume.core.flow import Appended
+from mcpresume.core.jsonrpc import is_proxy_id, proxy_request_id
 from mcpresume.core.pump import MAX_RESUME_DELAY, End, UpstreamEvents, refuses_resume, resume_delay
 from mcpresume.core.session import NewEvent
 from mcpresume.core.sse import SSEParser, SSERun
@@ -82,6 +84,78 @@ def test_a_stream_waiting_for_no_response_never_completes() -> None:
     events = UpstreamEvents()
     assert flatten(feed(events, note(1) + answer(7))) == [("run", 2)]
     assert not events.complete and events.resumable(End.CLOSED)
+
+
+def own_answer(request_id: str, id: bytes | None = None) -> bytes:
+    """The upstream's answer to a request the proxy sent itself (a credential ping, a takeover's probe)."""
+    head = b"" if id is None else b"id: " + id + b"\n"
+    return head + b'event: message\ndata: {"jsonrpc":"2.0","id":"%s","result":{}}\n\n' % request_id.encode()
+
+
+def appended(batches: list[list[NewEvent] | SSERun]) -> list[bytes]:
+    """The data of every event to append, in order."""
+    out: list[bytes] = []
+    for batch in batches:
+        if isinstance(batch, SSERun):
+            out.extend(event.data for event in batch.events())
+        else:
+            out.extend(event.data for item in batch for event in SSEParser(1 << 20).feed(item.body))
+    return out
+
+
+PROBE = proxy_request_id("probe", secrets.token_hex(8))
+PING = proxy_request_id("ping", secrets.token_hex(8))
+
+
+@pytest.mark.parametrize("request_ids", [(), (7,)], ids=["standalone", "post"])
+def test_an_answer_to_the_proxys_own_request_is_never_appended(request_ids: tuple[int, ...]) -> None:
+    """On any stream (the standalone one, a POST's), in a run or alone, with or without an upstream id: an
+    answer to a request the proxy made is dropped and counted, what surrounds it kept in order; its upstream
+    id still moves the resume cursor (a resume would only bring it back)."""
+    events = UpstreamEvents(request_ids)
+    chunk = note(1, b"u1") + own_answer(PROBE, b"u2") + note(2, b"u3") + own_answer(PING, b"u4")
+    batches = feed(events, chunk)
+    assert flatten(batches) == [("run", 1), ("run", 1)]
+    assert appended(batches) == [NOTE % 1, NOTE % 2]
+    assert events.take_proxy_answers() == 2 and events.take_proxy_answers() == 0
+    assert events.last_id == b"u4" and set(events.pending) == {f"n:{i}" for i in request_ids}
+    odd = b"retry: 10\n" + own_answer(PROBE)  # a retry field: a single event, the slow path
+    assert feed(events, odd) == [] and events.take_proxy_answers() == 1
+
+
+def test_a_batch_loses_only_its_answers_to_the_proxys_own_requests() -> None:
+    events = UpstreamEvents((1,))
+    batch = b'data: [{"jsonrpc":"2.0","id":"%s","result":{}},{"jsonrpc":"2.0","id":1,"result":{}}]\n\n'
+    ((item,),) = feed(events, batch % PROBE.encode())
+    assert item.kind is EventKind.RESPONSE and item.response_key == "n:1" and events.complete
+    (event,) = SSEParser(1 << 20).feed(item.body)
+    assert json.loads(event.data) == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
+    assert events.take_proxy_answers() == 1
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    [
+        "mcpresume-probe-" + "0" * 15,  # not the proxy's: its random part is 16 hex digits
+        "mcpresume-Probe-" + "0" * 16,
+        "mcpresume-probe-" + "0" * 16 + "x",
+        "x-mcpresume-probe",
+    ],
+)
+def test_a_client_id_that_only_looks_like_the_proxys_is_kept(request_id: str) -> None:
+    events = UpstreamEvents()
+    assert not is_proxy_id(request_id)
+    assert len(appended(feed(events, own_answer(request_id)))) == 1  # a client's answer: appended
+    assert events.take_proxy_answers() == 0
+
+
+def test_the_proxys_request_ids_are_unmistakable_and_never_repeat() -> None:
+    made = {
+        proxy_request_id(purpose, secrets.token_hex(8)) for purpose in ("ping", "probe") for _ in range(50)
+    }
+    assert len(made) == 100 and all(is_proxy_id(i) for i in made)
+    assert is_proxy_id("mcpresume-probe")  # what an earlier version's probe carried (a rolling upgrade)
+    assert not any(is_proxy_id(i) for i in (1, None, "1", "mcpresume-", "mcpresume-ping"))
 
 
 def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> None:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from mcpresume.core.errors import SessionGone
 from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, memory_session, running_proxy
@@ -135,6 +136,36 @@ async def test_upstream_that_forgot_the_session_gives_404_and_the_proxy_drops_it
         async with http.post(client.url, data=body, headers=client.headers()) as response:
             assert response.status == 404  # the client must re-initialize
         assert not await proxy.ctx.store.has_session(client.session_id)
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_the_upstreams_404_for_a_tracked_session_is_answered_with_the_proxys_own_reason(
+    serve, method
+) -> None:
+    """The proxy ends the session when its upstream forgot it (a restart; after a takeover, an upstream that
+    never saw it): the answer is the proxy's own 404 ``unknown_session``, its reason in ``data``, as every
+    answer the proxy decides; not the upstream's body. A tool call, and the standalone GET."""
+    upstream = pb.Playbook()
+    forgot = asyncio.Event()
+    lost = pb.status(404, "session not found")
+    upstream.on(None, lost, http=None, when=lambda seen: forgot.is_set() and seen.session_id is not None)
+    async with running_proxy(await serve(upstream.app())) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        forgot.set()
+        _, body = client.tool_call("work", {})
+        request = (
+            http.post(client.url, data=body, headers=client.headers())
+            if method == "POST"
+            else http.get(client.url, headers=client.headers(Accept="text/event-stream"))
+        )
+        async with request as response:
+            assert response.status == 404
+            error = await error_of(response)
+        assert error["data"]["reason"] == "unknown_session"
+        assert error["message"] == SessionGone.UPSTREAM_FORGOT.value
+        assert not await proxy.ctx.store.has_session(client.session_id)
+        assert upstream.requests(http=method)[-1].session_id == client.session_id  # it was the upstream's 404
 
 
 def id_upstream(upstream_id: bytes) -> pb.Playbook:

@@ -10,6 +10,7 @@ it); progress notifications, the bulk of a stream, never are.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -170,3 +171,58 @@ def error_response(request_id: str | int | None, code: int, message: str, data: 
     return orjson.dumps(
         {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message, "data": data}}
     )
+
+
+# -- the proxy's own requests ----------------------------------------------------------------------------
+#
+# The proxy sends a few requests of its own in a session (a ``ping`` asking the upstream about credentials
+# new to it, a probe asking whether the upstream knows a session it took over). Their answers are the
+# proxy's alone: one must never reach a client, whichever stream the upstream puts it on (an upstream may
+# answer a request whose POST stream is gone on the standalone GET stream, or on a resumed one). So their
+# ids are unmistakable: this prefix, what the request is for, and a random part (``proxy_request_id``),
+# and a pump drops any response to one (``core.pump.UpstreamEvents``). ``mcpresume-probe`` alone is what
+# earlier versions sent as the probe's id (a replica of one may share the upstream during an upgrade).
+PROXY_ID_PREFIX: Final = "mcpresume-"
+# What the bytes of an event answering one hold (a JSON serializer writes a string's ASCII letters as they
+# are, never escaped): only such events are parsed to look.
+PROXY_ID_MARKER: Final = b'"mcpresume-'
+_PROXY_ID: Final = re.compile(r"mcpresume-(?:[a-z]+-[0-9a-f]{16}|probe)")
+
+
+def proxy_request_id(purpose: str, nonce: str) -> str:
+    """The id of a request the proxy sends itself: ``purpose`` (lower-case letters: ``ping``, ``probe``) and
+    ``nonce`` (16 random hex digits)."""
+    return f"{PROXY_ID_PREFIX}{purpose}-{nonce}"
+
+
+def is_proxy_id(request_id: object) -> bool:
+    """Whether a JSON-RPC id is one the proxy made (``proxy_request_id``)."""
+    return isinstance(request_id, str) and _PROXY_ID.fullmatch(request_id) is not None
+
+
+def _answers_proxy(doc: Any) -> bool:
+    return (
+        isinstance(doc, dict)
+        and "method" not in doc
+        and ("result" in doc or "error" in doc)
+        and is_proxy_id(doc.get("id"))
+    )
+
+
+def without_proxy_answers(data: bytes) -> tuple[bytes | None, int]:
+    """An SSE event's data without the responses to the proxy's own requests, and how many it held:
+    ``(data, 0)`` when none (also when it is not JSON); ``(None, n)`` when nothing else is left; a batch
+    (2025-03-26) with other messages too, re-encoded without them."""
+    if PROXY_ID_MARKER not in data:
+        return data, 0
+    try:
+        doc: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data, 0
+    if not isinstance(doc, list):
+        return (None, 1) if _answers_proxy(doc) else (data, 0)
+    kept = [item for item in doc if not _answers_proxy(item)]
+    dropped = len(doc) - len(kept)
+    if not dropped:
+        return data, 0
+    return (orjson.dumps(kept) if kept else None), dropped

@@ -67,8 +67,8 @@ outcome         the upstream                                     the claim    th
 ==============  ===============================================  ===========  ===========================
 ``UNREACHED``   no answer (connect, timeout, ...)                released     the error (502, 504)
 ``UNREADABLE``  answered in an encoding the proxy cannot read    settled      502 ``upstream_bad_response``
-``FORGOTTEN``   404 in the session, to credentials accepted in   dropped      the upstream's 404 (the
-                it: the upstream forgot the session              (session)    client re-initializes)
+``FORGOTTEN``   404 in the session, to credentials accepted in   dropped      404 ``unknown_session``
+                it: the upstream forgot the session              (session)    (the client re-initializes)
 ``REFUSED``     not 2xx (a 404 to other credentials too), or     released     the upstream's answer
                 an initialize answered without a session id
 ``WRONG_TYPE``  a request answered neither JSON nor SSE (spec)   settled      502 ``upstream_bad_response``

@@ -15,6 +15,11 @@ state here, read after each feed:
 * ``duplicates``: upstream events dropped so far as replays. After ``resumed()`` (the upstream stream was
   reopened from ``last_id``), an event whose upstream id was already appended is dropped: a server's
   replay may overlap what the proxy already has.
+* ``proxy_answers``: responses to the proxy's own requests (``jsonrpc.proxy_request_id``: a credential
+  ping, a takeover's probe) dropped since the shell last took the count (``take_proxy_answers``). An
+  upstream may put one on any stream of the session (the standalone one, a resumed one): it is never
+  appended, so no client ever receives it. Only events that may be a response are parsed to look (those
+  ``_suspects`` singles out).
 
 Events with no data (priming, id- or retry-only events) are not appended: the proxy sends its own.
 
@@ -37,10 +42,12 @@ from mcpresume.core.errors import UpstreamStreamLost
 from mcpresume.core.jsonrpc import (
     NOTIFICATION_PREFIX,
     NOTIFICATION_PREFIXES,
+    PROXY_ID_MARKER,
     RESPONSE_MARKERS,
     error_response,
     request_key,
     response_keys,
+    without_proxy_answers,
 )
 from mcpresume.core.session import NewEvent
 from mcpresume.core.sse import SSEEvent, SSERun, frame_body
@@ -53,6 +60,8 @@ SEEN_IDS: Final = 4096
 MAX_RESUME_DELAY: Final = 30.0
 # Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
 REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
+# What ``SSERun.suspects`` looks for to find an answer to the proxy's own request in a run.
+_PROXY_ID_MARKERS: Final = (PROXY_ID_MARKER,)
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
 
@@ -94,6 +103,7 @@ class UpstreamEvents:
         "duplicates",
         "last_id",
         "pending",
+        "proxy_answers",
         "retry_ms",
     )
 
@@ -106,6 +116,7 @@ class UpstreamEvents:
         self.last_id: bytes | None = None
         self.retry_ms: int | None = None
         self.duplicates = 0
+        self.proxy_answers = 0
         # Upstream id lines (``id: X\n``) of the last SEEN_IDS events appended (cheap to keep: no hashing per
         # event), and, from the last resume on, those as a set: what an upstream replay is checked against.
         # Both made at first need: an empty deque costs ~630 bytes, and most streams (no upstream ids, or no
@@ -136,6 +147,11 @@ class UpstreamEvents:
         for key in answered:
             self.pending.pop(key, None)
         self.complete = bool(self._answers) and not self.pending
+
+    def take_proxy_answers(self) -> int:
+        """The responses to the proxy's own requests dropped since the last call (the shell counts them)."""
+        taken, self.proxy_answers = self.proxy_answers, 0
+        return taken
 
     def resumed(self) -> None:
         """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""
@@ -182,9 +198,12 @@ class UpstreamEvents:
         """A run cut around the events that may be a response this stream waits for (the end of a POST
         stream), those as single events: the events whose data does not start like a notification and
         holds a member name a response must have (``jsonrpc.RESPONSE_MARKERS``; ``response_key`` parses
-        no other). A few C-level scans, no call per event."""
+        no other). A few C-level scans, no call per event. Those events include any answer to the proxy's
+        own request (``_event`` drops it); where no response is awaited (a GET stream), only such answers
+        are looked for (one scan: a standalone stream carries few events)."""
         if not self.pending:
-            return [run]
+            own = run.suspects(NOTIFICATION_PREFIX, _PROXY_ID_MARKERS)
+            return _apart(run, own) if own else [run]
         # The one event of a read that is not a notification is most often the stream's response, its last
         # event: that one is looked at first (one event parsed), and only the others are counted, where
         # counting them all would fail and finding the response by its markers scan the run thrice more.
@@ -206,16 +225,7 @@ class UpstreamEvents:
         suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
         if not suspects:
             return [run]
-        pieces: list[SSERun | SSEEvent] = []
-        start = 0
-        for index in suspects:
-            if index > start:
-                pieces.append(run.split(start, index))
-            pieces.extend(run.split(index, index + 1).events())
-            start = index + 1
-        if start < len(run):
-            pieces.append(run.split(start, len(run)))
-        return pieces
+        return _apart(run, suspects)
 
     def _run(self, run: SSERun) -> SSERun:
         """A run as it will be appended: no call per event; upstream ids are checked only after a resume
@@ -258,6 +268,13 @@ class UpstreamEvents:
                 self.duplicates += 1
                 return  # an upstream replay of an event already appended
             self._remember((line,))
+        if PROXY_ID_MARKER in data:
+            kept, dropped = without_proxy_answers(data)
+            if dropped:
+                self.proxy_answers += dropped
+                if kept is None:
+                    return  # an answer to the proxy's own request: never a client's
+                data = kept
         body = frame_body(data, event.event)
         pending = self.pending
         if pending and not data.startswith(NOTIFICATION_PREFIX):
@@ -269,3 +286,17 @@ class UpstreamEvents:
                 items.append(NewEvent(body, EventKind.RESPONSE, settled[0]))
                 return
         items.append(NewEvent(body, EventKind.MESSAGE, None))
+
+
+def _apart(run: SSERun, singled: Sequence[int]) -> list[SSERun | SSEEvent]:
+    """``run`` cut around the events at the indexes ``singled`` (ascending), those as single events."""
+    pieces: list[SSERun | SSEEvent] = []
+    start = 0
+    for index in singled:
+        if index > start:
+            pieces.append(run.split(start, index))
+        pieces.extend(run.split(index, index + 1).events())
+        start = index + 1
+    if start < len(run):
+        pieces.append(run.split(start, len(run)))
+    return pieces

@@ -41,6 +41,9 @@ PROXY = web.AppKey("proxy", Proxy)
 # How often idle sessions and expired events are reaped, at most. A tenth of the TTL keeps the overshoot
 # small; the cap keeps gauges fresh for scrapes.
 REAP_INTERVAL_MAX = 5.0
+# How often a replica whose store did not answer at start asks it again (one log line each time): a sidecar's
+# Redis that comes up a few seconds late costs a few lines and seconds, not a crash loop's restarts.
+STORE_RETRY_INTERVAL = 1.0
 
 
 class _OneLineForUnparsableRequests(logging.Filter):
@@ -144,26 +147,78 @@ def build_app(
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    ctx = app[CONTEXT]
+    ctx, proxy = app[CONTEXT], app[PROXY]
     await ctx.store.start()
     await ctx.upstream.start()
-    if ctx.hop is not None and ctx.lease is not None:
+    if ctx.hop is not None:
         await ctx.hop.start()
-        try:
-            await ctx.lease.start()
-        except DuplicateReplica:  # nothing may run beside the other process: all closed, then the error
+    begin = _Begin(ctx, proxy)
+    loop = asyncio.get_running_loop()
+    try:
+        ready = await begin.attempt()
+    except DuplicateReplica:  # nothing may run beside the other process: all closed, then the error
+        if ctx.hop is not None:
             await ctx.hop.close()
-            await ctx.upstream.close()
-            await ctx.store.close()
-            raise
-    # Streams this replica's previous process was pumping when it died (a shared store kept them).
-    app[PROXY].pumps.adopt(await ctx.store.orphans(ctx.settings.replica))
-    reaper = asyncio.get_running_loop().create_task(_reap_forever(ctx, app[PROXY]))
+        await ctx.upstream.close()
+        await ctx.store.close()
+        raise
+    if ready:
+        housekeeping = loop.create_task(_reap_forever(ctx, proxy))
+    else:  # serve meanwhile, not ready: a sidecar whose Redis comes up late must not crash-loop
+        ctx.awaiting_store = True
+        housekeeping = loop.create_task(begin.when_the_store_answers())
     yield
     # The handlers are done (step 3 of Drain.run, which goes on with the pumps, the lease, the closes).
-    reaper.cancel()
+    housekeeping.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await reaper
+        await housekeeping
+
+
+class _Begin:
+    """What a replica does with its store before it is ready: register its lease (several replicas), then
+    adopt the streams its previous process was pumping when it died (a shared store kept them). A store that
+    does not answer at start (a sidecar's Redis not up yet) is asked again every ``STORE_RETRY_INTERVAL``, one
+    log line each time, while the replica serves: ``/readyz`` 503, requests on the MCP endpoint 503
+    ``store_unavailable`` (``ProxyContext.awaiting_store``). Then it is ready, and the housekeeping starts."""
+
+    def __init__(self, ctx: ProxyContext, proxy: Proxy) -> None:
+        self.ctx = ctx
+        self.proxy = proxy
+        self.leased = False
+
+    async def attempt(self) -> bool:
+        """One attempt; whether the replica is ready (else one line says why)."""
+        ctx = self.ctx
+        try:
+            # Asked first: the lease is registered, and the orphans adopted, only once the store answers
+            # (a lease that fails to register says it lapsed, a failed adoption would stop the start).
+            if not await ctx.store.ready():
+                raise StoreUnavailable("the session store did not answer (ping)")
+            if ctx.lease is not None and not self.leased:
+                await ctx.lease.start()  # DuplicateReplica: another live process holds this replica id
+                self.leased = True  # its own renewals retry it from now on
+            self.proxy.pumps.adopt(await ctx.store.orphans(ctx.settings.replica))
+        except (StoreUnavailable, TimeoutError) as error:
+            log.warning(
+                "not ready: %s; asking again in %.0f s (meanwhile /readyz and the MCP endpoint answer 503)",
+                str(error) or "the session store did not answer in time",
+                STORE_RETRY_INTERVAL,
+            )
+            return False
+        return True
+
+    async def when_the_store_answers(self) -> None:
+        while True:
+            await asyncio.sleep(STORE_RETRY_INTERVAL)
+            try:
+                if await self.attempt():
+                    break
+            except DuplicateReplica as error:  # found only now the store answers: never ready, and says why
+                log.error("not serving: %s", error)
+                return
+        self.ctx.awaiting_store = False
+        log.info("the session store answers: ready")
+        await _reap_forever(self.ctx, self.proxy)
 
 
 async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
@@ -217,14 +272,18 @@ def prune_after(ttl: float) -> float:
 
 def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
-        ctx.metrics.store_stats(await ctx.store.stats())
+        # A store that does not answer must not fail the scrape: Prometheus would mark the instance down just
+        # when mcpresume_store_errors_total (which counts this failure, op "stats") matters. The gauges read
+        # from the store keep their last values meanwhile (docs/reference.md).
+        with contextlib.suppress(StoreUnavailable):
+            ctx.metrics.store_stats(await ctx.store.stats())
         return web.Response(body=ctx.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        ok = ready() and not ctx.drain.started and await ctx.store.ready()
+        ok = ready() and not ctx.drain.started and not ctx.awaiting_store and await ctx.store.ready()
         return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
 
     admin = web.Application()

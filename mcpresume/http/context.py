@@ -54,6 +54,10 @@ class ProxyContext:
     hop: Hop | None = None
     lease: Lease | None = None
     drain: Drain = field(default_factory=Drain)  # how this replica stops (process/drain.py)
+    # The store has not answered since start-up (a sidecar's Redis not up yet): until it does, and the lease
+    # and the orphans' adoption are done (``daemon/app.py``), requests on the MCP endpoint get 503
+    # ``store_unavailable`` and ``/readyz`` 503.
+    awaiting_store: bool = False
     # The store is this app's, closed when it stops (False: shared with other proxies of this process, as
     # in tests, and closed by whoever made it).
     owns_store: bool = True

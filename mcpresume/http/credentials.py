@@ -37,6 +37,7 @@ from mcpresume.core.errors import (
     UpstreamUnreachable,
 )
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpresume.core.jsonrpc import proxy_request_id
 from mcpresume.core.session import SessionAccess
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.forward import upstream_headers
@@ -110,7 +111,7 @@ async def _verify(
     ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess, digest: bytes
 ) -> None:
     """Ask the upstream whether these credentials may use the session; raises the refusal."""
-    ping_id = f"mcpresume-ping-{secrets.token_hex(8)}"
+    ping_id = proxy_request_id("ping", secrets.token_hex(8))
     keep = _PING_KEEPS.union(ctx.settings.credential_headers)
     headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]
     headers += [
@@ -166,10 +167,11 @@ async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tupl
     takeover, this replica's upstream may never have seen it (the sidecar layout). ``headers``: a stream's
     resume headers (its session id, protocol revision, the client's credentials)."""
     ping = [*headers, ("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
+    # An id of its own each time, unmistakably the proxy's: however the upstream answers it (on this
+    # response, or on another stream of the session when this one is gone), no client gets the answer.
+    probe = ping_body(proxy_request_id("probe", secrets.token_hex(8)))
     try:
-        upstream = await ctx.upstream.request(
-            "POST", path_qs, ping, ping_body("mcpresume-probe"), decoded=True
-        )
+        upstream = await ctx.upstream.request("POST", path_qs, ping, probe, decoded=True)
     except ProxyError:
         return True  # not a verdict: the session is left as it is
     upstream.release()

@@ -210,8 +210,10 @@ class Gets:
                     request.path_qs, upstream_headers(request), on_sent
                 )
             if answer.status == 404 and trusted(ctx, request, granted):
-                # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes.
+                # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes,
+                # told so by the proxy's own 404 (with its reason), as for any session it no longer tracks.
                 await ctx.drop_session(session_id, granted.epoch)
+                raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_version(ctx, request, session_id, granted)

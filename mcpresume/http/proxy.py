@@ -17,6 +17,8 @@ Routing
   - GET + ``Last-Event-ID`` (and POST + ``Last-Event-ID``): ``core.resume.decide`` re-attaches or rejects.
   - GET without it: the standalone stream, with no history.
   - DELETE: forwarded, then the session's state dropped.
+  - Any of them while the store has not answered since start-up (a replica started before its Redis):
+    503 ``store_unavailable`` (``ProxyContext.awaiting_store``).
 
 Each handler decides, then acts: a pure plan module of the core decides what the request gets
 (``core/post.py``, ``core/get.py``, ``core/delete.py``, and ``core/route.py`` first when several replicas
@@ -42,6 +44,7 @@ from mcpresume.core.errors import (
     OriginNotAllowed,
     ProxyError,
     ShuttingDown,
+    StoreUnavailable,
 )
 from mcpresume.core.headers import (
     MAX_SESSION_ID_LEN,
@@ -123,6 +126,8 @@ class Proxy:
             method = request.method
             if request.path != ctx.upstream.mcp_path:
                 response = await self._other_path(request)
+            elif ctx.awaiting_store:
+                raise StoreUnavailable("the session store has not answered since this replica started")
             elif method == "POST":
                 body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
                 post = Post(request, body, parse_client_body(body), request.headers.get(SESSION_HEADER))

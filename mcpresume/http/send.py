@@ -149,8 +149,10 @@ class Sender:
         claim_end = CLAIM_ENDS[outcome]
         if claim_end is ClaimEnd.DROP:  # the upstream forgot the session: the client must re-initialize
             assert session_id is not None
+            upstream.release()
             await ctx.drop_session(session_id, epoch)
-            return Forwarded.of(upstream)
+            # The proxy's own 404, with its reason (not the upstream's body): it ended the session here.
+            return Forwarded.failed(UnknownSession(SessionGone.UPSTREAM_FORGOT))
         if claim_end is ClaimEnd.RELEASE:  # refused: the same id may be sent again
             await self._end_claim(claim_end, session_id, keys, epoch)
             return Forwarded.of(upstream)

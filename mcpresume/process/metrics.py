@@ -120,6 +120,12 @@ class Metrics:
             "Upstream events dropped because the upstream replayed an id already appended.",
             registry=r,
         )
+        self.proxy_answers_dropped = Counter(
+            "mcpresume_proxy_answers_dropped",
+            "Answers to the proxy's own requests (a credential ping, a takeover's probe) that the upstream "
+            "sent on a stream of the session, dropped there: never a client's.",
+            registry=r,
+        )
         self.backpressure_detaches = Counter(
             "mcpresume_backpressure_detaches",
             "Client views detached because the client did not drain within stall_timeout.",

@@ -265,6 +265,8 @@ class Pump:
                 if events.duplicates != self._duplicates:  # an upstream replay, dropped
                     self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
                     self._duplicates = events.duplicates
+                if events.proxy_answers:  # answers to the proxy's own requests, dropped
+                    self._dropped_proxy_answers()
                 await self._append(batches)
                 del batches  # not held while the stream idles until its next chunk
                 if events.complete:
@@ -285,6 +287,17 @@ class Pump:
         finally:
             self._connection = None
             response.release()
+
+    def _dropped_proxy_answers(self) -> None:
+        dropped = self.events.take_proxy_answers()
+        self.metrics.proxy_answers_dropped.inc(dropped)
+        log.warning(
+            "session %s stream %d: dropped %d answer(s) to the proxy's own requests (a ping, a probe) the "
+            "upstream sent on this stream: never a client's",
+            self.job.log_id,
+            self.job.stream,
+            dropped,
+        )
 
     async def _append(self, batches: list[Batch]) -> None:
         if not batches:
