@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from mcpresume.process.metrics import Metrics
+from tests.support import INITIALIZE
 from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.playbook import Playbook
@@ -99,25 +100,13 @@ class Session:
     metrics: Metrics
 
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-
-
 @pytest.fixture
 async def session(serve) -> AsyncIterator[Session]:
     upstream = bombing()
     url = await serve(upstream.app())
     async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
         gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
-        async with http.post(proxy.url, data=orjson.dumps(INIT), headers=gzip_client) as response:
+        async with http.post(proxy.url, data=orjson.dumps(INITIALIZE), headers=gzip_client) as response:
             assert response.status == 200
             session_id = response.headers["Mcp-Session-Id"]
         headers = {**gzip_client, "Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-11-25"}

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from mcpresume.core.sse import frame_body
+from tests.support import INITIALIZE_BODY, MCP_HEADERS
 from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.playbook import Playbook
@@ -28,20 +29,6 @@ from tests.support.poll import until
 from tests.support.proxy import collect, error_of, running_proxy
 
 TIMEOUT = 30.0  # hang guard only (a loaded 2-core box)
-
-INIT = orjson.dumps(
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-)
-MCP = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -84,7 +71,9 @@ async def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(se
     url = await serve(upstream.app(expect_handler=_no_continue))
     # Without the fix the upstream hop waits for a 100 that never comes: 504 after first_byte_timeout.
     async with running_proxy(url, first_byte_timeout=5.0) as proxy, asyncio.timeout(TIMEOUT):
-        async with http.post(proxy.url, data=INIT, headers=MCP, expect100=True) as response:
+        async with http.post(
+            proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS, expect100=True
+        ) as response:
             assert response.status == 200, await response.text()
             assert response.headers["Mcp-Session-Id"] == "edge-session"
         other = proxy.url.replace("/mcp", "/oauth/token")
@@ -108,17 +97,17 @@ async def test_origin_and_host_checks_cover_every_relayed_path(serve, http, path
     settings = {"allowed_origins": "http://good.example", "allowed_hosts": "good.example"}
     async with running_proxy(url, **settings) as proxy, asyncio.timeout(TIMEOUT):
         target = proxy.url.replace("/mcp", path)
-        good = {**MCP, "Host": "good.example", "Origin": "http://good.example"}
+        good = {**MCP_HEADERS, "Host": "good.example", "Origin": "http://good.example"}
         for headers, reason in [
             ({**good, "Origin": "http://evil.example"}, "origin_not_allowed"),
             ({**good, "Host": "evil.example"}, "host_not_allowed"),
         ]:
             for method in ("POST", "GET"):
-                async with http.request(method, target, data=INIT, headers=headers) as response:
+                async with http.request(method, target, data=INITIALIZE_BODY, headers=headers) as response:
                     assert response.status == 403, (method, headers)
                     assert (await error_of(response))["data"]["reason"] == reason
         assert received(upstream) == []  # nothing refused reached the upstream
-        async with http.post(target, data=INIT, headers=good) as response:
+        async with http.post(target, data=INITIALIZE_BODY, headers=good) as response:
             assert response.status == 200
     assert [p for _, p, _ in received(upstream)] == [path]
 
@@ -131,13 +120,17 @@ async def test_default_settings_keep_the_sdk_upstreams_host_check(example_upstre
     upstream its own authority, a foreign Host must still be refused, and loopback names on any port pass."""
     async with running_proxy(example_upstream) as proxy, asyncio.timeout(TIMEOUT):
         for host in ("evil.example.com", "evil.example.com:80", f"evil.example.com:{proxy.port}"):
-            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                proxy.url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == 403, host
                 assert (await error_of(response))["data"]["reason"] == "host_not_allowed"
             async with http.get(proxy.url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as r:
                 assert r.status == 403, host
         for host in (f"127.0.0.1:{proxy.port}", "localhost:1", "localhost", "[::1]:8443", "LOCALHOST:9"):
-            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                proxy.url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == 200, host
                 assert response.headers.get("Mcp-Session-Id")
 
@@ -151,7 +144,9 @@ async def test_on_a_non_loopback_address_the_default_refuses_a_rebinding_host(ex
     async with running_proxy(example_upstream, host="0.0.0.0") as proxy, asyncio.timeout(TIMEOUT):
         url = f"http://127.0.0.1:{proxy.port}/mcp"
         for host in ("rebound.example", f"rebound.example:{proxy.port}", "10.0.0.5.nip.io:80"):
-            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == 403, host
                 error = await error_of(response)
             assert error["data"]["reason"] == "host_not_allowed"
@@ -159,20 +154,26 @@ async def test_on_a_non_loopback_address_the_default_refuses_a_rebinding_host(ex
             async with http.get(url.replace("/mcp", "/.well-known/x"), headers={"Host": host}) as response:
                 assert response.status == 403, host  # every path the proxy relays
         for host in (f"127.0.0.1:{proxy.port}", "10.0.0.5:8080", "[fd00::5]", "localhost"):
-            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == 200, host
     # What the SDK server's own check would have let through: the proxy's Host is the upstream's authority.
     async with (
         running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="*") as proxy,
         http.post(
-            f"http://127.0.0.1:{proxy.port}/mcp", data=INIT, headers={**MCP, "Host": "rebound.example"}
+            f"http://127.0.0.1:{proxy.port}/mcp",
+            data=INITIALIZE_BODY,
+            headers={**MCP_HEADERS, "Host": "rebound.example"},
         ) as r,
     ):
         assert r.status == 200
     async with running_proxy(example_upstream, host="0.0.0.0", allowed_hosts="mcp.example") as proxy:
         url = f"http://127.0.0.1:{proxy.port}/mcp"
         for host, status in (("mcp.example:80", 200), (f"127.0.0.1:{proxy.port}", 403)):  # as listed
-            async with http.post(url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == status, host
 
 
@@ -188,11 +189,15 @@ async def test_allowed_hosts_without_a_port_match_any_port(serve, http) -> None:
             ("pinned.example", 403),
             ("evil.example", 403),
         ]:
-            async with http.post(proxy.url, data=INIT, headers={**MCP, "Host": host}) as response:
+            async with http.post(
+                proxy.url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": host}
+            ) as response:
                 assert response.status == status, host
     async with (
         running_proxy(url, allowed_hosts="*") as proxy,  # any Host, on loopback too
-        http.post(proxy.url, data=INIT, headers={**MCP, "Host": "evil.example"}) as response,
+        http.post(
+            proxy.url, data=INITIALIZE_BODY, headers={**MCP_HEADERS, "Host": "evil.example"}
+        ) as response,
     ):
         assert response.status == 200
 
@@ -233,16 +238,20 @@ async def test_locations_at_the_upstream_point_at_the_proxy(serve, http) -> None
     redirecting(upstream, url.removesuffix("/mcp"))
     async with running_proxy(url) as proxy, asyncio.timeout(TIMEOUT):
         base = proxy.url.removesuffix("/mcp")
-        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP, allow_redirects=False) as response:
+        async with http.post(
+            f"{base}/mcp/", data=INITIALIZE_BODY, headers=MCP_HEADERS, allow_redirects=False
+        ) as response:
             assert response.status == 307
             assert response.headers["Location"] == "/mcp?x=1"
-        async with http.post(f"{base}/mcp/", data=INIT, headers=MCP) as response:  # followed: the proxy
+        async with http.post(
+            f"{base}/mcp/", data=INITIALIZE_BODY, headers=MCP_HEADERS
+        ) as response:  # followed: the proxy
             assert response.status == 200
             assert str(response.url) == f"{proxy.url}?x=1"
             assert response.headers["Content-Location"] == "/mcp"
             session = response.headers["Mcp-Session-Id"]
         call = orjson.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x"}})
-        headers = {**MCP, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        headers = {**MCP_HEADERS, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
         async with http.post(proxy.url, data=call, headers=headers) as response:
             assert response.status == 200
             assert response.headers["Content-Location"] == "/mcp#s"
@@ -308,14 +317,14 @@ def gzipped(answer: pb.Answer) -> pb.Answer:
 async def test_compressed_answers_are_read_decoded_and_relayed_plain(serve) -> None:
     upstream = compressing()
     url = await serve(upstream.app())
-    gzip_client = {**MCP, "Accept-Encoding": "gzip, deflate"}
+    gzip_client = {**MCP_HEADERS, "Accept-Encoding": "gzip, deflate"}
     # auto_decompress=False: the client sees the bytes the proxy sends, and their Content-Encoding.
     async with (
         running_proxy(url) as proxy,
         aiohttp.ClientSession(auto_decompress=False) as http,
         asyncio.timeout(TIMEOUT),
     ):
-        async with http.post(proxy.url, data=INIT, headers=gzip_client) as response:
+        async with http.post(proxy.url, data=INITIALIZE_BODY, headers=gzip_client) as response:
             assert response.status == 200
             assert "Content-Encoding" not in response.headers
             assert orjson.loads(await response.read())["result"]["serverInfo"]["name"] == "edges"
@@ -399,7 +408,9 @@ async def test_connections_without_a_complete_head_are_closed_after_header_timeo
             assert await _eof_or_answer(reader) == b""  # closed, without an answer
             writer.close()
         await until(lambda: proxy.connections.open == 0, what="both connections counted closed")
-        async with http.post(proxy.url, data=INIT, headers=MCP) as response:  # a real client is served
+        async with http.post(
+            proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS
+        ) as response:  # a real client is served
             assert response.status == 200
     assert [p for _, p, _ in received(upstream)] == ["/mcp"]
 
@@ -442,7 +453,10 @@ async def test_connections_over_max_connections_get_a_clean_503(serve) -> None:
         assert sample(proxy.ctx.metrics, "mcpresume_client_connections") == 8
         idle.pop()[1].close()  # room for one
         await until(lambda: proxy.connections.open == 7, what="a connection counted closed")
-        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS) as response,
+        ):
             assert response.status == 200
         for _, idle_writer in idle:
             idle_writer.close()
@@ -460,7 +474,10 @@ async def test_at_the_cap_the_oldest_connection_without_a_request_makes_room(ser
         for _, writer in slow[::2]:
             writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")  # a head, never finished
         await until(lambda: proxy.connections.evicted == 21, what="21 slow connections evicted")
-        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS) as response,
+        ):
             assert response.status == 200
         assert proxy.connections.evicted == 22 and proxy.connections.refused == 0
         closed = [await _eof_or_answer(reader) == b"" for reader, _ in slow[:22]]
@@ -489,7 +506,10 @@ async def test_at_the_cap_connections_that_sent_only_empty_lines_make_room(serve
         # Every empty line is read before the fresh clients come (the HTTP server reads whatever arrives).
         await _ping(*blank[-1], before=b"\n")  # the newest blank one asks at last: a request
         fresh = await _served(proxy.port)  # takes the place of the oldest blank one
-        async with aiohttp.ClientSession() as http, http.post(proxy.url, data=INIT, headers=MCP) as response:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS) as response,
+        ):
             assert response.status == 200  # and of the next
         assert proxy.connections.evicted == 2 and proxy.connections.refused == 0
         assert [await _eof_or_answer(reader) == b"" for reader, _ in blank[:2]] == [True, True]
@@ -543,7 +563,7 @@ async def test_a_fresh_client_is_served_while_1000_slowloris_connections_are_ope
                     assert await child.stdout.readline() == b"ready\n"
                     async with (
                         aiohttp.ClientSession() as http,
-                        http.post(proxy.url, data=INIT, headers=MCP) as response,
+                        http.post(proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS) as response,
                     ):
                         assert response.status == 200
                         assert response.headers["Mcp-Session-Id"] == "edge-session"

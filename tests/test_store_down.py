@@ -29,26 +29,13 @@ from mcpresume.core.window import EventKind, WindowLimits
 from mcpresume.daemon.app import STORE_RETRY_INTERVAL
 from mcpresume.store import SessionStore
 from tests.conftest import ServeApp
+from tests.support import INITIALIZE_BODY, MCP_HEADERS
 from tests.support import playbook as pb
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.redis import MakeRedisStore, RedisProcess, free_port
 from tests.support.scripted import SESSION, ScriptedUpstream
 from tests.test_redis_proxy import on_redis
-
-INITIALIZE = orjson.dumps(
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-)
-MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
 
 async def _scrape(http: aiohttp.ClientSession, admin_url: str) -> dict[str, float]:
@@ -138,7 +125,7 @@ async def test_a_replica_started_before_its_redis_serves_not_ready_then_becomes_
             await until(listening, timeout=60, what="the admin listener", every=0.05)
             assert await readyz() == 503
             async with http.post(
-                f"http://127.0.0.1:{port}/mcp", data=INITIALIZE, headers=MCP_HEADERS
+                f"http://127.0.0.1:{port}/mcp", data=INITIALIZE_BODY, headers=MCP_HEADERS
             ) as answer:
                 assert answer.status == 503
                 assert (await error_of(answer))["data"]["reason"] == "store_unavailable"
@@ -153,7 +140,7 @@ async def test_a_replica_started_before_its_redis_serves_not_ready_then_becomes_
             await until(ready, timeout=60, what="/readyz 200", every=0.05)
             ready = time.monotonic()
             async with http.post(
-                f"http://127.0.0.1:{port}/mcp", data=INITIALIZE, headers=MCP_HEADERS
+                f"http://127.0.0.1:{port}/mcp", data=INITIALIZE_BODY, headers=MCP_HEADERS
             ) as answer:
                 assert answer.status == 200
                 assert answer.headers["Mcp-Session-Id"] == pb.SESSION

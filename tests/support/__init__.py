@@ -6,7 +6,31 @@ from __future__ import annotations
 import socket
 import uuid
 
-__all__ = ["EVENT_STORE_RETRY_MS", "new_session_id", "redis_ping"]
+import orjson
+
+__all__ = [
+    "EVENT_STORE_RETRY_MS",
+    "INITIALIZE",
+    "INITIALIZE_BODY",
+    "MCP_HEADERS",
+    "new_session_id",
+    "redis_ping",
+]
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+"""A client's ``initialize`` request (2025-11-25), for tests that speak raw HTTP."""
+INITIALIZE_BODY = orjson.dumps(INITIALIZE)
+MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+"""What an MCP client's POST carries: a JSON body, and it accepts a JSON or an SSE answer."""
 
 EVENT_STORE_RETRY_MS = 200
 """``retry`` (ms) of the ``example_upstream_with_event_store`` fixture: SDK clients reconnect after it."""
