@@ -209,7 +209,15 @@ class Streams(Protocol):
         """``append`` for a run of upstream message events (the hot path, see sse.SSERun)."""
         ...
 
-    async def end_stream(self, session_id: str, stream: int, now: float) -> None: ...
+    async def end_stream(self, session_id: str, stream: int, now: float) -> None:
+        """No more appends to the stream; the session is touched as of ``now`` (never backwards)."""
+        ...
+
+    async def cancel_requests(self, session_id: str, stream: int, request_keys: Sequence[str]) -> None:
+        """The client cancelled these requests of ``stream``, and the proxy closes the stream unanswered: a
+        re-send of their ids is refused (``ClaimOutcome.CANCELLED``). Ids claimed by another stream (of a
+        new incarnation, say) are left as they are."""
+        ...
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         """Record that one client view follows ``streams`` together (POST + ``Last-Event-ID``): the view
