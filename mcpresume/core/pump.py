@@ -15,6 +15,11 @@ state here, read after each feed:
 * ``duplicates``: upstream events dropped so far as replays. After ``resumed()`` (the upstream stream was
   reopened from ``last_id``), an event whose upstream id was already appended is dropped: a server's
   replay may overlap what the proxy already has.
+* ``cancelled``: the pending requests the client cancelled (``cancel``: it POSTed ``notifications/cancelled``
+  for them, and the proxy forwarded it); ``moot``: every request the stream still waits for is one of them.
+  The spec says the receiver of a cancellation SHOULD NOT answer the request, so a moot stream may never
+  end by itself (the TypeScript SDK's server keeps it open until its client leaves): the pump closes it
+  once no client reads it (``streams.pump``), without an answer (the client expects none).
 
 Events with no data (priming, id- or retry-only events) are not appended: the proxy sends its own.
 
@@ -22,8 +27,22 @@ Then the decisions between upstream connections: ``resumable(end)`` says whether
 connection ended so is to be reopened (from ``resume_cursor``: without one it cannot be), ``resume_delay``
 how long to wait before an attempt, ``refuses_resume`` which answers to a resume GET mean it cannot be
 resumed (as opposed to "try again"), and ``unanswered(message)`` the synthesized JSON-RPC errors that
-complete a stream that cannot be completed, one per pending request, so no client waits forever for an
-answer that cannot come.
+complete a stream that cannot be completed, one per pending request not cancelled, so no client waits
+forever for an answer that cannot come.
+
+Last, when the proxy gives a stream up before its end, with no client reading it (``Abandon``): a moot
+stream after ``cancel_grace``, and any POST stream that ``unattended`` says nobody reads or feeds, so that no
+stream without a client and without traffic keeps its session past ``session_ttl``:
+
+==================================================  ===========================================
+the stream                                          ``unattended(now, heard, left, reading, ttl)``
+==================================================  ===========================================
+a client view reads it (``reading``)                no
+the upstream sent an event within ``ttl``           no (``now - heard < ttl``)
+its last view left within ``ttl`` (or it began so)  no (``now - left < ttl``)
+otherwise                                           yes: the proxy closes it, as a client leaving
+                                                    would, and answers what is pending with an error
+==================================================  ===========================================
 """
 
 from __future__ import annotations
@@ -55,6 +74,7 @@ MAX_RESUME_DELAY: Final = 30.0
 REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
+_NONE_CANCELLED: Final[frozenset[str]] = frozenset()
 
 Batch = list[NewEvent] | SSERun
 
@@ -70,6 +90,21 @@ class End(enum.Enum):
 
 # The ends after which the stream is reopened from its last upstream id (unless it is complete).
 RESUMABLE_ENDS: Final = frozenset({End.CLOSED, End.DROPPED})
+
+
+class Abandon(enum.Enum):
+    """Why the proxy gave a stream up before its end, with no client reading it. The value is the metric's
+    label (``mcpresume_abandoned_streams_total{reason}``)."""
+
+    CANCELLED = "cancelled"  # moot (every pending request cancelled), unread for cancel_grace: no answer
+    UNATTENDED = "unattended"  # unread and unfed for session_ttl: its pending requests get an error
+
+
+def unattended(now: float, heard: float, left: float, *, reading: bool, ttl: float) -> bool:
+    """Whether a POST stream is given up as unattended (the table in the module docstring): no client view
+    reads it, the upstream sent no event on it since ``heard``, and its last view left at ``left`` (or it
+    began then), both ``ttl`` ago or more."""
+    return not reading and now - max(heard, left) >= ttl
 
 
 def resume_delay(retry_ms: int, attempts: int) -> float:
@@ -90,6 +125,7 @@ class UpstreamEvents:
         "_recent",
         "_seen",
         "_spelling",
+        "cancelled",
         "complete",
         "duplicates",
         "last_id",
@@ -113,6 +149,7 @@ class UpstreamEvents:
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
         self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
+        self.cancelled: frozenset[str] = _NONE_CANCELLED  # request keys the client cancelled (``cancel``)
 
     # -- between connections -----------------------------------------------------------------------------
 
@@ -141,15 +178,33 @@ class UpstreamEvents:
         """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""
         self._seen = set(self._recent or ())
 
+    def cancel(self, keys: Iterable[str]) -> bool:
+        """The client cancelled these requests (those of them pending here count); whether the stream is
+        ``moot`` now. A response to one may still come (an upstream that answers anyway): it is appended and
+        settles its request as any response does."""
+        mine = frozenset(key for key in keys if key in self.pending)
+        if mine:
+            self.cancelled = self.cancelled | mine
+        return self.moot
+
+    @property
+    def moot(self) -> bool:
+        """Every request the stream still waits for was cancelled: none of it may ever be answered."""
+        pending = self.pending
+        return bool(pending) and all(key in self.cancelled for key in pending)
+
     def unanswered(self, message: str) -> list[NewEvent]:
-        """A JSON-RPC error for each pending request (``message`` says why), as RESPONSE events."""
+        """A JSON-RPC error for each pending request (``message`` says why), as RESPONSE events; none for a
+        request the client cancelled (the spec: a cancelled request SHOULD NOT be answered)."""
         lost = UpstreamStreamLost(message)
         data = lost.data()
+        cancelled = self.cancelled
         return [
             NewEvent(
                 frame_body(error_response(request_id, lost.code, message, data)), EventKind.RESPONSE, key
             )
             for key, request_id in self.pending.items()
+            if key not in cancelled
         ]
 
     # -- events ------------------------------------------------------------------------------------------

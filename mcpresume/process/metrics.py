@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from mcpresume.core.pump import Abandon
 from mcpresume.core.resume import OUTCOMES
 from mcpresume.core.route import FORWARD_OUTCOMES
 from mcpresume.core.window import Evicted, EvictReason
@@ -91,6 +92,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.abandoned_streams = Counter(
+            "mcpresume_abandoned_streams",
+            "Upstream streams the proxy closed before their end because no client read them, by reason: "
+            "cancelled (every request of it cancelled, unread for cancel_grace; no answer), unattended "
+            "(unread, and no upstream event, for session_ttl; its requests get upstream_stream_lost).",
+            ["reason"],
+            registry=r,
+        )
+        for abandon in Abandon:
+            self.abandoned_streams.labels(abandon.value)
         self.upstream_resumptions = Counter(
             "mcpresume_upstream_resumptions",
             "Upstream streams the proxy tried to resume itself, by outcome: resumed, refused, exhausted, "

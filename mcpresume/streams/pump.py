@@ -1,8 +1,15 @@
 """Pumps: one task per upstream SSE stream, appending its events to the session's window.
 
-A pump's life is tied to the upstream stream, never to a client: a client that drops does not stop it
+A pump's life is tied to the upstream stream, not to a client: a client that drops does not stop it
 (spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
-the response reaches the window and a re-attaching client gets it.
+the response reaches the window and a re-attaching client gets it. Two things end it before the upstream
+does, each only while no client view reads the stream (``Abandon``; the upstream connection is closed, as
+a client leaving would close it): the client cancelled every request the stream waits for
+(``notifications/cancelled``, which the spec says is not answered: an upstream may keep such a stream open
+until its client leaves) and ``cancel_grace`` passed, the stream then ending without an answer and its
+request ids refused from then on (``request_cancelled``); or neither a view nor an upstream event came for
+``session_ttl`` (``Pumps.stop_unattended``, each housekeeping round), its requests then answered with an
+error: no stream without a client and without traffic keeps its session past ``session_ttl``.
 
 The upstream's connection is as ephemeral as the client's. When it ends before the stream is complete (a
 2025-11-25 server closing on purpose to make clients poll, SEP-1699, or a dropped connection) and the
@@ -25,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+import math
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -34,7 +42,15 @@ import aiohttp
 from mcpresume.core.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable, UpstreamStreamLost
 from mcpresume.core.flow import Appended, Guard, may_pass
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER
-from mcpresume.core.pump import Batch, End, UpstreamEvents, refuses_resume, resume_delay
+from mcpresume.core.pump import (
+    Abandon,
+    Batch,
+    End,
+    UpstreamEvents,
+    refuses_resume,
+    resume_delay,
+    unattended,
+)
 from mcpresume.core.session import NewEvent, PumpRecord
 from mcpresume.core.sse import SSEParser, SSERun
 from mcpresume.process.drain import HAND_OVER
@@ -58,6 +74,9 @@ APPEND_SLICE: Final = 256
 OUTAGE_RETRY_MIN: Final = 0.05
 OUTAGE_RETRY_MAX: Final = 1.0
 _SSE: Final = "text/event-stream"
+# What ``Pump.heard`` says while an append waits (flow control, overflow = pause, a store outage): the
+# upstream sent events the pump could not append yet, so the stream is not unattended, however long it waits.
+HOLDING: Final = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +88,11 @@ class PumpJob:
     path_qs: str = "/"  # the MCP endpoint, where a resume GET goes
     # Headers a resume GET carries: Mcp-Session-Id, and the client's MCP-Protocol-Version and credentials.
     resume_headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def standalone(self) -> bool:
+        """The standalone (GET) stream: no request waits on it, and it never keeps its session."""
+        return not self.request_ids
 
     @classmethod
     def of(cls, session_id: str, stream: int, record: PumpRecord, log_id: str) -> PumpJob:
@@ -86,6 +110,7 @@ class PumpSettings:
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
     store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
     window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
+    cancel_grace: float = 5.0  # how long a moot stream (every request cancelled) stays open unread
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -101,10 +126,19 @@ class Pumps:
     def __init__(self) -> None:
         # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        # The pumps themselves, per session: what a cancellation, a view leaving or the housekeeping round
+        # (``stop_unattended``) is told to.
+        self._pumps: dict[str, list[Pump]] = {}
 
     def spawn(
-        self, session_id: str, coro: Coroutine[Any, Any, None], *, standalone: bool = False
+        self,
+        session_id: str,
+        coro: Coroutine[Any, Any, None],
+        *,
+        standalone: bool = False,
+        pump: Pump | None = None,
     ) -> asyncio.Task[None]:
+        """Run ``coro`` (``pump``'s run, or a task that awaits it) as a pump task of the session."""
         task = asyncio.get_running_loop().create_task(coro, name=STANDALONE_PUMP if standalone else PUMP)
         tasks = self._tasks.get(session_id)
         if tasks is None:
@@ -112,7 +146,50 @@ class Pumps:
         else:
             tasks.append(task)
         task.add_done_callback(functools.partial(self._forget, session_id))
+        if pump is not None:
+            pump.task = task
+            pumps = self._pumps.get(session_id)
+            if pumps is None:
+                self._pumps[session_id] = [pump]
+            else:
+                pumps.append(pump)
+            task.add_done_callback(functools.partial(self._forget_pump, session_id, pump))
         return task
+
+    def _forget_pump(self, session_id: str, pump: Pump, task: asyncio.Task[None]) -> None:
+        pump.ended()
+        pumps = self._pumps.get(session_id)
+        if pumps is not None and pump in pumps:
+            pumps.remove(pump)
+            if not pumps:
+                del self._pumps[session_id]
+
+    # -- what the pumps of a session are told ------------------------------------------------------------
+
+    def cancel_requests(self, session_id: str, request_keys: Collection[str]) -> None:
+        """The client cancelled these requests (its ``notifications/cancelled`` went upstream)."""
+        for pump in self._pumps.get(session_id, ()):
+            pump.cancel(request_keys)
+
+    def left(self, session_id: str, streams: Sequence[int], now: float) -> None:
+        """A client view of these streams ended at ``now``."""
+        for pump in self._pumps.get(session_id, ()):
+            if pump.job.stream in streams:
+                pump.left(now)
+
+    def pumping(self, session_id: str) -> bool:
+        """Whether a pump of the session runs here."""
+        return session_id in self._pumps
+
+    def stop_unattended(self, now: float, ttl: float) -> int:
+        """Stop every POST stream's pump that no view read and no upstream event fed for ``ttl``
+        (``core.pump.unattended``); how many."""
+        stopped = 0
+        for pumps in list(self._pumps.values()):
+            for pump in list(pumps):
+                if pump.unattended(now, ttl) and pump.stop(Abandon.UNATTENDED):
+                    stopped += 1
+        return stopped
 
     def _forget(self, session_id: str, task: asyncio.Task[None]) -> None:
         tasks = self._tasks.get(session_id)
@@ -154,17 +231,22 @@ class Pump:
         "_connection",
         "_cursor_of",
         "_duplicates",
+        "_lapse",
         "_paused_out",
         "attempts",
+        "attended",
         "clock",
         "events",
         "failure",
+        "heard",
         "job",
         "local",
         "metrics",
         "settings",
         "step",
+        "stopping",
         "store",
+        "task",
         "upstream",
         "upstream_forgot",
     )
@@ -196,6 +278,12 @@ class Pump:
         self._connection: UpstreamAnswer | None = None  # the upstream connection being read
         self.upstream_forgot = False  # a resume GET got 404: the upstream does not know the session
         self.failure = "the upstream closed the stream before the response"
+        # When the upstream last sent an event on the stream, and when its last client view left (both: its
+        # start, at first): what ``unattended`` decides by (the clock of the store's times).
+        self.heard = self.attended = clock()
+        self.task: asyncio.Task[None] | None = None  # while it may be stopped (``Pumps.spawn`` sets it)
+        self.stopping: Abandon | None = None  # why it was stopped, when it was
+        self._lapse: asyncio.TimerHandle | None = None  # a moot stream's cancel_grace (``cancel``)
 
     @property
     def pending(self) -> dict[str, str | int]:
@@ -215,11 +303,16 @@ class Pump:
                     break
                 current = await self._resume()
         except asyncio.CancelledError as exc:
+            self.task = None  # ending: nothing stops it again
             if exc.args == (HAND_OVER,):
                 raise  # left live in the store: another replica resumes it upstream
-            self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            if self.stopping is None:
+                self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            else:
+                await self._abandoned(self.stopping)
             await self._finish(wait=False)
             raise
+        self.task = None
         await self._finish()
 
     # -- one upstream connection -------------------------------------------------------------------------
@@ -235,7 +328,10 @@ class Pump:
                 if events.duplicates != self._duplicates:  # an upstream replay, dropped
                     self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
                     self._duplicates = events.duplicates
-                await self._append(batches)
+                if batches:  # events, not a comment or a priming event: the upstream is at work on it
+                    self.heard = HOLDING  # never unattended while it holds events not appended yet
+                    await self._append(batches)
+                    self.heard = self.clock()
                 del batches  # not held while the stream idles until its next chunk
                 if events.complete:
                     return End.COMPLETE
@@ -457,6 +553,83 @@ class Pump:
         outcomes.labels("exhausted").inc()
         return None
 
+    # -- given up: cancelled, or unattended --------------------------------------------------------------
+
+    def cancel(self, request_keys: Collection[str]) -> None:
+        """The client cancelled these requests (its ``notifications/cancelled`` went upstream): once every
+        request the stream waits for is, it is closed after ``cancel_grace`` without a view reading it."""
+        if self.task is not None and self.events.cancel(request_keys):
+            self._lapse_in(self.settings.cancel_grace)
+
+    def left(self, now: float) -> None:
+        """A client view of the stream ended at ``now``: its cancel_grace starts again."""
+        self.attended = max(self.attended, now)
+        if self.task is not None and self.events.moot:
+            self._lapse_in(self.settings.cancel_grace)
+
+    def _lapse_in(self, delay: float) -> None:
+        if self._lapse is not None:
+            self._lapse.cancel()
+        self._lapse = asyncio.get_running_loop().call_later(delay, self._lapsed)
+
+    def _lapsed(self) -> None:
+        """A moot stream's cancel_grace passed: stopped, unless a view reads it (looked at again a grace
+        later, and when it leaves) or it was answered meanwhile."""
+        self._lapse = None
+        if not self.events.moot:
+            return
+        if self.local.reads(self.job.session_id, self.job.stream):
+            self._lapse_in(self.settings.cancel_grace)
+            return
+        self.stop(Abandon.CANCELLED)
+
+    def unattended(self, now: float, ttl: float) -> bool:
+        """A POST stream no view read and no upstream event fed for ``ttl`` (``core.pump.unattended``)."""
+        if self.job.standalone or self.task is None:
+            return False
+        reading = self.local.reads(self.job.session_id, self.job.stream)
+        return unattended(now, self.heard, self.attended, reading=reading, ttl=ttl)
+
+    def stop(self, reason: Abandon) -> bool:
+        """Stop reading the stream (its upstream connection closed) and end it, for ``reason``; False when
+        it is ending already."""
+        task = self.task
+        if task is None or self.stopping is not None:
+            return False
+        self.stopping = reason
+        if reason is Abandon.UNATTENDED:
+            self.failure = (
+                f"no client read the stream and the upstream sent nothing on it for "
+                f"{self.clock() - max(self.heard, self.attended):.0f} s (session_ttl)"
+            )
+        task.cancel()
+        return True
+
+    async def _abandoned(self, reason: Abandon) -> None:
+        """Stopped for ``reason``: said (one line, the metric), and a cancelled stream's request ids
+        refused from now on (``request_cancelled``)."""
+        job = self.job
+        self.metrics.abandoned_streams.labels(reason.value).inc()
+        if reason is Abandon.CANCELLED:
+            log.info(
+                "session %s stream %d: every request of it was cancelled (notifications/cancelled) and no "
+                "client read it for %g s; closed upstream, ended without an answer (none is expected)",
+                job.log_id,
+                job.stream,
+                self.settings.cancel_grace,
+            )
+            try:
+                await self.store.cancel_requests(job.session_id, job.stream, sorted(self.events.cancelled))
+            except StoreUnavailable as error:  # their ids stay claimed by the stream: never sent again
+                log.warning("session %s stream %d: %s", job.log_id, job.stream, error.message)
+
+    def ended(self) -> None:
+        """The pump's task is done: nothing is waited for any more."""
+        self.task = None
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
+
     # -- the end -----------------------------------------------------------------------------------------
 
     async def _finish(self, *, wait: bool = True) -> None:
@@ -464,16 +637,15 @@ class Pump:
         room as every append does (overflow = pause: they must not evict what no client was sent either);
         not once the proxy stopped the pump, nor past a cancel of that wait."""
         job = self.job
-        items: list[NewEvent] = []
-        if self.pending:
+        items = self.events.unanswered(self.failure) if self.pending else []
+        if items:
             log.warning(
                 "session %s stream %d: %s; answering %d request(s) with an error",
                 job.log_id,
                 job.stream,
                 self.failure,
-                len(self.pending),
+                len(items),
             )
-            items = self.events.unanswered(self.failure)
             self.metrics.synthesized_errors.labels(UpstreamStreamLost.reason).inc(len(items))
         stored = False
         try:
@@ -483,5 +655,7 @@ class Pump:
         finally:
             if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
                 await self._put(items, None)
-            end = functools.partial(self.store.end_stream, job.session_id, job.stream, self.clock())
+            # Unattended, it ends as of when it was last read or fed: it gives its session no time of its own.
+            at = max(self.heard, self.attended) if self.stopping is Abandon.UNATTENDED else self.clock()
+            end = functools.partial(self.store.end_stream, job.session_id, job.stream, at)
             await (self._outlast(end, "ending the stream") if wait else end())
