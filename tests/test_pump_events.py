@@ -19,6 +19,7 @@ from mcpresume.core.pump import (
     refuses_resume,
     resume_delay,
     unattended,
+    wants_credentials,
 )
 from mcpresume.core.session import NewEvent
 from mcpresume.core.sse import SSEParser, SSERun
@@ -208,6 +209,12 @@ def test_a_stream_is_unattended_when_nobody_reads_or_feeds_it_for_the_ttl(
     reading: bool, heard: float, left: float, gone: bool
 ) -> None:
     assert unattended(100.0, heard, left, reading=reading, ttl=60.0) is gone
+
+
+@pytest.mark.parametrize(("status", "wanted"), [(401, True), (403, True), (404, False), (500, False)])
+def test_a_resume_refused_for_its_credentials_wants_new_ones(status: int, wanted: bool) -> None:
+    assert wants_credentials(status) is wanted
+    assert not (wanted and refuses_resume(status))  # not a refusal of the stream itself
 
 
 async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:

@@ -26,9 +26,10 @@ Events with no data (priming, id- or retry-only events) are not appended: the pr
 Then the decisions between upstream connections: ``resumable(end)`` says whether a stream whose
 connection ended so is to be reopened (from ``resume_cursor``: without one it cannot be), ``resume_delay``
 how long to wait before an attempt, ``refuses_resume`` which answers to a resume GET mean it cannot be
-resumed (as opposed to "try again"), and ``unanswered(message)`` the synthesized JSON-RPC errors that
-complete a stream that cannot be completed, one per pending request not cancelled, so no client waits
-forever for an answer that cannot come.
+resumed (as opposed to "try again"), ``wants_credentials`` which mean that the credentials it carried are
+no longer accepted (a token expired: the pump waits for a client of the session to bring fresh ones), and
+``unanswered(message)`` the synthesized JSON-RPC errors that complete a stream that cannot be completed, one
+per pending request not cancelled, so no client waits forever for an answer that cannot come.
 
 Last, when the proxy gives a stream up before its end, with no client reading it (``Abandon``): a moot
 stream after ``cancel_grace``, and any POST stream that ``unattended`` says nobody reads or feeds, so that no
@@ -72,6 +73,9 @@ SEEN_IDS: Final = 4096
 MAX_RESUME_DELAY: Final = 30.0
 # Upstream answers to a resume GET that mean "this cannot be resumed", as opposed to "try again later".
 REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
+# Upstream answers to a resume GET that refuse the credentials it carried (RFC 9110 15.5.2, 15.5.4): trying
+# again with the same ones cannot help, fresh ones may.
+CREDENTIAL_REFUSALS: Final = frozenset({401, 403})
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
 _NONE_CANCELLED: Final[frozenset[str]] = frozenset()
@@ -115,6 +119,11 @@ def resume_delay(retry_ms: int, attempts: int) -> float:
 def refuses_resume(status: int) -> bool:
     """Whether an upstream's non-SSE answer to a resume GET means the stream cannot be resumed."""
     return status in REFUSALS
+
+
+def wants_credentials(status: int) -> bool:
+    """Whether an upstream's answer to a resume GET refuses its credentials: retried only with fresh ones."""
+    return status in CREDENTIAL_REFUSALS
 
 
 class UpstreamEvents:

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     upstream_resume_attempts: int = Field(
         5, ge=0, description="attempts to resume an upstream stream without progress before giving up"
     )
+    credential_wait: float = Field(
+        60.0,
+        ge=0,
+        description="seconds a stream whose upstream resume was refused 401/403 waits for a client of the "
+        "session to bring credentials the upstream accepts",
+    )
 
     # -- operations --------------------------------------------------------------------------------------
     drain_timeout: float = Field(10.0, ge=0, description="seconds to let POST streams finish on shutdown")

@@ -16,7 +16,10 @@ The upstream's connection is as ephemeral as the client's. When it ends before t
 upstream had sent event ids, the pump resumes it itself: GET + ``Last-Event-ID: <last upstream id>`` after
 the upstream's ``retry:`` (else ``retry_ms``), backing off, giving up after ``upstream_resume_attempts``
 attempts without progress. Upstream replays are deduplicated by upstream id. The client sees one continuous
-stream, whatever happened upstream.
+stream, whatever happened upstream. A resume speaks for the client with the newest credentials the upstream
+accepted in the session (``Pumps.refresh_credentials``: a request that presented them), else those of the
+request that opened the stream; a resume refused 401 or 403 waits, ``credential_wait`` at most, for a
+client of the session to bring fresh ones, and is retried with them at once.
 
 When a POST stream cannot be completed (no ids to resume from, the upstream refuses, attempts exhausted, an
 event too large), the pump completes it with a synthesized JSON-RPC error for each pending request id, so no
@@ -50,6 +53,7 @@ from mcpresume.core.pump import (
     refuses_resume,
     resume_delay,
     unattended,
+    wants_credentials,
 )
 from mcpresume.core.session import NewEvent, PumpRecord
 from mcpresume.core.sse import SSEParser, SSERun
@@ -111,6 +115,7 @@ class PumpSettings:
     store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
     window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
     cancel_grace: float = 5.0  # how long a moot stream (every request cancelled) stays open unread
+    credential_wait: float = 60.0  # how long a resume refused 401/403 waits for fresh credentials
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -126,8 +131,8 @@ class Pumps:
     def __init__(self) -> None:
         # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
-        # The pumps themselves, per session: what a cancellation, a view leaving or the housekeeping round
-        # (``stop_unattended``) is told to.
+        # The pumps themselves, per session: what a cancellation, a view leaving, fresh credentials or the
+        # housekeeping round (``stop_unattended``) is told to.
         self._pumps: dict[str, list[Pump]] = {}
 
     def spawn(
@@ -181,6 +186,15 @@ class Pumps:
         """Whether a pump of the session runs here."""
         return session_id in self._pumps
 
+    def refresh_credentials(
+        self, session_id: str, path_qs: str, resume_headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        """A request of the session presented the newest credentials the upstream accepted there: the
+        session's streams are resumed upstream with them (``path_qs``, ``resume_headers``: as the request
+        would open a stream) from now on."""
+        for pump in self._pumps.get(session_id, ()):
+            pump.refresh(path_qs, resume_headers)
+
     def stop_unattended(self, now: float, ttl: float) -> int:
         """Stop every POST stream's pump that no view read and no upstream event fed for ``ttl``
         (``core.pump.unattended``); how many."""
@@ -229,6 +243,7 @@ class Pump:
     # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
     __slots__ = (
         "_connection",
+        "_credentials",
         "_cursor_of",
         "_duplicates",
         "_lapse",
@@ -238,6 +253,7 @@ class Pump:
         "clock",
         "events",
         "failure",
+        "fresh",
         "heard",
         "job",
         "local",
@@ -281,9 +297,13 @@ class Pump:
         # When the upstream last sent an event on the stream, and when its last client view left (both: its
         # start, at first): what ``unattended`` decides by (the clock of the store's times).
         self.heard = self.attended = clock()
+        # Where and with which headers a resume GET speaks for the client from now on (the newest
+        # credentials accepted in the session, ``refresh``); None: the job's own.
+        self.fresh: tuple[str, tuple[tuple[str, str], ...]] | None = None
         self.task: asyncio.Task[None] | None = None  # while it may be stopped (``Pumps.spawn`` sets it)
         self.stopping: Abandon | None = None  # why it was stopped, when it was
         self._lapse: asyncio.TimerHandle | None = None  # a moot stream's cancel_grace (``cancel``)
+        self._credentials: asyncio.Future[None] | None = None  # a resume waiting for fresh credentials
 
     @property
     def pending(self) -> dict[str, str | int]:
@@ -516,15 +536,20 @@ class Pump:
             self.failure += ", and sent no event ids to resume from"
             outcomes.labels("not_resumable").inc()
             return None
-        headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
+        asks = (("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor))
+        wait = True
         while self.attempts < self.settings.resume_attempts:
-            retry_ms = self.events.retry_ms
-            await asyncio.sleep(
-                resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
-            )
+            if wait:
+                retry_ms = self.events.retry_ms
+                await asyncio.sleep(
+                    resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
+                )
+            wait = True
             self.attempts += 1
+            speaking = self.speaking_for
+            path_qs, headers = speaking
             try:
-                response = await self.upstream.open_get(self.job.path_qs, headers)
+                response = await self.upstream.open_get(path_qs, [*headers, *asks])
             except BadRequest as error:  # the upstream's own id cannot be sent back: retrying cannot help
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 outcomes.labels("refused").inc()
@@ -549,9 +574,61 @@ class Pump:
             if refuses_resume(status):
                 outcomes.labels("refused").inc()
                 return None
+            if wants_credentials(status):
+                if not await self._fresh_credentials(speaking, status):
+                    self.failure += (
+                        f", and no client of the session brought new credentials within "
+                        f"{self.settings.credential_wait:g} s"
+                    )
+                    outcomes.labels("refused").inc()
+                    return None
+                self.attempts -= 1  # not an attempt without progress: new credentials, tried at once
+                wait = False
         self.failure += f" (gave up after {self.attempts} attempts)"
         outcomes.labels("exhausted").inc()
         return None
+
+    @property
+    def speaking_for(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Where a resume GET goes and the headers it speaks for the client with: the newest credentials
+        accepted in the session (``refresh``), else the job's."""
+        return self.fresh or (self.job.path_qs, self.job.resume_headers)
+
+    def refresh(self, path_qs: str, resume_headers: tuple[tuple[str, str], ...]) -> None:
+        """A request of the session presented the newest credentials the upstream accepted there (kept
+        here, in this process, never in the store): resumes carry them from now on, and a resume waiting
+        for fresh credentials is retried with them."""
+        fresh = (path_qs, resume_headers)
+        if fresh == self.speaking_for:
+            return  # the common case: the same credentials again
+        self.fresh = fresh
+        waiter = self._credentials
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _fresh_credentials(self, used: tuple[str, tuple[tuple[str, str], ...]], status: int) -> bool:
+        """The upstream refused the credentials ``used`` (``status``): whether other credentials came,
+        waiting ``credential_wait`` at most for a client of the session to present them."""
+        if self.speaking_for != used:
+            return True  # they came while the refused GET was on its way
+        wait = self.settings.credential_wait
+        log.info(
+            "session %s stream %d: the upstream refused the stream's credentials (%d) on resuming it; "
+            "waiting up to %g s for a client of the session to bring new ones",
+            self.job.log_id,
+            self.job.stream,
+            status,
+            wait,
+        )
+        waiter = self._credentials = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(wait):
+                await waiter
+        except TimeoutError:
+            return False
+        finally:
+            self._credentials = None
+        return True
 
     # -- given up: cancelled, or unattended --------------------------------------------------------------
 

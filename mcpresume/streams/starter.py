@@ -54,6 +54,7 @@ class PumpStarter:
             store_outage_grace=settings.store_outage_grace,
             window_bytes=settings.window_bytes,
             cancel_grace=settings.cancel_grace,
+            credential_wait=settings.credential_wait,
         )
 
     def _pump(self, job: PumpJob) -> Pump:
