@@ -52,6 +52,21 @@ def test_notification_only() -> None:
     assert not message.is_batch
 
 
+def test_cancellations_name_the_keys_of_the_requests_they_cancel() -> None:
+    def cancel(request_id: object) -> dict[str, object]:
+        return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+
+    message = parse_client_body(body(cancel(7)))
+    assert message.cancelled == ("n:7",) and message.request_ids == ()
+    batch = parse_client_body(body([cancel("7"), cancel(True), cancel(None), request("ping", 1)]))
+    assert batch.cancelled == ("s:7",)  # a bool or null id names no request
+    assert batch.request_ids == (1,)
+    assert parse_client_body(body(notification("notifications/cancelled"))).cancelled == ()
+    a_request = {**cancel(7), "id": 9}  # a request of that name is not the notification
+    assert parse_client_body(body(a_request)).cancelled == ()
+    assert parse_client_body(body(notification("notifications/initialized"))).cancelled == ()
+
+
 def test_client_response_to_a_server_request() -> None:
     message = parse_client_body(body({"jsonrpc": "2.0", "id": 3, "result": {"roots": []}}))
     assert message.methods == ()

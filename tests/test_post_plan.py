@@ -18,6 +18,7 @@ from mcpresume.core.delete import Need as DeleteNeed
 from mcpresume.core.errors import (
     CursorOutOfWindow,
     DuplicateRequest,
+    RequestCancelled,
     TooManySessions,
     TooManyStreams,
     UnknownSession,
@@ -146,6 +147,7 @@ POST_ROWS = [
     (_claimed(KNOWN, ClaimOutcome.ANSWERED), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.CONFLICT), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(RESEND, ClaimOutcome.IN_FLIGHT), Reject(DuplicateRequest(""), duplicate=True)),
+    (_claimed(KNOWN, ClaimOutcome.CANCELLED), Reject(RequestCancelled(""), duplicate=True)),
     # 18. forwarded: the view counted first when there is a claim or a tail
     (_claimed(KNOWN, ClaimOutcome.NEW), Forward(reserve=True)),
     (_claimed(RESEND, ClaimOutcome.NEW), Forward(reserve=True, tail=TAIL)),

@@ -14,7 +14,15 @@ import pytest
 
 from mcpresume.core.flow import Appended
 from mcpresume.core.jsonrpc import is_proxy_id, proxy_request_id
-from mcpresume.core.pump import MAX_RESUME_DELAY, End, UpstreamEvents, refuses_resume, resume_delay
+from mcpresume.core.pump import (
+    MAX_RESUME_DELAY,
+    End,
+    UpstreamEvents,
+    refuses_resume,
+    resume_delay,
+    unattended,
+    wants_credentials,
+)
 from mcpresume.core.session import NewEvent
 from mcpresume.core.sse import SSEParser, SSERun
 from mcpresume.core.window import EventKind, Evicted
@@ -240,6 +248,47 @@ def test_each_pending_request_gets_its_own_error_with_its_own_id() -> None:
     doc = json.loads(event.data)
     assert doc["id"] == "seven" and doc["error"]["message"] == "the upstream went away"
     assert doc["error"]["data"] == {"reason": "upstream_stream_lost"}
+
+
+def test_a_stream_is_moot_once_every_request_it_waits_for_is_cancelled() -> None:
+    events = UpstreamEvents((1, 2))
+    assert not events.cancel(["n:1", "n:9"])  # one of two; another stream's id counts for nothing
+    assert events.cancelled == {"n:1"}
+    assert events.cancel(["n:2"]) and events.moot
+    assert events.unanswered("lost") == []  # a cancelled request is never answered by the proxy
+    feed(events, answer(2))  # an upstream that answers a cancelled request anyway: a response as any
+    assert events.pending == {"n:1": 1} and events.moot and not events.complete
+    feed(events, answer(1))
+    assert events.complete and not events.moot  # nothing pending: complete, not moot
+    assert not UpstreamEvents(()).cancel(["n:1"])  # a standalone stream waits for nothing
+
+
+def test_a_stream_not_moot_answers_only_its_requests_not_cancelled_with_errors() -> None:
+    events = UpstreamEvents((1, 2))
+    events.cancel(["n:1"])
+    assert [error.response_key for error in events.unanswered("lost")] == ["n:2"]
+
+
+@pytest.mark.parametrize(
+    ("reading", "heard", "left", "gone"),
+    [
+        (True, 0.0, 0.0, False),  # a client view reads it
+        (False, 50.0, 0.0, False),  # the upstream sent an event within the ttl
+        (False, 0.0, 50.0, False),  # its last view left within the ttl
+        (False, 40.0, 40.0, True),  # neither, for the ttl exactly
+        (False, 0.0, 0.0, True),
+    ],
+)
+def test_a_stream_is_unattended_when_nobody_reads_or_feeds_it_for_the_ttl(
+    reading: bool, heard: float, left: float, gone: bool
+) -> None:
+    assert unattended(100.0, heard, left, reading=reading, ttl=60.0) is gone
+
+
+@pytest.mark.parametrize(("status", "wanted"), [(401, True), (403, True), (404, False), (500, False)])
+def test_a_resume_refused_for_its_credentials_wants_new_ones(status: int, wanted: bool) -> None:
+    assert wants_credentials(status) is wanted
+    assert not (wanted and refuses_resume(status))  # not a refusal of the stream itself
 
 
 async def test_pumps_keep_each_sessions_tasks_until_they_end() -> None:

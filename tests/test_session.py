@@ -545,7 +545,11 @@ def test_a_stream_follows_its_table(phase: StreamPhase, happening: StreamInput) 
 
 def test_every_claim_state_has_an_outcome_and_none_forwards() -> None:
     assert set(CLAIM_OF_STATE) == set(ClaimState)
-    assert set(CLAIM_OF_STATE.values()) == {ClaimOutcome.IN_FLIGHT, ClaimOutcome.ANSWERED}
+    assert set(CLAIM_OF_STATE.values()) == {
+        ClaimOutcome.IN_FLIGHT,
+        ClaimOutcome.ANSWERED,
+        ClaimOutcome.CANCELLED,
+    }
 
 
 @pytest.mark.parametrize("first_stream", [0, -1, 1])
@@ -573,6 +577,7 @@ REFUSALS = {
     ClaimOutcome.ANSWERED: (409, "duplicate_request"),
     ClaimOutcome.CONFLICT: (409, "duplicate_request"),
     ClaimOutcome.LIMITED: (429, "too_many_streams"),
+    ClaimOutcome.CANCELLED: (409, "request_cancelled"),
 }
 
 
@@ -585,6 +590,42 @@ def test_every_claim_outcome_is_forwarded_or_refused_by_the_table() -> None:
     assert limited.data() == {"reason": "too_many_streams", "limit": 3}
     with pytest.raises(ValueError):
         claim_refusal(ClaimOutcome.NEW)
+
+
+def test_cancelled_requests_of_a_stream_are_refused_and_never_sent_again() -> None:
+    session = make_session()
+    assert session.claim(["n:1", "n:2"]).outcome is ClaimOutcome.NEW
+    stream = session.open_stream(StreamOrigin.POST, ["n:1", "n:2"], now=0.0).stream
+    assert session.claim(["n:3"]).outcome is ClaimOutcome.NEW  # still in flight: not the stream's
+    session.cancel_requests(stream, ["n:1", "n:2", "n:3", "n:99"])
+    assert session.claim(["n:1", "n:2"]) == Claim(ClaimOutcome.CANCELLED)
+    assert session.claim(["n:3"]) == Claim(ClaimOutcome.IN_FLIGHT)  # another's claim is left alone
+    assert session.in_flight == 1
+    session.release(["n:1"])  # nothing to release: it ran upstream
+    assert session.claim(["n:1"]) == Claim(ClaimOutcome.CANCELLED)
+    error = claim_refusal(ClaimOutcome.CANCELLED)
+    assert (error.status, error.reason) == (409, "request_cancelled")
+
+
+def test_a_stream_of_an_ended_incarnation_cancels_nothing_of_the_new_one() -> None:
+    old = make_session()
+    old.claim(["n:1"])
+    ended = old.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    new = SessionState("sess-1", OTHER_EPOCH, ROOMY, 1500, now=0.0, first_stream=old.next_stream)
+    new.claim(["n:1"])
+    stream = new.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    new.cancel_requests(ended, ["n:1"])
+    assert new.claim(["n:1"]) == Claim(ClaimOutcome.ATTACH, stream)
+
+
+def test_ending_a_stream_touches_its_session_never_backwards() -> None:
+    session = make_session()
+    first = session.open_stream(StreamOrigin.POST, ["n:1"], now=10.0).stream
+    second = session.open_stream(StreamOrigin.POST, ["n:2"], now=20.0).stream
+    session.end_stream(first, now=15.0)  # ended as of an earlier instant (an unattended stream)
+    assert session.last_active == 20.0
+    session.end_stream(second, now=30.0)
+    assert session.last_active == 30.0
 
 
 def test_release_forgets_only_pending_claims() -> None:

@@ -450,6 +450,24 @@ async def test_claim_and_release(store: SessionStore) -> None:
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.ATTACH, opened.number)
 
 
+async def test_cancelled_requests_of_a_stream_are_refused(store: SessionStore) -> None:
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    assert await store.claim(sid, ["n:1", "s:a"]) == Claim(ClaimOutcome.NEW)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1", "s:a"], now=0.0)
+    assert opened is not None
+    assert await store.claim(sid, ["n:2"], max_live_streams=2) == Claim(ClaimOutcome.NEW)  # in flight
+    await store.cancel_requests(sid, opened.number, ["n:1", "s:a", "n:2", "n:3"])
+    await store.end_stream(sid, opened.number, now=1.0)
+    assert await store.claim(sid, ["n:1", "s:a"]) == Claim(ClaimOutcome.CANCELLED)
+    assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.CANCELLED)
+    assert await store.claim(sid, ["n:2"]) == Claim(ClaimOutcome.IN_FLIGHT)  # not the stream's: left alone
+    assert await store.claim(sid, ["n:3"], max_live_streams=2) == Claim(ClaimOutcome.NEW)  # one in flight
+    await store.release(sid, ["n:1"])  # it ran upstream: never forgotten
+    assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.CANCELLED)
+    await store.cancel_requests(new_session_id(), 1, ["n:1"])  # an unknown session: no error
+
+
 # -- wait ------------------------------------------------------------------------------------------------
 
 
@@ -573,6 +591,21 @@ async def test_a_pumping_post_stream_keeps_the_session(store: SessionStore) -> N
     assert sid not in dropped
     await store.end_stream(sid, opened.number, now=1000.0)
     dropped, _ = await store.reap(now=1000.0 + SESSION_TTL + 0.1)
+    assert dropped == [sid]
+
+
+async def test_a_stream_ended_as_of_an_earlier_instant_does_not_touch_its_session_later(
+    store: SessionStore,
+) -> None:
+    """A pump gives up a stream nobody read or fed for session_ttl as of its last activity: the session
+    then expires as idle as of that instant, not a session_ttl after the pump noticed."""
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    await store.touch([sid], now=100.0)
+    first = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=100.0)
+    assert first is not None
+    await store.end_stream(sid, first.number, now=50.0)  # never backwards
+    dropped, _ = await store.reap(now=100.0 + SESSION_TTL + 0.1)
     assert dropped == [sid]
 
 

@@ -29,6 +29,11 @@ some                                       another     ``VERIFY``: ask the upstr
 =========================================  ==========  ================================================
 
 Digests are compared with ``hmac.compare_digest`` (constant time), every stored one each time.
+
+A stream the proxy resumes upstream (``streams.pump``) speaks for the client with the credentials of the
+request that opened it, until a request of the session presents the ``newest`` credentials the upstream
+accepted there: from then on with those (kept by this process only, with its pumps: the shared store holds
+digests, and a live stream's record the credentials it was opened with, no more).
 """
 
 from __future__ import annotations
@@ -97,6 +102,13 @@ def access(stored: Iterable[bytes], presented: bytes) -> Access:
     if not seen:
         return Access.OPEN
     return Access.ALLOW if found else Access.VERIFY
+
+
+def newest(stored: Sequence[bytes], presented: bytes) -> bool:
+    """Whether ``presented`` is the newest of the credentials the upstream accepted in the session (the last
+    one ``remember`` kept): what the session's pumps resume its upstream streams with from now on. Not an
+    older one still accepted (a client retrying with the token it refreshed away from)."""
+    return bool(stored) and hmac.compare_digest(stored[-1], presented)
 
 
 def remember(stored: tuple[bytes, ...], digest: bytes) -> tuple[bytes, ...]:

@@ -99,6 +99,15 @@ class DuplicateRequest(ProxyError):
     reason = "duplicate_request"
 
 
+class RequestCancelled(ProxyError):
+    """409: a request id the client cancelled (``notifications/cancelled``) in this session: it reached the
+    upstream once and is never forwarded again, and no answer of it is kept (the spec: a cancelled request
+    SHOULD NOT be answered)."""
+
+    status = 409
+    reason = "request_cancelled"
+
+
 class CredentialsRefused(ProxyError):
     """The upstream did not accept the request's credentials for this session (asked with a ``ping``):
     nothing of the session is served. Its status is the upstream's 4xx (401 or 403, as a rule), else 403

@@ -132,6 +132,10 @@ class Readers:
     def remove(self, token: int) -> None:
         self.positions.pop(token, None)
 
+    def reads(self, stream: int) -> bool:
+        """Whether some reader follows ``stream``."""
+        return any(stream in streams for streams, _ in self.positions.values())
+
     def drop(self, tokens: Sequence[int]) -> int:
         """Forget these readers (they lag); returns how many were still there."""
         return sum(self.positions.pop(token, None) is not None for token in tokens)

@@ -19,6 +19,8 @@ import orjson
 from mcpresume.core.errors import BadRequest, InvalidJson
 
 INITIALIZE: Final = "initialize"
+# The notification a client sends to cancel one of its requests (params.requestId names it).
+CANCELLED: Final = "notifications/cancelled"
 DISCOVER: Final = "server/discover"  # the 2026-07-28 era's probe
 # Protocol revisions without sessions, resumption or a GET stream (docs/how-it-works.md, "Eras").
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})
@@ -43,6 +45,7 @@ class ClientMessage:
     request_ids: tuple[str | int, ...]  # ids of the requests in it (not of notifications or responses)
     is_batch: bool
     protocol_version: str | None = None  # an initialize's params.protocolVersion: what the client speaks
+    cancelled: tuple[str, ...] = ()  # keys of the request ids its notifications/cancelled name
 
     @property
     def request_keys(self) -> tuple[str, ...]:
@@ -85,6 +88,7 @@ def parse_client_body(body: bytes) -> ClientMessage:
         raise BadRequest("empty JSON-RPC batch")
     methods: list[str] = []
     ids: list[str | int] = []
+    cancelled: list[str] = []
     version: str | None = None
     for item in items:
         if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
@@ -98,6 +102,10 @@ def parse_client_body(body: bytes) -> ClientMessage:
         if method == INITIALIZE and isinstance(item.get("params"), dict):
             asked = item["params"].get("protocolVersion")
             version = asked if isinstance(asked, str) else None
+        if method == CANCELLED and "id" not in item and isinstance(item.get("params"), dict):
+            named = item["params"].get("requestId")
+            if not isinstance(named, bool) and isinstance(named, str | int):
+                cancelled.append(request_key(named))
         if "id" in item:
             request_id = item["id"]
             if isinstance(request_id, bool) or not isinstance(request_id, str | int):
@@ -105,7 +113,7 @@ def parse_client_body(body: bytes) -> ClientMessage:
             ids.append(request_id)
     if len(set(map(request_key, ids))) != len(ids):
         raise BadRequest("duplicate request id within one batch")
-    return ClientMessage(tuple(methods), tuple(ids), is_batch, version)
+    return ClientMessage(tuple(methods), tuple(ids), is_batch, version, tuple(cancelled))
 
 
 # How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the

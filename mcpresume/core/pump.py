@@ -20,15 +20,35 @@ state here, read after each feed:
   upstream may put one on any stream of the session (the standalone one, a resumed one): it is never
   appended, so no client ever receives it. Only events that may be a response are parsed to look (those
   ``_suspects`` singles out).
+* ``cancelled``: the pending requests the client cancelled (``cancel``: it POSTed ``notifications/cancelled``
+  for them, and the proxy forwarded it); ``moot``: every request the stream still waits for is one of them.
+  The spec says the receiver of a cancellation SHOULD NOT answer the request, so a moot stream may never
+  end by itself (the TypeScript SDK's server keeps it open until its client leaves): the pump closes it
+  once no client reads it (``streams.pump``), without an answer (the client expects none).
 
 Events with no data (priming, id- or retry-only events) are not appended: the proxy sends its own.
 
 Then the decisions between upstream connections: ``resumable(end)`` says whether a stream whose
 connection ended so is to be reopened (from ``resume_cursor``: without one it cannot be), ``resume_delay``
 how long to wait before an attempt, ``refuses_resume`` which answers to a resume GET mean it cannot be
-resumed (as opposed to "try again"), and ``unanswered(message)`` the synthesized JSON-RPC errors that
-complete a stream that cannot be completed, one per pending request, so no client waits forever for an
-answer that cannot come.
+resumed (as opposed to "try again"), ``wants_credentials`` which mean that the credentials it carried are
+no longer accepted (a token expired: the pump waits for a client of the session to bring fresh ones), and
+``unanswered(message)`` the synthesized JSON-RPC errors that complete a stream that cannot be completed, one
+per pending request not cancelled, so no client waits forever for an answer that cannot come.
+
+Last, when the proxy gives a stream up before its end, with no client reading it (``Abandon``): a moot
+stream after ``cancel_grace``, and any POST stream that ``unattended`` says nobody reads or feeds, so that no
+stream without a client and without traffic keeps its session past ``session_ttl``:
+
+==================================================  ===========================================
+the stream                                          ``unattended(now, heard, left, reading, ttl)``
+==================================================  ===========================================
+a client view reads it (``reading``)                no
+the upstream sent an event within ``ttl``           no (``now - heard < ttl``)
+its last view left within ``ttl`` (or it began so)  no (``now - left < ttl``)
+otherwise                                           yes: the proxy closes it, as a client leaving
+                                                    would, and answers what is pending with an error
+==================================================  ===========================================
 """
 
 from __future__ import annotations
@@ -62,8 +82,12 @@ MAX_RESUME_DELAY: Final = 30.0
 REFUSALS: Final = frozenset({400, 404, 405, 409, 410})
 # What ``SSERun.suspects`` looks for to find an answer to the proxy's own request in a run.
 _PROXY_ID_MARKERS: Final = (PROXY_ID_MARKER,)
+# Upstream answers to a resume GET that refuse the credentials it carried (RFC 9110 15.5.2, 15.5.4): trying
+# again with the same ones cannot help, fresh ones may.
+CREDENTIAL_REFUSALS: Final = frozenset({401, 403})
 # No replay is checked yet: one shared empty set (``frozenset()`` is not a singleton: 216 bytes each).
 _NONE_SEEN: Final[frozenset[bytes]] = frozenset()
+_NONE_CANCELLED: Final[frozenset[str]] = frozenset()
 
 Batch = list[NewEvent] | SSERun
 
@@ -81,6 +105,21 @@ class End(enum.Enum):
 RESUMABLE_ENDS: Final = frozenset({End.CLOSED, End.DROPPED})
 
 
+class Abandon(enum.Enum):
+    """Why the proxy gave a stream up before its end, with no client reading it. The value is the metric's
+    label (``mcpresume_abandoned_streams_total{reason}``)."""
+
+    CANCELLED = "cancelled"  # moot (every pending request cancelled), unread for cancel_grace: no answer
+    UNATTENDED = "unattended"  # unread and unfed for session_ttl: its pending requests get an error
+
+
+def unattended(now: float, heard: float, left: float, *, reading: bool, ttl: float) -> bool:
+    """Whether a POST stream is given up as unattended (the table in the module docstring): no client view
+    reads it, the upstream sent no event on it since ``heard``, and its last view left at ``left`` (or it
+    began then), both ``ttl`` ago or more."""
+    return not reading and now - max(heard, left) >= ttl
+
+
 def resume_delay(retry_ms: int, attempts: int) -> float:
     """Seconds to wait before resume attempt ``attempts + 1``: the retry, doubling, capped."""
     return min(MAX_RESUME_DELAY, retry_ms / 1000 * 2.0**attempts)
@@ -91,6 +130,11 @@ def refuses_resume(status: int) -> bool:
     return status in REFUSALS
 
 
+def wants_credentials(status: int) -> bool:
+    """Whether an upstream's answer to a resume GET refuses its credentials: retried only with fresh ones."""
+    return status in CREDENTIAL_REFUSALS
+
+
 class UpstreamEvents:
     """One logical upstream stream's events -> what to append, over as many connections as it takes."""
 
@@ -99,6 +143,7 @@ class UpstreamEvents:
         "_recent",
         "_seen",
         "_spelling",
+        "cancelled",
         "complete",
         "duplicates",
         "last_id",
@@ -124,6 +169,7 @@ class UpstreamEvents:
         self._recent: deque[bytes] | None = None
         self._seen: frozenset[bytes] | set[bytes] = _NONE_SEEN
         self._spelling = 0  # of NOTIFICATION_PREFIXES, the one counted first (see _suspects)
+        self.cancelled: frozenset[str] = _NONE_CANCELLED  # request keys the client cancelled (``cancel``)
 
     # -- between connections -----------------------------------------------------------------------------
 
@@ -157,15 +203,33 @@ class UpstreamEvents:
         """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""
         self._seen = set(self._recent or ())
 
+    def cancel(self, keys: Iterable[str]) -> bool:
+        """The client cancelled these requests (those of them pending here count); whether the stream is
+        ``moot`` now. A response to one may still come (an upstream that answers anyway): it is appended and
+        settles its request as any response does."""
+        mine = frozenset(key for key in keys if key in self.pending)
+        if mine:
+            self.cancelled = self.cancelled | mine
+        return self.moot
+
+    @property
+    def moot(self) -> bool:
+        """Every request the stream still waits for was cancelled: none of it may ever be answered."""
+        pending = self.pending
+        return bool(pending) and all(key in self.cancelled for key in pending)
+
     def unanswered(self, message: str) -> list[NewEvent]:
-        """A JSON-RPC error for each pending request (``message`` says why), as RESPONSE events."""
+        """A JSON-RPC error for each pending request (``message`` says why), as RESPONSE events; none for a
+        request the client cancelled (the spec: a cancelled request SHOULD NOT be answered)."""
         lost = UpstreamStreamLost(message)
         data = lost.data()
+        cancelled = self.cancelled
         return [
             NewEvent(
                 frame_body(error_response(request_id, lost.code, message, data)), EventKind.RESPONSE, key
             )
             for key, request_id in self.pending.items()
+            if key not in cancelled
         ]
 
     # -- events ------------------------------------------------------------------------------------------

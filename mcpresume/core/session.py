@@ -13,7 +13,8 @@ The session is the durable object; an SSE connection is an ephemeral view of one
   needs it).
 * ``read`` returns what a reader positioned at ``after`` on a set of streams should send next, or says the
   position can no longer be served (``gap``) or that everything has been sent (``complete``).
-* ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once.
+* ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once;
+  ``cancel_requests`` marks those of a stream the proxy closed after the client cancelled them.
 
 Stream states (``StreamPhase``, the table ``STREAM_STEPS``: every phase x input has a row):
 
@@ -45,7 +46,13 @@ from typing import Final, assert_never
 
 from mcpresume.core.credentials import remember
 from mcpresume.core.cursor import encode_cursor, id_line_prefix
-from mcpresume.core.errors import CursorOutOfWindow, DuplicateRequest, ProxyError, TooManyStreams
+from mcpresume.core.errors import (
+    CursorOutOfWindow,
+    DuplicateRequest,
+    ProxyError,
+    RequestCancelled,
+    TooManyStreams,
+)
 from mcpresume.core.flow import Appended, Guard, refusal
 from mcpresume.core.resume import SessionView, StreamView
 from mcpresume.core.sse import SSERun, encode_frame, frame_into, frame_parts, priming_block
@@ -261,6 +268,7 @@ class ClaimOutcome(enum.Enum):
     ANSWERED = "answered"  # seen, and answered with application/json: relayed, not retained
     CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
     LIMITED = "limited"  # new, but the session already has max_streams_per_session live streams
+    CANCELLED = "cancelled"  # seen, cancelled by the client, and its stream closed unanswered
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +296,8 @@ def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> Prox
             return DuplicateRequest("request ids of this batch were seen before, on different requests")
         case ClaimOutcome.LIMITED:
             return TooManyStreams(f"the session already has {max_streams} live streams", limit=max_streams)
+        case ClaimOutcome.CANCELLED:
+            return RequestCancelled("this request id was cancelled (notifications/cancelled): not sent again")
         case ClaimOutcome.NEW:
             raise ValueError("a new claim is forwarded, not refused")
         case _:  # pragma: no cover
@@ -308,12 +318,16 @@ class ClaimState(enum.Enum):
 
     PENDING = "pending"  # claimed, the upstream has not answered yet
     ANSWERED = "answered"  # answered without a stream (application/json): relayed, not retained
+    # Cancelled by the client (notifications/cancelled), and its stream closed by the proxy without an answer
+    # (``cancel_requests``): a re-send is refused, never forwarded again.
+    CANCELLED = "cancelled"
 
 
 # What a re-sent id whose entry is a ClaimState gets (tests/test_session.py checks every state has a row).
 CLAIM_OF_STATE: Final[Mapping[ClaimState, ClaimOutcome]] = {
     ClaimState.PENDING: ClaimOutcome.IN_FLIGHT,
     ClaimState.ANSWERED: ClaimOutcome.ANSWERED,
+    ClaimState.CANCELLED: ClaimOutcome.CANCELLED,
 }
 
 
@@ -454,6 +468,10 @@ class SessionState:
         if state is None or not _ENDS[state.live]:
             return
         state.live = False  # ended
+        # Never backwards (as ``touch``): a stream the proxy gave up as unattended ends as of when it was last
+        # read or fed, so it gives its session no time of its own (``streams.pump``).
+        if self.last_active < now:
+            self.last_active = now
         # What taking the stream's pump over needed (``orphans`` lists live streams only): an ended stream
         # keeps none of it (its record, its request ids and credential headers, the response keys it got),
         # so an idle session holds no more than its events and its stream's seqs.
@@ -463,7 +481,6 @@ class SessionState:
         if self.standalone == stream:
             self.standalone = None
         self.version += 1
-        self.last_active = now
         self._forget_gone_streams()
 
     def group_streams(self, streams: Sequence[int]) -> None:
@@ -629,6 +646,14 @@ class SessionState:
         for key in request_keys:
             if self._requests.get(key) is ClaimState.PENDING:
                 self._remember_request(key, ClaimState.ANSWERED)
+
+    def cancel_requests(self, stream: int, request_keys: Sequence[str]) -> None:
+        """The client cancelled these requests of ``stream`` and the proxy closed the stream unanswered: a
+        re-send of their ids is refused (``CANCELLED``). Only ids claimed by that stream: a stream number is
+        never given twice, so the work of an ended incarnation never touches a new one's claims."""
+        for key in request_keys:
+            if self._requests.get(key) == stream:
+                self._remember_request(key, ClaimState.CANCELLED)
 
     def _remember_request(self, key: str, stream: int | ClaimState) -> None:
         requests = self._requests

@@ -237,6 +237,9 @@ async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
 
 async def reap_once(ctx: ProxyContext) -> None:
     now = ctx.clock()
+    # A POST stream no client read and the upstream fed nothing for session_ttl keeps its session no longer:
+    # its pump closes it (and its session then expires as idle, as of the stream's last activity).
+    ctx.pumps.stop_unattended(now, ctx.settings.session_ttl)
     # Sessions with a view open here are active: touched first, so they never expire under it.
     await ctx.store.touch(ctx.local.attached_sessions(), now)
     ctx.local.news.forget_gone()

@@ -6,6 +6,12 @@ A 2xx answer carrying the ping's result accepts them (remembered, so the next re
 asked about); anything else is the refusal, with the upstream's status and ``WWW-Authenticate``, and
 nothing of the session in it. A request's credentials are its ``credential_headers`` (settings) and its
 query string.
+
+A request whose credentials are the newest the upstream accepted in the session (``core.credentials.newest``)
+hands them to the session's pumps in this process (``Pumps.refresh_credentials``): a stream is resumed
+upstream with the freshest credentials its client presented, not forever with those that opened it. Only
+this process keeps them, beside its pumps; the store holds what it held before (digests, and a live
+stream's record with the credentials that opened it).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
+from typing import Final
 
 import aiohttp
 from aiohttp import web
@@ -25,6 +32,7 @@ from mcpresume.core.credentials import (
     access,
     credential_digest,
     credential_fields,
+    newest,
     ping_body,
 )
 from mcpresume.core.errors import (
@@ -37,7 +45,7 @@ from mcpresume.core.errors import (
     UpstreamUnreachable,
 )
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpresume.core.jsonrpc import proxy_request_id
+from mcpresume.core.jsonrpc import MODERN_VERSIONS, proxy_request_id
 from mcpresume.core.session import SessionAccess
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.forward import upstream_headers
@@ -55,6 +63,24 @@ _PING_KEEPS = frozenset(
 def credential_headers_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
     """The request's credential headers (``credential_headers``), as they came."""
     return credential_fields(request.headers.items(), ctx.settings.credential_headers)
+
+
+# A live stream keeps its pump record as long as it lives (a standalone stream: as long as its session): one
+# (header, value) pair per known revision for every record, not a pair and a header value string each.
+_VERSION_HEADERS: Final = {
+    v: (PROTOCOL_VERSION_HEADER, v) for v in ("2025-03-26", "2025-06-18", "2025-11-25", *MODERN_VERSIONS)
+}
+
+
+def resume_headers(ctx: ProxyContext, request: web.Request, session_id: str) -> tuple[tuple[str, str], ...]:
+    """The headers with which a resume GET speaks for the client of this request: its session, protocol
+    revision and credentials."""
+    headers = [(SESSION_HEADER, session_id)]
+    version = request.headers.get(PROTOCOL_VERSION_HEADER)
+    if version is not None:
+        headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))
+    headers += credential_headers_of(ctx, request)
+    return tuple(headers)
 
 
 def _presented_fields(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
@@ -93,17 +119,20 @@ async def authorize(
 ) -> web.Response | None:
     """None when the request may be served from the session's window; else the answer refusing it."""
     digest = presented(ctx, request)
-    if access(granted.credentials, digest) is not Access.VERIFY:
-        return None
-    try:
-        await _verify(ctx, request, session_id, granted, digest)
-    except CredentialsRefused as refusal:
-        response = ctx.reject(request, refusal, request_id)
-        for value in refusal.challenges:
-            response.headers.add("WWW-Authenticate", value)
-        return response
-    except ProxyError as error:
-        return ctx.reject(request, error, request_id)
+    decided = access(granted.credentials, digest)
+    if decided is Access.VERIFY:
+        try:
+            await _verify(ctx, request, session_id, granted, digest)
+        except CredentialsRefused as refusal:
+            response = ctx.reject(request, refusal, request_id)
+            for value in refusal.challenges:
+                response.headers.add("WWW-Authenticate", value)
+            return response
+        except ProxyError as error:
+            return ctx.reject(request, error, request_id)
+    # Accepted: the newest the upstream accepted (just now, after a ping) go to the session's pumps here.
+    if ctx.pumps.pumping(session_id) and (decided is Access.VERIFY or newest(granted.credentials, digest)):
+        ctx.pumps.refresh_credentials(session_id, request.path_qs, resume_headers(ctx, request, session_id))
     return None
 
 

@@ -12,11 +12,11 @@ from typing import Final
 
 from aiohttp import web
 
-from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER, SSE_RESPONSE_HEADERS
+from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SSE_RESPONSE_HEADERS
 from mcpresume.core.jsonrpc import MODERN_VERSIONS, ClientMessage, primes
 from mcpresume.core.session import PumpRecord
 from mcpresume.http.context import ProxyContext
-from mcpresume.http.credentials import credential_headers_of
+from mcpresume.http.credentials import resume_headers
 from mcpresume.http.forward import client_headers
 from mcpresume.streams.upstream import UpstreamAnswer
 
@@ -61,21 +61,9 @@ def client_sse_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tupl
     return kept + SSE_HEADERS if kept else SSE_HEADERS  # one shared list when nothing else is kept
 
 
-# A live stream keeps its pump record as long as it lives (a standalone stream: as long as its session): one
-# (header, value) pair per known revision for every record, not a pair and a header value string each.
-_VERSION_HEADERS: Final = {
-    v: (PROTOCOL_VERSION_HEADER, v) for v in ("2025-03-26", "2025-06-18", "2025-11-25", *MODERN_VERSIONS)
-}
-
-
 def pump_record(
     ctx: ProxyContext, request: web.Request, session_id: str, request_ids: tuple[str | int, ...]
 ) -> PumpRecord:
     """What a stream's pump keeps to resume it upstream: a resume GET speaks for the client (its session,
-    protocol revision and credentials)."""
-    resume_headers = [(SESSION_HEADER, session_id)]
-    version = request.headers.get(PROTOCOL_VERSION_HEADER)
-    if version is not None:
-        resume_headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))
-    resume_headers += credential_headers_of(ctx, request)
-    return PumpRecord(request_ids, request.path_qs, tuple(resume_headers))
+    protocol revision and credentials: ``http.credentials.resume_headers``)."""
+    return PumpRecord(request_ids, request.path_qs, resume_headers(ctx, request, session_id))

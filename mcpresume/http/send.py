@@ -134,6 +134,10 @@ class Sender:
             failed = Upstream.UNREADABLE if isinstance(error, UpstreamBadResponse) else Upstream.UNREACHED
             await self._end_claim(CLAIM_ENDS[failed], session_id, keys, epoch)
             return Forwarded.failed(error)
+        if message.cancelled and session_id is not None and 200 <= upstream.status < 300:
+            # The upstream took the client's notifications/cancelled: a stream of the requests it names may
+            # never be answered now (the spec: it SHOULD NOT be), so its pump closes it once nobody reads it.
+            ctx.pumps.cancel_requests(session_id, message.cancelled)
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         in_session = session_id is not None
         # Not another user's 404 (see trusted): only then does it end the session for everyone.

@@ -373,6 +373,7 @@ async def serve_view(
             )
     finally:
         metrics.open_streams.dec()
+        ctx.pumps.left(session_id, plan.streams, ctx.clock())  # a stream nobody reads may be given up
     metrics.replayed_events.inc(outcome.replayed)
     ending = VIEW_ENDINGS[outcome.reason]
     if ending.detach:

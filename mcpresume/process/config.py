@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     max_sessions: int = Field(
         10_000, ge=1, description="most sessions tracked; beyond it initialize gets 503"
     )
+    cancel_grace: float = Field(
+        5.0,
+        ge=0,
+        description="seconds a stream whose requests the client all cancelled stays open unread before "
+        "the proxy closes it upstream",
+    )
     store: str = Field(
         "memory", description="'memory' (this process), or a redis://, rediss:// or unix:// URL (shared)"
     )
@@ -120,6 +126,12 @@ class Settings(BaseSettings):
     )
     upstream_resume_attempts: int = Field(
         5, ge=0, description="attempts to resume an upstream stream without progress before giving up"
+    )
+    credential_wait: float = Field(
+        60.0,
+        ge=0,
+        description="seconds a stream whose upstream resume was refused 401/403 waits for a client of the "
+        "session to bring credentials the upstream accepts",
     )
 
     # -- operations --------------------------------------------------------------------------------------

@@ -202,6 +202,11 @@ class LocalSessions:
         readers = self._readers.get(session_id)
         return 0 if readers is None else len(readers)
 
+    def reads(self, session_id: str, stream: int) -> bool:
+        """Whether a reader registered here follows stream ``stream`` of the session."""
+        readers = self._readers.get(session_id)
+        return readers is not None and readers.reads(stream)
+
     def guard(self, session_id: str, *, keep_undelivered: bool = False) -> Guard | None:
         """What an append to the session must not evict (None: nothing, the usual case)."""
         readers = self._readers.get(session_id)

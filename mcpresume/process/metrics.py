@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mcpresume.core.errors import TooManyAttachments
+from mcpresume.core.pump import Abandon
 from mcpresume.core.resume import OUTCOMES
 from mcpresume.core.route import FORWARD_OUTCOMES
 from mcpresume.core.window import Evicted, EvictReason
@@ -108,6 +109,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.abandoned_streams = Counter(
+            "mcpresume_abandoned_streams",
+            "Upstream streams the proxy closed before their end because no client read them, by reason: "
+            "cancelled (every request of it cancelled, unread for cancel_grace; no answer), unattended "
+            "(unread, and no upstream event, for session_ttl; its requests get upstream_stream_lost).",
+            ["reason"],
+            registry=r,
+        )
+        for abandon in Abandon:
+            self.abandoned_streams.labels(abandon.value)
         self.upstream_resumptions = Counter(
             "mcpresume_upstream_resumptions",
             "Upstream streams the proxy tried to resume itself, by outcome: resumed, refused, exhausted, "

@@ -237,7 +237,14 @@ class Streams(Protocol):
         ...
 
     async def end_stream(self, session_id: str, stream: int, now: float, fence: int | None = None) -> None:
-        """The stream is complete (``fence`` as ``append``: a stale one raises ``Fenced``)."""
+        """No more appends to the stream; the session is touched as of ``now`` (never backwards).
+        ``fence`` as ``append``: a stale one raises ``Fenced``."""
+        ...
+
+    async def cancel_requests(self, session_id: str, stream: int, request_keys: Sequence[str]) -> None:
+        """The client cancelled these requests of ``stream``, and the proxy closes the stream unanswered: a
+        re-send of their ids is refused (``ClaimOutcome.CANCELLED``). Ids claimed by another stream (of a
+        new incarnation, say) are left as they are."""
         ...
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:

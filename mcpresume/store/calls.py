@@ -43,6 +43,7 @@ CHANNEL: Final = "mcpresume:news"
 SCRIPTS: Final = (
     "accept",
     "append",
+    "cancel",
     "claim",
     "create",
     "delete",

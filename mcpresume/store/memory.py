@@ -428,6 +428,11 @@ class MemoryStore:
             self._moved(session)
             self._notify(session)
 
+    async def cancel_requests(self, session_id: str, stream: int, request_keys: Sequence[str]) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.cancel_requests(stream, request_keys)
+
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         session = self._sessions.get(session_id)
         if session is not None:

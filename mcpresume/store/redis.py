@@ -94,7 +94,17 @@ READ_BYTES: Final = 256 << 10
 
 # The calls after which a read of the session answers as before (every other one forgets the last append).
 _READS_UNCHANGED: Final = frozenset(
-    {"read", "view", "mark_delivered", "touch", "claim", "release", "settle", "accept_credential"}
+    {
+        "read",
+        "view",
+        "mark_delivered",
+        "touch",
+        "claim",
+        "release",
+        "settle",
+        "cancel_requests",
+        "accept_credential",
+    }
 )
 
 _BIG_ENDIAN: Final = sys.byteorder == "big"
@@ -479,6 +489,9 @@ class RedisStore:
             raise Fenced(session_id, -1 if fence is None else fence, int(result[1]))
         if result is not None:
             self._redis.notify(session_id, int(result))
+
+    async def cancel_requests(self, session_id: str, stream: int, request_keys: Sequence[str]) -> None:
+        await self._script("cancel_requests", "cancel", session_id, str(stream), *request_keys)
 
     async def group_streams(self, session_id: str, streams: Sequence[int]) -> None:
         await self._script("group_streams", "group", session_id, *map(str, streams))

@@ -1,15 +1,25 @@
 """Pumps: one task per upstream SSE stream, appending its events to the session's window.
 
-A pump's life is tied to the upstream stream, never to a client: a client that drops does not stop it
+A pump's life is tied to the upstream stream, not to a client: a client that drops does not stop it
 (spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
-the response reaches the window and a re-attaching client gets it.
+the response reaches the window and a re-attaching client gets it. Two things end it before the upstream
+does, each only while no client view reads the stream (``Abandon``; the upstream connection is closed, as
+a client leaving would close it): the client cancelled every request the stream waits for
+(``notifications/cancelled``, which the spec says is not answered: an upstream may keep such a stream open
+until its client leaves) and ``cancel_grace`` passed, the stream then ending without an answer and its
+request ids refused from then on (``request_cancelled``); or neither a view nor an upstream event came for
+``session_ttl`` (``Pumps.stop_unattended``, each housekeeping round), its requests then answered with an
+error: no stream without a client and without traffic keeps its session past ``session_ttl``.
 
 The upstream's connection is as ephemeral as the client's. When it ends before the stream is complete (a
 2025-11-25 server closing on purpose to make clients poll, SEP-1699, or a dropped connection) and the
 upstream had sent event ids, the pump resumes it itself: GET + ``Last-Event-ID: <last upstream id>`` after
 the upstream's ``retry:`` (else ``retry_ms``), backing off, giving up after ``upstream_resume_attempts``
 attempts without progress. Upstream replays are deduplicated by upstream id. The client sees one continuous
-stream, whatever happened upstream.
+stream, whatever happened upstream. A resume speaks for the client with the newest credentials the upstream
+accepted in the session (``Pumps.refresh_credentials``: a request that presented them), else those of the
+request that opened the stream; a resume refused 401 or 403 waits, ``credential_wait`` at most, for a
+client of the session to bring fresh ones, and is retried with them at once.
 
 When a POST stream cannot be completed (no ids to resume from, the upstream refuses, attempts exhausted, an
 event too large), the pump completes it with a synthesized JSON-RPC error for each pending request id, so no
@@ -26,7 +36,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+import math
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -35,7 +46,16 @@ import aiohttp
 from mcpresume.core.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable, UpstreamStreamLost
 from mcpresume.core.flow import Appended, Guard, may_pass
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER
-from mcpresume.core.pump import Batch, End, UpstreamEvents, refuses_resume, resume_delay
+from mcpresume.core.pump import (
+    Abandon,
+    Batch,
+    End,
+    UpstreamEvents,
+    refuses_resume,
+    resume_delay,
+    unattended,
+    wants_credentials,
+)
 from mcpresume.core.session import NewEvent, PumpRecord
 from mcpresume.core.sse import SSEParser, SSERun
 from mcpresume.process.drain import HAND_OVER
@@ -59,6 +79,9 @@ APPEND_SLICE: Final = 256
 OUTAGE_RETRY_MIN: Final = 0.05
 OUTAGE_RETRY_MAX: Final = 1.0
 _SSE: Final = "text/event-stream"
+# What ``Pump.heard`` says while an append waits (flow control, overflow = pause, a store outage): the
+# upstream sent events the pump could not append yet, so the stream is not unattended, however long it waits.
+HOLDING: Final = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +96,11 @@ class PumpJob:
     # The session's fence the pump writes under (``OpenedStream.fence``, ``Orphan.fence``): once another
     # process takes the session over, the store refuses the pump's writes and the pump steps down.
     fence: int | None = None
+
+    @property
+    def standalone(self) -> bool:
+        """The standalone (GET) stream: no request waits on it, and it never keeps its session."""
+        return not self.request_ids
 
     @classmethod
     def of(
@@ -94,6 +122,8 @@ class PumpSettings:
     session_ttl: float = 300.0  # how long a paused pump waits before it evicts after all
     store_outage_grace: float = 10.0  # how long a pump holds its upstream connection while the store is down
     window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
+    cancel_grace: float = 5.0  # how long a moot stream (every request cancelled) stays open unread
+    credential_wait: float = 60.0  # how long a resume refused 401/403 waits for fresh credentials
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -109,10 +139,19 @@ class Pumps:
     def __init__(self) -> None:
         # A list per session, not a set: most sessions have one pump, and an empty set alone is 216 bytes.
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        # The pumps themselves, per session: what a cancellation, a view leaving, fresh credentials or the
+        # housekeeping round (``stop_unattended``) is told to.
+        self._pumps: dict[str, list[Pump]] = {}
 
     def spawn(
-        self, session_id: str, coro: Coroutine[Any, Any, None], *, standalone: bool = False
+        self,
+        session_id: str,
+        coro: Coroutine[Any, Any, None],
+        *,
+        standalone: bool = False,
+        pump: Pump | None = None,
     ) -> asyncio.Task[None]:
+        """Run ``coro`` (``pump``'s run, or a task that awaits it) as a pump task of the session."""
         task = asyncio.get_running_loop().create_task(coro, name=STANDALONE_PUMP if standalone else PUMP)
         tasks = self._tasks.get(session_id)
         if tasks is None:
@@ -120,7 +159,59 @@ class Pumps:
         else:
             tasks.append(task)
         task.add_done_callback(functools.partial(self._forget, session_id))
+        if pump is not None:
+            pump.task = task
+            pumps = self._pumps.get(session_id)
+            if pumps is None:
+                self._pumps[session_id] = [pump]
+            else:
+                pumps.append(pump)
+            task.add_done_callback(functools.partial(self._forget_pump, session_id, pump))
         return task
+
+    def _forget_pump(self, session_id: str, pump: Pump, task: asyncio.Task[None]) -> None:
+        pump.ended()
+        pumps = self._pumps.get(session_id)
+        if pumps is not None and pump in pumps:
+            pumps.remove(pump)
+            if not pumps:
+                del self._pumps[session_id]
+
+    # -- what the pumps of a session are told ------------------------------------------------------------
+
+    def cancel_requests(self, session_id: str, request_keys: Collection[str]) -> None:
+        """The client cancelled these requests (its ``notifications/cancelled`` went upstream)."""
+        for pump in self._pumps.get(session_id, ()):
+            pump.cancel(request_keys)
+
+    def left(self, session_id: str, streams: Sequence[int], now: float) -> None:
+        """A client view of these streams ended at ``now``."""
+        for pump in self._pumps.get(session_id, ()):
+            if pump.job.stream in streams:
+                pump.left(now)
+
+    def pumping(self, session_id: str) -> bool:
+        """Whether a pump of the session runs here."""
+        return session_id in self._pumps
+
+    def refresh_credentials(
+        self, session_id: str, path_qs: str, resume_headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        """A request of the session presented the newest credentials the upstream accepted there: the
+        session's streams are resumed upstream with them (``path_qs``, ``resume_headers``: as the request
+        would open a stream) from now on."""
+        for pump in self._pumps.get(session_id, ()):
+            pump.refresh(path_qs, resume_headers)
+
+    def stop_unattended(self, now: float, ttl: float) -> int:
+        """Stop every POST stream's pump that no view read and no upstream event fed for ``ttl``
+        (``core.pump.unattended``); how many."""
+        stopped = 0
+        for pumps in list(self._pumps.values()):
+            for pump in list(pumps):
+                if pump.unattended(now, ttl) and pump.stop(Abandon.UNATTENDED):
+                    stopped += 1
+        return stopped
 
     def _forget(self, session_id: str, task: asyncio.Task[None]) -> None:
         tasks = self._tasks.get(session_id)
@@ -160,19 +251,26 @@ class Pump:
     # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
     __slots__ = (
         "_connection",
+        "_credentials",
         "_cursor_of",
         "_duplicates",
+        "_lapse",
         "_paused_out",
         "attempts",
+        "attended",
         "clock",
         "events",
         "failure",
+        "fresh",
+        "heard",
         "job",
         "local",
         "metrics",
         "settings",
         "step",
+        "stopping",
         "store",
+        "task",
         "upstream",
         "upstream_forgot",
     )
@@ -204,6 +302,16 @@ class Pump:
         self._connection: UpstreamAnswer | None = None  # the upstream connection being read
         self.upstream_forgot = False  # a resume GET got 404: the upstream does not know the session
         self.failure = "the upstream closed the stream before the response"
+        # When the upstream last sent an event on the stream, and when its last client view left (both: its
+        # start, at first): what ``unattended`` decides by (the clock of the store's times).
+        self.heard = self.attended = clock()
+        # Where and with which headers a resume GET speaks for the client from now on (the newest
+        # credentials accepted in the session, ``refresh``); None: the job's own.
+        self.fresh: tuple[str, tuple[tuple[str, str], ...]] | None = None
+        self.task: asyncio.Task[None] | None = None  # while it may be stopped (``Pumps.spawn`` sets it)
+        self.stopping: Abandon | None = None  # why it was stopped, when it was
+        self._lapse: asyncio.TimerHandle | None = None  # a moot stream's cancel_grace (``cancel``)
+        self._credentials: asyncio.Future[None] | None = None  # a resume waiting for fresh credentials
 
     @property
     def pending(self) -> dict[str, str | int]:
@@ -223,15 +331,21 @@ class Pump:
                     break
                 current = await self._resume()
         except asyncio.CancelledError as exc:
+            self.task = None  # ending: nothing stops it again
             if exc.args == (HAND_OVER,):
                 raise  # left live in the store: another replica resumes it upstream
-            self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            if self.stopping is None:
+                self.failure = "the proxy stopped reading the stream (shutdown or session end)"
+            else:
+                await self._abandoned(self.stopping)
             with contextlib.suppress(Fenced):
                 await self._finish(wait=False)
             raise
         except Fenced as fenced:
+            self.task = None
             self._step_down(fenced)
             return
+        self.task = None
         try:
             await self._finish()
         except Fenced as fenced:
@@ -267,7 +381,10 @@ class Pump:
                     self._duplicates = events.duplicates
                 if events.proxy_answers:  # answers to the proxy's own requests, dropped
                     self._dropped_proxy_answers()
-                await self._append(batches)
+                if batches:  # events, not a comment or a priming event: the upstream is at work on it
+                    self.heard = HOLDING  # never unattended while it holds events not appended yet
+                    await self._append(batches)
+                    self.heard = self.clock()
                 del batches  # not held while the stream idles until its next chunk
                 if events.complete:
                     return End.COMPLETE
@@ -465,15 +582,20 @@ class Pump:
             self.failure += ", and sent no event ids to resume from"
             outcomes.labels("not_resumable").inc()
             return None
-        headers = [*self.job.resume_headers, ("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor)]
+        asks = (("Accept", _SSE), (LAST_EVENT_ID_HEADER, cursor))
+        wait = True
         while self.attempts < self.settings.resume_attempts:
-            retry_ms = self.events.retry_ms
-            await asyncio.sleep(
-                resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
-            )
+            if wait:
+                retry_ms = self.events.retry_ms
+                await asyncio.sleep(
+                    resume_delay(self.settings.retry_ms if retry_ms is None else retry_ms, self.attempts)
+                )
+            wait = True
             self.attempts += 1
+            speaking = self.speaking_for
+            path_qs, headers = speaking
             try:
-                response = await self.upstream.open_get(self.job.path_qs, headers)
+                response = await self.upstream.open_get(path_qs, [*headers, *asks])
             except BadRequest as error:  # the upstream's own id cannot be sent back: retrying cannot help
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 outcomes.labels("refused").inc()
@@ -498,9 +620,138 @@ class Pump:
             if refuses_resume(status):
                 outcomes.labels("refused").inc()
                 return None
+            if wants_credentials(status):
+                if not await self._fresh_credentials(speaking, status):
+                    self.failure += (
+                        f", and no client of the session brought new credentials within "
+                        f"{self.settings.credential_wait:g} s"
+                    )
+                    outcomes.labels("refused").inc()
+                    return None
+                self.attempts -= 1  # not an attempt without progress: new credentials, tried at once
+                wait = False
         self.failure += f" (gave up after {self.attempts} attempts)"
         outcomes.labels("exhausted").inc()
         return None
+
+    @property
+    def speaking_for(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Where a resume GET goes and the headers it speaks for the client with: the newest credentials
+        accepted in the session (``refresh``), else the job's."""
+        return self.fresh or (self.job.path_qs, self.job.resume_headers)
+
+    def refresh(self, path_qs: str, resume_headers: tuple[tuple[str, str], ...]) -> None:
+        """A request of the session presented the newest credentials the upstream accepted there (kept
+        here, in this process, never in the store): resumes carry them from now on, and a resume waiting
+        for fresh credentials is retried with them."""
+        fresh = (path_qs, resume_headers)
+        if fresh == self.speaking_for:
+            return  # the common case: the same credentials again
+        self.fresh = fresh
+        waiter = self._credentials
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _fresh_credentials(self, used: tuple[str, tuple[tuple[str, str], ...]], status: int) -> bool:
+        """The upstream refused the credentials ``used`` (``status``): whether other credentials came,
+        waiting ``credential_wait`` at most for a client of the session to present them."""
+        if self.speaking_for != used:
+            return True  # they came while the refused GET was on its way
+        wait = self.settings.credential_wait
+        log.info(
+            "session %s stream %d: the upstream refused the stream's credentials (%d) on resuming it; "
+            "waiting up to %g s for a client of the session to bring new ones",
+            self.job.log_id,
+            self.job.stream,
+            status,
+            wait,
+        )
+        waiter = self._credentials = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(wait):
+                await waiter
+        except TimeoutError:
+            return False
+        finally:
+            self._credentials = None
+        return True
+
+    # -- given up: cancelled, or unattended --------------------------------------------------------------
+
+    def cancel(self, request_keys: Collection[str]) -> None:
+        """The client cancelled these requests (its ``notifications/cancelled`` went upstream): once every
+        request the stream waits for is, it is closed after ``cancel_grace`` without a view reading it."""
+        if self.task is not None and self.events.cancel(request_keys):
+            self._lapse_in(self.settings.cancel_grace)
+
+    def left(self, now: float) -> None:
+        """A client view of the stream ended at ``now``: its cancel_grace starts again."""
+        self.attended = max(self.attended, now)
+        if self.task is not None and self.events.moot:
+            self._lapse_in(self.settings.cancel_grace)
+
+    def _lapse_in(self, delay: float) -> None:
+        if self._lapse is not None:
+            self._lapse.cancel()
+        self._lapse = asyncio.get_running_loop().call_later(delay, self._lapsed)
+
+    def _lapsed(self) -> None:
+        """A moot stream's cancel_grace passed: stopped, unless a view reads it (looked at again a grace
+        later, and when it leaves) or it was answered meanwhile."""
+        self._lapse = None
+        if not self.events.moot:
+            return
+        if self.local.reads(self.job.session_id, self.job.stream):
+            self._lapse_in(self.settings.cancel_grace)
+            return
+        self.stop(Abandon.CANCELLED)
+
+    def unattended(self, now: float, ttl: float) -> bool:
+        """A POST stream no view read and no upstream event fed for ``ttl`` (``core.pump.unattended``)."""
+        if self.job.standalone or self.task is None:
+            return False
+        reading = self.local.reads(self.job.session_id, self.job.stream)
+        return unattended(now, self.heard, self.attended, reading=reading, ttl=ttl)
+
+    def stop(self, reason: Abandon) -> bool:
+        """Stop reading the stream (its upstream connection closed) and end it, for ``reason``; False when
+        it is ending already."""
+        task = self.task
+        if task is None or self.stopping is not None:
+            return False
+        self.stopping = reason
+        if reason is Abandon.UNATTENDED:
+            self.failure = (
+                f"no client read the stream and the upstream sent nothing on it for "
+                f"{self.clock() - max(self.heard, self.attended):.0f} s (session_ttl)"
+            )
+        task.cancel()
+        return True
+
+    async def _abandoned(self, reason: Abandon) -> None:
+        """Stopped for ``reason``: said (one line, the metric), and a cancelled stream's request ids
+        refused from now on (``request_cancelled``)."""
+        job = self.job
+        self.metrics.abandoned_streams.labels(reason.value).inc()
+        if reason is Abandon.CANCELLED:
+            log.info(
+                "session %s stream %d: every request of it was cancelled (notifications/cancelled) and no "
+                "client read it for %g s; closed upstream, ended without an answer (none is expected)",
+                job.log_id,
+                job.stream,
+                self.settings.cancel_grace,
+            )
+            try:
+                await self.store.cancel_requests(job.session_id, job.stream, sorted(self.events.cancelled))
+            except StoreUnavailable as error:  # their ids stay claimed by the stream: never sent again
+                log.warning("session %s stream %d: %s", job.log_id, job.stream, error.message)
+
+    def ended(self) -> None:
+        """The pump's task is done: nothing is waited for any more."""
+        self.task = None
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
 
     # -- the end -----------------------------------------------------------------------------------------
 
@@ -509,16 +760,15 @@ class Pump:
         room as every append does (overflow = pause: they must not evict what no client was sent either);
         not once the proxy stopped the pump, nor past a cancel of that wait."""
         job = self.job
-        items: list[NewEvent] = []
-        if self.pending:
+        items = self.events.unanswered(self.failure) if self.pending else []
+        if items:
             log.warning(
                 "session %s stream %d: %s; answering %d request(s) with an error",
                 job.log_id,
                 job.stream,
                 self.failure,
-                len(self.pending),
+                len(items),
             )
-            items = self.events.unanswered(self.failure)
             self.metrics.synthesized_errors.labels(UpstreamStreamLost.reason).inc(len(items))
         stored = False
         try:
@@ -528,7 +778,7 @@ class Pump:
         finally:
             if items and not stored:  # not waiting, or the wait was cancelled: the errors go in anyway
                 await self._put(items, None)
-            end = functools.partial(
-                self.store.end_stream, job.session_id, job.stream, self.clock(), job.fence
-            )
+            # Unattended, it ends as of when it was last read or fed: it gives its session no time of its own.
+            at = max(self.heard, self.attended) if self.stopping is Abandon.UNATTENDED else self.clock()
+            end = functools.partial(self.store.end_stream, job.session_id, job.stream, at, job.fence)
             await (self._outlast(end, "ending the stream") if wait else end())

@@ -53,6 +53,8 @@ class PumpStarter:
             session_ttl=settings.session_ttl,
             store_outage_grace=settings.store_outage_grace,
             window_bytes=settings.window_bytes,
+            cancel_grace=settings.cancel_grace,
+            credential_wait=settings.credential_wait,
         )
 
     def _pump(self, job: PumpJob) -> Pump:
@@ -60,7 +62,8 @@ class PumpStarter:
 
     def start(self, job: PumpJob, upstream: UpstreamAnswer, *, standalone: bool = False) -> None:
         """Pump a stream just opened from ``upstream``'s body (the pump owns the answer now)."""
-        self.pumps.spawn(job.session_id, self._pump(job).run(upstream), standalone=standalone)
+        pump = self._pump(job)
+        self.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone, pump=pump)
 
     def adopt(self, orphans: Sequence[Orphan], *, taken_from: str | None = None) -> None:
         """Pump the streams another process was pumping (this replica's before a restart, or a dead
@@ -74,7 +77,7 @@ class PumpStarter:
             pump = self._pump(job)
             pump.restore(orphan.upstream_cursor, orphan.answered)
             standalone = orphan.origin is StreamOrigin.GET
-            self.pumps.spawn(orphan.session_id, self._adopted(pump, orphan), standalone=standalone)
+            self.pumps.spawn(orphan.session_id, self._adopted(pump, orphan), standalone=standalone, pump=pump)
         if orphans:
             whose = "this replica's previous process" if taken_from is None else f"replica {taken_from}"
             log.info("took over %d stream(s) left by %s", len(orphans), whose)

@@ -23,6 +23,7 @@ for i = 2, #seen do if seen[i] ~= seen[1] then return {'conflict', ''} end end
 local value = seen[1]
 if value == 'p' then return {'in_flight', ''} end
 if value == 'a' then return {'answered', ''} end
+if value == 'c' then return {'cancelled', ''} end
 local n = tonumber(value)
 local s = stream(n)
 if s and (s.e or 0) == 0 then return {'attach', value} end

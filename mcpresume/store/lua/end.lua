@@ -13,7 +13,8 @@ s.pm = nil; s.u = nil; s.a = nil
 if meta.sa == tostring(n) then set('sa', '') end
 if s.o == 'post' then set('lp', num('lp') - 1) end
 set('ver', num('ver') + 1)
-set('la', now)
+-- never backwards (as touch): a stream given up as unattended ends as of when it was last read or fed
+if tonumber(meta.la) < tonumber(now) then set('la', now) end
 forget_gone({[n] = true})
 save_streams()
 save_meta()
