@@ -18,6 +18,7 @@ from mcpresume.core.delete import Need as DeleteNeed
 from mcpresume.core.errors import (
     CursorOutOfWindow,
     DuplicateRequest,
+    RequestIdInUse,
     TooManySessions,
     TooManyStreams,
     UnknownSession,
@@ -145,6 +146,7 @@ POST_ROWS = [
     (_claimed(KNOWN, ClaimOutcome.IN_FLIGHT), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.ANSWERED), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.CONFLICT), Reject(DuplicateRequest(""), duplicate=True)),
+    (_claimed(KNOWN, ClaimOutcome.IN_USE), Reject(RequestIdInUse(""), duplicate=True)),
     (_claimed(RESEND, ClaimOutcome.IN_FLIGHT), Reject(DuplicateRequest(""), duplicate=True)),
     # 18. forwarded: the view counted first when there is a claim or a tail
     (_claimed(KNOWN, ClaimOutcome.NEW), Forward(reserve=True)),

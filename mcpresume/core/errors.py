@@ -99,6 +99,15 @@ class DuplicateRequest(ProxyError):
     reason = "duplicate_request"
 
 
+class RequestIdInUse(ProxyError):
+    """409: another request under a request id whose request in the session is not over yet (in flight, or
+    its stream still live): not forwarded, since the upstream could not tell their answers apart. Over, the
+    id may carry another request."""
+
+    status = 409
+    reason = "request_id_in_use"
+
+
 class CredentialsRefused(ProxyError):
     """The upstream did not accept the request's credentials for this session (asked with a ``ping``):
     nothing of the session is served. Its status is the upstream's 4xx (401 or 403, as a rule), else 403

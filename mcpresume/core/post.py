@@ -38,7 +38,7 @@ row   facts                                          plan
 16    claimed ``ATTACH``, the stream retained        ``AttachOriginal``: a view of it from its start
 17    claimed otherwise (``ATTACH`` of a stream      ``Reject`` with ``session.claim_refusal``,
       gone, ``GONE``, ``IN_FLIGHT``, ``ANSWERED``,   counted as a duplicate
-      ``CONFLICT``)
+      ``CONFLICT``, ``IN_USE``)
 18    otherwise (``NEW``, or no request ids:         ``Forward``, the client's view counted first
       notifications and responses only)              when there is a tail or a claim
 ====  =============================================  =================================================

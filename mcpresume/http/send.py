@@ -120,7 +120,10 @@ class Sender:
         session; else a request of the tracked session, ``granted`` its access. What becomes of the claim is
         ``core.post.CLAIM_ENDS``."""
         ctx, request, message, session_id = self.ctx, post.request, post.message, post.session_id
-        keys = message.request_keys
+        # The request ids claimed in the session. An initialize's are none: it came before its session,
+        # whose requests may then use its id (a client reconnecting to a session numbers its requests from
+        # 0 again, without an initialize).
+        keys = message.request_keys if session_id is not None else ()
         epoch = None if granted is None else granted.epoch
         if session_id is not None:
             await self.openings.after_sent(session_id)
