@@ -214,7 +214,7 @@ class RedisAgainstMemory(RuleBasedStateMachine):
     @rule(
         request=st.integers(0, 100),
         digest=st.sampled_from([b"", b"\x01" * 8, b"\x02" * 8]),  # not known, a request, another one
-        then=st.sampled_from(["keep", "release", "settle"]),
+        then=st.sampled_from(["keep", "release", "settle", "abandon"]),
     )
     def claim(self, request: int, digest: bytes, then: str) -> None:
         keys = [f"n:{request % (self.requests + 1)}"]

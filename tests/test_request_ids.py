@@ -1,6 +1,8 @@
 """Exactly once per request, over real HTTP (invariant #8): a request id the session used before is a re-send
 only when it carries the same request (its method and params); another request under it reaches the
-upstream once the first is over, and is refused with 409 ``request_id_in_use`` while it is not.
+upstream once the first is over, and is refused with 409 ``request_id_in_use`` while it is not. A request
+that may have run upstream (sent, and no answer head came: 504, or the connection broke: 502) is never sent
+again: its re-send is 409 ``outcome_unknown``; only one the proxy never sent (no connection) may be.
 
 The upstream is the official SDK's example server where it does what a test needs (a client reconnecting
 to its session), else a playbook whose timing the test controls with gates.
@@ -17,6 +19,7 @@ import aiohttp
 import httpx2
 import orjson
 import pytest
+from aiohttp import web
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -183,3 +186,112 @@ async def test_another_request_under_an_id_in_flight_is_409_request_id_in_use(
             ((answered, result),) = results(await collect(response))
         assert (answered, text_of(result)) == (held_id, "other")
         assert [seen.text for seen in upstream.requests("tools/call")] == ["held", "other"]
+
+
+# -- 3. a request that may have run upstream is never sent again ----------------------------------------
+
+
+async def test_a_request_whose_answer_head_did_not_come_in_time_is_never_sent_again(
+    serve: Any, store: dict[str, Any], http: aiohttp.ClientSession
+) -> None:
+    """504: the upstream got the request and sent no head within ``first_byte_timeout``. It may run (it
+    did here: the upstream holds it): its re-send is 409 ``outcome_unknown``, never forwarded; another
+    request under its id 409 ``request_id_in_use``. (Before: the claim was released, and the re-send ran
+    the call a second time.)"""
+    upstream = pb.Playbook()
+    upstream.on("tools/call", pb.never("call"))
+    url = await serve(upstream.app())
+    async with running_proxy(url, first_byte_timeout=1.0, **store) as proxy:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        call_id, call = client.tool_call("echo", {"text": "once"})
+        async with http.post(client.url, data=call, headers=client.headers()) as response:
+            assert response.status == 504
+            assert (await error_of(response))["data"]["reason"] == "upstream_timeout"
+        await asyncio.wait_for(upstream.left("call").wait(), 10)  # the proxy gave up on it
+        async with http.post(client.url, data=call, headers=client.headers()) as response:
+            assert response.status == 409
+            error = await error_of(response)
+        assert error["data"]["reason"] == "outcome_unknown"
+        client.next_id = call_id
+        _, other = client.tool_call("echo", {"text": "other"})
+        async with http.post(client.url, data=other, headers=client.headers()) as response:
+            assert response.status == 409
+            assert (await error_of(response))["data"]["reason"] == "request_id_in_use"
+        assert [seen.text for seen in upstream.requests("tools/call")] == ["once"]
+
+
+async def _cut(playbook: pb.Playbook, request: web.Request, seen: pb.Seen) -> web.StreamResponse:
+    """Read the request whole, then cut the connection before any answer: the request reached the upstream,
+    what it did is unknown."""
+    assert request.transport is not None
+    request.transport.abort()
+    return web.Response()
+
+
+async def test_a_request_whose_connection_broke_after_it_was_sent_is_never_sent_again(
+    serve: Any, store: dict[str, Any], http: aiohttp.ClientSession
+) -> None:
+    upstream = pb.Playbook()
+    upstream.on("tools/call", _cut)
+    url = await serve(upstream.app())
+    async with running_proxy(url, **store) as proxy:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        _, call = client.tool_call("echo", {"text": "once"})
+        async with http.post(client.url, data=call, headers=client.headers()) as response:
+            assert response.status == 502
+            assert (await error_of(response))["data"]["reason"] == "upstream_unreachable"
+        async with http.post(client.url, data=call, headers=client.headers()) as response:
+            assert response.status == 409
+            assert (await error_of(response))["data"]["reason"] == "outcome_unknown"
+        assert [seen.text for seen in upstream.requests("tools/call")] == ["once"]
+
+
+async def _initialize_and_close(
+    playbook: pb.Playbook, request: web.Request, seen: pb.Seen
+) -> web.StreamResponse:
+    """The session begins; the connection is not kept (no pooled connection outlives the upstream)."""
+    response = await pb.initialize()(playbook, request, seen)
+    response.force_close()
+    return response
+
+
+async def test_a_request_the_upstream_never_got_may_be_sent_again(
+    store: dict[str, Any], http: aiohttp.ClientSession
+) -> None:
+    """502 with no connection to send it on (the upstream is down, connect refused): the request is known
+    never to have been sent, so its claim is released and the same request re-sent is forwarded (a 502
+    again while the upstream is down; answered once it is back)."""
+    upstream = pb.Playbook()
+    upstream.on("initialize", _initialize_and_close)
+    upstream.on("tools/call", pb.reply(pb.result(pb.echo)))
+    runner = web.AppRunner(upstream.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        async with running_proxy(url, **store) as proxy:
+            client = ScriptedClient(http, proxy.url)
+            await client.initialize()
+            await runner.cleanup()  # the upstream is down: connections are refused
+            call_id, call = client.tool_call("echo", {"text": "once"})
+            for _ in range(2):  # the same request, forwarded each time
+                async with http.post(client.url, data=call, headers=client.headers()) as response:
+                    assert response.status == 502
+                    assert (await error_of(response))["data"]["reason"] == "upstream_unreachable"
+            unreachable = sample(
+                proxy.ctx.metrics, "mcpresume_upstream_errors_total", reason="upstream_unreachable"
+            )
+            assert unreachable == 2
+            runner = web.AppRunner(upstream.app())
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()  # back, on the same port
+            async with http.post(client.url, data=call, headers=client.headers()) as response:
+                assert response.status == 200
+                answer = orjson.loads(await response.read())
+            assert (answer["id"], text_of(answer["result"])) == (call_id, "once")
+            assert [seen.text for seen in upstream.requests("tools/call")] == ["once"]
+    finally:
+        await runner.cleanup()

@@ -545,7 +545,11 @@ def test_a_stream_follows_its_table(phase: StreamPhase, happening: StreamInput) 
 
 def test_every_claim_state_has_an_outcome_and_none_forwards() -> None:
     assert set(CLAIM_OF_STATE) == set(ClaimState)
-    assert set(CLAIM_OF_STATE.values()) == {ClaimOutcome.IN_FLIGHT, ClaimOutcome.ANSWERED}
+    assert set(CLAIM_OF_STATE.values()) == {
+        ClaimOutcome.IN_FLIGHT,
+        ClaimOutcome.ANSWERED,
+        ClaimOutcome.UNKNOWN,
+    }
 
 
 # -- a request id claimed again: the same request (a re-send), or another one (a reused id) -----------------
@@ -559,8 +563,8 @@ def _claimed_as(holder: str) -> tuple[SessionState, int | None]:
     assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.NEW)
     if holder == "pending":
         return session, None
-    if holder == "answered":
-        session.settle(["n:1"])
+    if holder in ("answered", "abandoned"):
+        (session.settle if holder == "answered" else session.abandon)(["n:1"])
         return session, None
     stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
     if holder == "live":
@@ -579,10 +583,11 @@ def _claimed_as(holder: str) -> tuple[SessionState, int | None]:
 
 # (what holds the id's claim) -> what the same request gets, what another request gets: a re-send is never
 # forwarded; another request is, once the first is over (answered, its stream ended), and never while it
-# is not (in flight, its stream live: the upstream could not tell their answers apart).
+# is not (in flight, its outcome unknown, its stream live: the upstream could not tell their answers apart).
 REUSED_IDS = {
     "pending": (ClaimOutcome.IN_FLIGHT, ClaimOutcome.IN_USE),
     "answered": (ClaimOutcome.ANSWERED, ClaimOutcome.NEW),
+    "abandoned": (ClaimOutcome.UNKNOWN, ClaimOutcome.IN_USE),
     "live": (ClaimOutcome.ATTACH, ClaimOutcome.IN_USE),
     "ended": (ClaimOutcome.ATTACH, ClaimOutcome.NEW),
     "evicted": (ClaimOutcome.GONE, ClaimOutcome.NEW),
@@ -633,6 +638,20 @@ def test_a_reused_id_counts_against_the_stream_limit() -> None:
     assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.ANSWERED)  # still the first's
 
 
+def test_abandon_and_settle_take_only_pending_claims() -> None:
+    session = make_session()
+    session.claim(["n:1", "n:2"], digests=[SAME, OTHER])
+    assert session.in_flight == 2
+    session.abandon(["n:1", "n:2"])
+    assert session.in_flight == 0  # no answer will come: not in flight (and not counted as a stream)
+    session.release(["n:1"])  # it may have run: never forgotten, so never forwarded again
+    session.settle(["n:1"])
+    assert session.claim(["n:1", "n:2"], digests=[SAME, OTHER]) == Claim(ClaimOutcome.UNKNOWN)
+    stream = session.open_stream(StreamOrigin.POST, ["n:3"], now=0.0).stream
+    session.abandon(["n:3"])  # held by its stream: nothing to abandon
+    assert session.claim(["n:3"]) == Claim(ClaimOutcome.ATTACH, stream)
+
+
 @pytest.mark.parametrize("first_stream", [0, -1, 1])
 def test_a_stream_number_is_never_read_as_a_claim_state(first_stream: int) -> None:
     # The claim states once were the ints 0 and -1: a stream so numbered read as "in flight" / "answered".
@@ -656,6 +675,7 @@ REFUSALS = {
     ClaimOutcome.GONE: (409, "cursor_out_of_window"),
     ClaimOutcome.IN_FLIGHT: (409, "duplicate_request"),
     ClaimOutcome.ANSWERED: (409, "duplicate_request"),
+    ClaimOutcome.UNKNOWN: (409, "outcome_unknown"),
     ClaimOutcome.CONFLICT: (409, "duplicate_request"),
     ClaimOutcome.IN_USE: (409, "request_id_in_use"),
     ClaimOutcome.LIMITED: (429, "too_many_streams"),
@@ -1273,7 +1293,7 @@ def test_pause_protects_every_streams_undelivered_events() -> None:
 @given(
     steps=st.lists(
         st.tuples(
-            st.sampled_from(["claim", "open", "end", "release", "settle"]),
+            st.sampled_from(["claim", "open", "end", "release", "settle", "abandon"]),
             st.lists(st.integers(0, 6), min_size=1, max_size=3),
             st.sampled_from([b"", b"A", b"B"]),
         ),
@@ -1282,8 +1302,8 @@ def test_pause_protects_every_streams_undelivered_events() -> None:
 )
 def test_in_flight_counts_exactly_the_pending_request_ids(steps: list[tuple[str, list[int], bytes]]) -> None:
     """The stream limit counts requests in flight: the count never drifts, whatever the order of claims
-    (re-sends and other requests under used ids), answers (a stream, a JSON answer) and releases, batches
-    included."""
+    (re-sends and other requests under used ids), answers (a stream, a JSON answer, none) and releases,
+    batches included."""
     session = make_session()
     for action, ids, digest in steps:
         keys = sorted({f"n:{i}" for i in ids})

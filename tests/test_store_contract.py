@@ -457,6 +457,7 @@ SAME, OTHER = b"\x01" * 8, b"\x02" * 8  # two requests' digests (jsonrpc.request
 REUSED_IDS = {
     "pending": (ClaimOutcome.IN_FLIGHT, ClaimOutcome.IN_USE),
     "answered": (ClaimOutcome.ANSWERED, ClaimOutcome.NEW),
+    "abandoned": (ClaimOutcome.UNKNOWN, ClaimOutcome.IN_USE),
     "live": (ClaimOutcome.ATTACH, ClaimOutcome.IN_USE),
     "ended": (ClaimOutcome.ATTACH, ClaimOutcome.NEW),
 }
@@ -470,11 +471,14 @@ async def test_a_claimed_id_is_a_resend_only_for_the_same_request(store: Session
     stream = None
     if holder == "answered":
         await store.settle(sid, ["n:1"])
+    elif holder == "abandoned":
+        await store.abandon(sid, ["n:1"])
+        await store.release(sid, ["n:1"])  # it may have run: never forgotten
     elif holder in ("live", "ended"):
         opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
         assert opened is not None
         stream = opened.number
-        await store.release(sid, ["n:1"])  # held by its stream: nothing to release
+        await store.abandon(sid, ["n:1"])  # held by its stream: nothing to abandon
         if holder == "ended":
             await store.end_stream(sid, stream, now=1.0)
     same, other = REUSED_IDS[holder]
@@ -504,6 +508,10 @@ async def test_a_batch_reusing_ids_is_forwarded_only_when_each_reused_id_is_free
     )
     assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.NEW)
     assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.IN_FLIGHT)
+    await store.abandon(sid, ["n:1", "n:3"])
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.UNKNOWN)
+    # The stream limit counts the requests in flight only: an abandoned request holds no room.
+    assert await store.claim(sid, ["n:4"], max_live_streams=2, digests=[SAME]) == Claim(ClaimOutcome.NEW)
 
 
 # -- wait ------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from mcpresume.core.cursor import encode_cursor, id_line_prefix
 from mcpresume.core.errors import (
     CursorOutOfWindow,
     DuplicateRequest,
+    OutcomeUnknown,
     ProxyError,
     RequestIdInUse,
     TooManyStreams,
@@ -268,8 +269,9 @@ class ClaimOutcome(enum.Enum):
     GONE = "gone"  # the ids were seen, but their stream is no longer retained
     IN_FLIGHT = "in_flight"  # seen, and the original is still being forwarded (no stream yet)
     ANSWERED = "answered"  # seen, and answered with application/json: relayed, not retained
+    UNKNOWN = "unknown"  # seen, sent upstream, and no answer came: it may have run, what it did is unknown
     CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
-    IN_USE = "in_use"  # another request under an id whose request is not over (pending, its stream live)
+    IN_USE = "in_use"  # another request under an id whose request is not over (pending, unknown, live)
     LIMITED = "limited"  # new, but the session already has max_streams_per_session live streams
 
 
@@ -294,12 +296,17 @@ def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> Prox
             return DuplicateRequest(
                 "this request id was answered with application/json, which is not retained"
             )
+        case ClaimOutcome.UNKNOWN:
+            return OutcomeUnknown(
+                "this request was sent upstream and no answer came: it may have run, and what it did is "
+                "unknown; it is not sent again (send it under a new request id to run it again)"
+            )
         case ClaimOutcome.CONFLICT:
             return DuplicateRequest("request ids of this batch were seen before, on different requests")
         case ClaimOutcome.IN_USE:
             return RequestIdInUse(
                 "this request id is another request's in this session, and that request is not over "
-                "(in flight, or its stream live); use a new request id"
+                "(in flight, its outcome unknown, or its stream live); use a new request id"
             )
         case ClaimOutcome.LIMITED:
             return TooManyStreams(f"the session already has {max_streams} live streams", limit=max_streams)
@@ -323,12 +330,16 @@ class ClaimState(enum.Enum):
 
     PENDING = "pending"  # claimed, the upstream has not answered yet
     ANSWERED = "answered"  # answered without a stream (application/json): relayed, not retained
+    # Sent upstream, and no answer came (its head not within first_byte_timeout, the connection broken): it
+    # may have run, so it is never sent again; what it did is unknown.
+    ABANDONED = "abandoned"
 
 
 # What a re-sent id whose entry is a ClaimState gets (tests/test_session.py checks every state has a row).
 CLAIM_OF_STATE: Final[Mapping[ClaimState, ClaimOutcome]] = {
     ClaimState.PENDING: ClaimOutcome.IN_FLIGHT,
     ClaimState.ANSWERED: ClaimOutcome.ANSWERED,
+    ClaimState.ABANDONED: ClaimOutcome.UNKNOWN,
 }
 
 
@@ -642,7 +653,7 @@ class SessionState:
         not). An id claimed before for another request (a client that numbers its requests from 0 again)
         is free again once that request is over: answered, or its stream ended (the upstream saw it
         through, as it would a client's next request under that id directly); not over (pending, its
-        stream live), the upstream could not tell the two apart: ``IN_USE``."""
+        outcome unknown, its stream live), the upstream could not tell the two apart: ``IN_USE``."""
         requests = self._requests
         asked = digests if digests else (b"",) * len(request_keys)
         seen = [requests.get(key) for key in request_keys]
@@ -682,6 +693,11 @@ class SessionState:
     def settle(self, request_keys: Sequence[str]) -> None:
         """A claim the upstream answered without a stream (application/json): seen, but nothing retained."""
         self._conclude(request_keys, ClaimState.ANSWERED)
+
+    def abandon(self, request_keys: Sequence[str]) -> None:
+        """A claim whose request was sent upstream and got no answer: it may have run (never sent again),
+        what it did is unknown."""
+        self._conclude(request_keys, ClaimState.ABANDONED)
 
     def _conclude(self, request_keys: Sequence[str], state: ClaimState) -> None:
         for key in request_keys:

@@ -1,11 +1,13 @@
 """A POST sent upstream, and its answer made what the session needs: a stream read by a pump, an answer to
-relay, or an error; the claim of its request ids released (it may be sent again) or settled (it ran).
+relay, or an error; the claim of its request ids released (it was never sent: it may be sent again),
+settled (it ran) or abandoned (it may have run, no answer came).
 
 ``Sender.forward`` sends it in a task of its own: a client that disconnects meanwhile does not cancel the
 upstream request (the handshake-era revisions: disconnection is not cancellation), and its answer still
 reaches the window. The claim's end is recorded in that task, so it happens even when the client left:
 ``core.post.CLAIM_ENDS`` says which, by the upstream's outcome (released: it may be sent again; settled:
-it ran, never forward it again; dropped with the session the upstream forgot; or held by the stream its
+it ran, never forward it again; abandoned: it may have run, never forward it again, what it did unknown;
+dropped with the session the upstream forgot; or held by the stream its
 SSE answer became, its pump started, the client's reader registered first: the first burst waits for it).
 
 Everything is recorded in the request's own incarnation (``epoch``): if the upstream re-issued the session
@@ -31,7 +33,15 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import SESSION_HEADER
 from mcpresume.core.jsonrpc import error_response
-from mcpresume.core.post import CLAIM_ENDS, Answer, ClaimEnd, Upstream, answer_of, upstream_outcome
+from mcpresume.core.post import (
+    CLAIM_ENDS,
+    Answer,
+    ClaimEnd,
+    Upstream,
+    answer_of,
+    failed_outcome,
+    upstream_outcome,
+)
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
@@ -133,8 +143,7 @@ class Sender:
             )
         except ProxyError as error:
             # Here, in the shielded task, so it happens even when the client left.
-            failed = Upstream.UNREADABLE if isinstance(error, UpstreamBadResponse) else Upstream.UNREACHED
-            await self._end_claim(CLAIM_ENDS[failed], session_id, keys, epoch)
+            await self._end_claim(CLAIM_ENDS[failed_outcome(error)], session_id, keys, epoch)
             return Forwarded.failed(error)
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         in_session = session_id is not None
@@ -198,13 +207,17 @@ class Sender:
     async def _end_claim(
         self, claim_end: ClaimEnd, session_id: str | None, keys: tuple[str, ...], epoch: str | None
     ) -> None:
-        """Release or settle the request ids claimed in ``session_id`` (none: nothing was claimed)."""
+        """Release, settle or abandon the request ids claimed in ``session_id`` (none: nothing was
+        claimed)."""
         if session_id is None or not keys:
             return
+        store = self.ctx.store
         if claim_end is ClaimEnd.SETTLE:
-            await self.ctx.store.settle(session_id, keys, epoch)
+            await store.settle(session_id, keys, epoch)
+        elif claim_end is ClaimEnd.ABANDON:
+            await store.abandon(session_id, keys, epoch)
         else:
-            await self.ctx.store.release(session_id, keys, epoch)
+            await store.release(session_id, keys, epoch)
 
     async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
         """Track a session the upstream began; its epoch, or None when it cannot be tracked."""

@@ -154,11 +154,16 @@ class Claims(Protocol):
         ...
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
-        """Forget a claim whose request never reached the upstream."""
+        """Forget a claim whose request is known never to have reached the upstream."""
         ...
 
     async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
+        ...
+
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        """Mark a claim whose request was sent upstream and got no answer: it may have run, so a re-send is
+        refused (``outcome_unknown``), never forwarded."""
         ...
 
 

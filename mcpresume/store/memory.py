@@ -304,6 +304,11 @@ class MemoryStore:
         if session is not None:
             session.settle(request_keys)
 
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
+        if session is not None:
+            session.abandon(request_keys)
+
     # -- streams and events ------------------------------------------------------------------------------
 
     async def open_stream(

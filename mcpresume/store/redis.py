@@ -94,7 +94,7 @@ READ_BYTES: Final = 256 << 10
 
 # The calls after which a read of the session answers as before (every other one forgets the last append).
 _READS_UNCHANGED: Final = frozenset(
-    {"read", "view", "mark_delivered", "touch", "claim", "release", "settle", "accept_credential"}
+    {"read", "view", "mark_delivered", "touch", "claim", "release", "settle", "abandon", "accept_credential"}
 )
 
 _BIG_ENDIAN: Final = sys.byteorder == "big"
@@ -336,6 +336,9 @@ class RedisStore:
 
     async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         await self._script("settle", "release", session_id, epoch or "", "settle", *request_keys)
+
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        await self._script("abandon", "release", session_id, epoch or "", "abandon", *request_keys)
 
     # -- streams and events --------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ if any_resent then  -- a re-send: never forwarded again
   local holder = holders[1]
   if holder == 'p' then return {'in_flight', ''} end
   if holder == 'a' then return {'answered', ''} end
+  if holder == 'u' then return {'unknown', ''} end
   local s = stream(tonumber(holder))
   if s and (s.e or 0) == 0 then return {'attach', holder} end
   return {'gone', holder}

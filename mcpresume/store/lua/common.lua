@@ -356,9 +356,9 @@ local function orphans()
   return found
 end
 
--- request ids: RQ maps a key to its claim, '<holder> <digest>': the holder 'p' (pending), 'a' (answered)
--- or a stream number; the digest of its request (hex), absent when not known (then any request matches).
--- RO orders them.
+-- request ids: RQ maps a key to its claim, '<holder> <digest>': the holder 'p' (pending), 'a' (answered),
+-- 'u' (sent, no answer: its outcome unknown) or a stream number; the digest of its request (hex), absent
+-- when not known (then any request matches). RO orders them.
 local function claim_of(raw)  -- the holder and the digest of a claim as RQ holds it (nil: none)
   if not raw then return nil, nil end
   local holder, digest = string.match(raw, '^(%S+) (%S+)$')
@@ -374,7 +374,7 @@ end
 -- Twin: mcpresume/core/session.py SessionState._over
 local function request_over(holder)
   if holder == 'a' then return true end
-  if holder == 'p' then return false end
+  if holder == 'p' or holder == 'u' then return false end
   local s = stream(tonumber(holder))
   return not s or s.v == 0
 end
