@@ -6,7 +6,7 @@ The executor (``http.post.Posts.serve``) asks ``plan_post`` what to do, fetches 
 (several replicas) came first (``core/route.py``).
 
 The rows of ``plan_post``, first match wins ("the claim": the store's claim of the message's request ids,
-exactly once per id in the session, invariant #8; "the tail": POST + ``Last-Event-ID``, the streams the
+exactly once per request in the session, invariant #8; "the tail": POST + ``Last-Event-ID``, the streams the
 cursor resumes, which this response carries before anything new):
 
 ====  =============================================  =================================================

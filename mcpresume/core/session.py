@@ -13,7 +13,8 @@ The session is the durable object; an SSE connection is an ephemeral view of one
   needs it).
 * ``read`` returns what a reader positioned at ``after`` on a set of streams should send next, or says the
   position can no longer be served (``gap``) or that everything has been sent (``complete``).
-* ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once.
+* ``claim`` records the JSON-RPC request ids a POST carries, each with its request's digest, so the upstream
+  sees each request at most once (an id again only for another request, once the first is over).
 
 Stream states (``StreamPhase``, the table ``STREAM_STEPS``: every phase x input has a row):
 
@@ -283,7 +284,7 @@ class Claim:
 
 def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> ProxyError:
     """What a client whose request ids are not forwarded is told, by the claim's outcome (invariant #8: a
-    request id reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
+    request reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
     after all (it left the window meanwhile). ``NEW`` is forwarded: asking is an error."""
     match outcome:
         case ClaimOutcome.ATTACH | ClaimOutcome.GONE:
@@ -638,7 +639,7 @@ class SessionState:
         complete = not truncated and all(not states[n].live for n in streams)
         return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
-    # -- request ids (exactly once per request id) -------------------------------------------------------
+    # -- request ids (exactly once per request) ----------------------------------------------------------
 
     def claim(
         self,

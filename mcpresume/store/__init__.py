@@ -136,7 +136,7 @@ class Sessions(Protocol):
 
 
 class Claims(Protocol):
-    """Request-id claims: exactly once per request id in a session (invariant #8)."""
+    """Request-id claims: exactly once per request in a session (invariant #8)."""
 
     async def claim(
         self,
