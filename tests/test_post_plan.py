@@ -312,7 +312,7 @@ def test_what_the_upstream_did_is_told_apart_by_its_table(
 # never sent is UNREACHED (its claim released); any other may have run.
 FAILED_ROWS: list[tuple[ProxyError, Upstream]] = [
     (UpstreamUnreachable("connection refused", unsent=True), Upstream.UNREACHED),
-    (UpstreamTimeout("no connection in time", unsent=True), Upstream.UNREACHED),
+    (UpstreamUnreachable("no connection within connect_timeout", unsent=True), Upstream.UNREACHED),
     (UpstreamUnreachable("the connection broke after the request"), Upstream.UNANSWERED),
     (UpstreamTimeout("no answer head within first_byte_timeout"), Upstream.UNANSWERED),
     (UpstreamBadResponse("br"), Upstream.UNREADABLE),

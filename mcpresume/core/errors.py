@@ -240,8 +240,8 @@ class EventTooLarge(ProxyError):
 
 class UpstreamUnreachable(ProxyError):
     """502: the upstream could not be reached, or its connection broke before its answer's head.
-    ``unsent``: the request is known never to have been sent (no connection to send it on); otherwise it may
-    have been, and may have run (``core.post.CLAIM_ENDS``)."""
+    ``unsent``: the request is known never to have been sent (no connection to the upstream was made);
+    otherwise it may have been, and may have run (``core.post.CLAIM_ENDS``)."""
 
     status = 502
     reason = "upstream_unreachable"
@@ -252,15 +252,11 @@ class UpstreamUnreachable(ProxyError):
 
 
 class UpstreamTimeout(ProxyError):
-    """504: the upstream's answer head did not come within ``first_byte_timeout``. ``unsent``: as
-    ``UpstreamUnreachable``'s (the time ran out before the request could be sent)."""
+    """504: the upstream's answer head did not come within ``first_byte_timeout`` (the request may have been
+    sent, and may have run)."""
 
     status = 504
     reason = "upstream_timeout"
-
-    def __init__(self, message: str, *, unsent: bool = False, **facts: Any) -> None:
-        super().__init__(message, **facts)
-        self.unsent = unsent
 
 
 class UpstreamBadResponse(ProxyError):

@@ -65,11 +65,12 @@ the forward's own task, so it happens even when the client left), by the ``Upstr
 ==============  ===============================================  ===========  ===========================
 outcome         the upstream                                     the claim    the client gets
 ==============  ===============================================  ===========  ===========================
-``UNREACHED``   never got the request (no connection: refused,   released     the error (502, 504)
-                failed, timed out, before a byte was sent)
-``UNANSWERED``  got it (it may have been sent), and no answer    abandoned    the error (502, 504)
-                head came (``first_byte_timeout``, the
-                connection broke)
+``UNREACHED``   never got the request (no connection was made:   released     the error (502)
+                refused, failed, not within
+                ``connect_timeout``)
+``UNANSWERED``  may have got it (a connection was made), and    abandoned    the error (502, 504)
+                no answer head came (``first_byte_timeout``,
+                the connection broke)
 ``UNREADABLE``  answered in an encoding the proxy cannot read    settled      502 ``upstream_bad_response``
 ``FORGOTTEN``   404 in the session, to credentials accepted in   dropped      the upstream's 404 (the
                 it: the upstream forgot the session              (session)    client re-initializes)
@@ -98,7 +99,6 @@ from mcpresume.core.errors import (
     TooManySessions,
     UnknownSession,
     UpstreamBadResponse,
-    UpstreamTimeout,
     UpstreamUnreachable,
 )
 from mcpresume.core.get import Relay, Resumed
@@ -351,11 +351,11 @@ def upstream_outcome(
 
 def failed_outcome(error: ProxyError) -> Upstream:
     """What the upstream did with a request whose forward raised ``error`` (the table's first three rows):
-    it never got the request only when the proxy knows so (no connection to send it on); a request that may
-    have been sent may have run."""
+    it never got the request only when the proxy knows so (no connection was made); a request that may have
+    been sent may have run."""
     if isinstance(error, UpstreamBadResponse):
         return Upstream.UNREADABLE  # an answer came, in an encoding the proxy cannot read: it ran
-    if isinstance(error, UpstreamUnreachable | UpstreamTimeout) and error.unsent:
+    if isinstance(error, UpstreamUnreachable) and error.unsent:
         return Upstream.UNREACHED
     return Upstream.UNANSWERED
 

@@ -7,7 +7,6 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from types import SimpleNamespace
 from typing import Any, Final, Protocol, TypeVar
 
 import aiohappyeyeballs
@@ -72,24 +71,6 @@ class UpstreamAnswer(Protocol):
     def release(self) -> Any: ...
 
 
-class _Sending:
-    """Whether a request's head was handed to its connection (aiohttp's ``on_request_headers_sent``): until
-    then, a failure means the upstream never got a byte of it (``UpstreamUnreachable.unsent``)."""
-
-    __slots__ = ("sent",)
-
-    def __init__(self) -> None:
-        self.sent = False
-
-
-async def _headers_sent(
-    session: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestHeadersSentParams
-) -> None:
-    sending = context.trace_request_ctx
-    if isinstance(sending, _Sending):
-        sending.sent = True
-
-
 class Upstream:
     """Where requests go: the upstream's origin, and its MCP endpoint path."""
 
@@ -108,8 +89,6 @@ class Upstream:
         self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
 
     async def start(self) -> None:
-        sending = aiohttp.TraceConfig()
-        sending.on_request_headers_sent.append(_headers_sent)
         self._session = aiohttp.ClientSession(
             # No total timeout: SSE streams live as long as their request (handshake era) or session.
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None),
@@ -119,9 +98,6 @@ class Upstream:
             # Upstream cookies belong to the client, not to the proxy's shared session.
             cookie_jar=aiohttp.DummyCookieJar(),
             connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
-            # What tells a request that never left the proxy (its claim released) from one that may have
-            # run upstream (``request``'s errors say which).
-            trace_configs=[sending],
         )
 
     async def close(self) -> None:
@@ -146,12 +122,13 @@ class Upstream:
         is decompressed; its ``Content-Encoding`` and ``Content-Length`` then describe bytes nobody gets.
         Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came.
 
-        The errors say whether the request is known never to have been sent (``unsent``: no connection, or
-        none before the time ran out); once its head was handed to a connection, it may have been."""
+        The errors say whether the request is known never to have been sent (``unsent``): only when no
+        connection to the upstream was made (refused, failed, not within ``connect_timeout``). Any other
+        failure may have come after it was written (a timeout, a connection that broke), so it may have
+        run: what it did is unknown (``core.post.CLAIM_ENDS``)."""
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
-        sending = _Sending()
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
@@ -161,12 +138,14 @@ class Upstream:
                     data=data,
                     allow_redirects=False,  # redirects are the client's to follow, with its own policy
                     auto_decompress=decoded,
-                    trace_request_ctx=sending,
                 )
         except aiohttp.ConnectionTimeoutError:
             raise self._connect_timed_out() from None
         except TimeoutError:
-            raise self._head_timed_out(unsent=not sending.sent) from None
+            # Not known unsent: the time may have run out after the request was written (a connection that
+            # took longer than the timeout is the rarer case, and a request that may have run is never sent
+            # again: the safe side).
+            raise self._head_timed_out() from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(
                 f"cannot connect to the upstream: {exc.os_error}", unsent=True
@@ -177,9 +156,9 @@ class Upstream:
             timed_out = caused_by(exc, BodyTimeout)  # the client's body, streamed upstream, stopped coming
             if timed_out is not None:
                 raise timed_out from None
-            raise UpstreamUnreachable(
-                f"upstream request failed: {type(exc).__name__}: {exc}", unsent=not sending.sent
-            ) from None
+            # After the connection was made (aiohttp raises a connection's own failures as
+            # ClientConnectorError): the request may have been written.
+            raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if decoded and encoding not in DECODABLE:
             response.release()
@@ -242,9 +221,8 @@ class Upstream:
             f"cannot connect to the upstream within {self.connect_timeout} s", unsent=True
         )
 
-    def _head_timed_out(self, *, unsent: bool = False) -> UpstreamTimeout:
+    def _head_timed_out(self) -> UpstreamTimeout:
         return UpstreamTimeout(
             f"upstream sent no response headers within {self.first_byte_timeout} s",
-            unsent=unsent,
             timeout=self.first_byte_timeout,
         )
