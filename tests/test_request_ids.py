@@ -11,8 +11,13 @@ to its session), else a playbook whose timing the test controls with gates.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import socket
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -107,6 +112,55 @@ async def test_an_sdk_client_reconnecting_to_its_session_gets_its_own_answers(
             assert not echoed.is_error and result_text(echoed) == "hello from run 2"
             added = await run2.call_tool("add", {"a": 40, "b": 2})  # id 3: run 1's tools/list
             assert not added.is_error and result_text(added) == "42"
+        assert sample(proxy.ctx.metrics, "mcpresume_duplicate_requests_total") == 0
+
+
+TS_SDK_VERSION = "1.32.2"  # npm @modelcontextprotocol/sdk, installed outside the repository
+TS_CLIENT = Path(__file__).parent / "support" / "ts_sdk_client.mjs"
+
+
+def ts_sdk() -> tuple[str, Path]:
+    """Node and the installed TypeScript SDK's directory (``${XDG_CACHE_HOME:-~/.cache}/mcpresume/
+    ts-sdk-<version>``, installed with npm when missing, as the conformance runner is); skipped without
+    Node."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not found on PATH: the TypeScript SDK client needs Node")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = cache / "mcpresume" / f"ts-sdk-{TS_SDK_VERSION}"
+    package = base / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
+    npm = shutil.which("npm")
+    if not package.exists() and npm is not None:
+        install = ["install", "--prefix", str(base), "--no-audit", "--no-fund", "--loglevel=error"]
+        subprocess.run(
+            [npm, *install, f"@modelcontextprotocol/sdk@{TS_SDK_VERSION}"],
+            check=False,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+    assert package.exists(), f"run: npm install --prefix {base} @modelcontextprotocol/sdk@{TS_SDK_VERSION}"
+    return node, base
+
+
+async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_gets_its_own_answers(
+    example_upstream: str, store: dict[str, Any]
+) -> None:
+    """The finding's own client: ``new StreamableHTTPClientTransport(url, { sessionId })`` sends no
+    initialize and numbers its requests from 0 again, so its echo takes the id of the first run's initialize
+    and its ``add(40, 2)`` the id of the first run's echo. Through the proxy each must reach the upstream, as
+    directly. (Before: the echo got the initialize result, the add run 1's echo.)"""
+    node, base = ts_sdk()
+    script = base / TS_CLIENT.name  # beside its node_modules, where node resolves the SDK from
+    shutil.copyfile(TS_CLIENT, script)
+    async with running_proxy(example_upstream, **store) as proxy:
+        client = await asyncio.create_subprocess_exec(
+            node, str(script), proxy.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(client.communicate(), 120)
+        assert client.returncode == 0, err.decode()
+        runs = json.loads(out)
+        assert runs["run1"] == ["hello from run 1", "3"]
+        assert runs["run2"] == ["hello from run 2", "42"]
         assert sample(proxy.ctx.metrics, "mcpresume_duplicate_requests_total") == 0
 
 
