@@ -326,8 +326,10 @@ async def test_a_refreshed_token_the_upstream_accepts_is_served(http, proxy, ups
         assert [e.id.decode() for e in events if e.id] == cursors[2:]
         assert SECRET in events[-1].data.decode()
     assert calls(upstream, "ping") == ["Bearer owner-2"]  # asked once; then remembered
-    # The re-sent request id too, and the old token is still one the upstream accepted.
-    body = orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": "x"}})
+    # The re-sent request too (the same id, the same call), and the old token is still one the upstream
+    # accepted.
+    refreshed.next_id = request_id
+    _, body = refreshed.tool_call("secret", {})
     for client in (refreshed, owner):
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             assert response.status == 200

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpresume.core.errors import BadRequest, InvalidJson
-from mcpresume.core.jsonrpc import ClientMessage, error_response, parse_client_body, request_key, response_key
+from mcpresume.core.jsonrpc import (
+    ClientMessage,
+    error_response,
+    parse_client_body,
+    request_digest,
+    request_key,
+    response_key,
+)
 
 
 def body(doc: object) -> bytes:
@@ -28,10 +35,37 @@ def notification(method: str) -> dict[str, object]:
 
 def test_single_request() -> None:
     message = parse_client_body(body(request("tools/call", 7)))
-    assert message == ClientMessage(methods=("tools/call",), request_ids=(7,), is_batch=False)
+    digest = request_digest("tools/call", {})
+    assert message == ClientMessage(("tools/call",), (7,), is_batch=False, request_digests=(digest,))
     assert message.request_keys == ("n:7",)
     assert message.first_id == 7
     assert not message.is_initialize and not message.is_discover
+
+
+def test_each_request_has_the_digest_of_what_it_asks_not_of_its_id_or_spelling() -> None:
+    """A re-sent request has its first sending's digest (whatever its id, its members' order, its
+    whitespace); another request, another digest (what tells a re-send from a reused id)."""
+    call = {"name": "add", "arguments": {"a": 1, "b": 2}}
+    sent = parse_client_body(
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":%s}' % orjson.dumps(call)
+    )
+    again = parse_client_body(
+        b'{ "params": {"arguments": {"b": 2, "a": 1}, "name": "add"}, "method": "tools/call", "id": 9,'
+        b' "jsonrpc": "2.0" }'
+    )
+    assert sent.request_digests == again.request_digests == (request_digest("tools/call", call),)
+    others = [
+        {"name": "add", "arguments": {"a": 40, "b": 2}},
+        {"name": "echo", "arguments": {"a": 1, "b": 2}},
+        None,
+    ]
+    digests = {request_digest("tools/call", params) for params in others} | {
+        request_digest("tools/list", call)
+    }
+    assert len(digests) == 4 and sent.request_digests[0] not in digests
+    batch = parse_client_body(body([request("a", 1), notification("n"), request("b", "x")]))
+    assert batch.request_digests == (request_digest("a", {}), request_digest("b", {}))
+    assert len(batch.request_digests[0]) == 8
 
 
 def test_initialize_and_discover() -> None:

@@ -16,12 +16,20 @@ import pytest
 from mcpresume.core.delete import DeleteFacts, Drop, Keep, plan_delete
 from mcpresume.core.delete import Need as DeleteNeed
 from mcpresume.core.errors import (
+    BadRequest,
     CursorOutOfWindow,
     DuplicateRequest,
+    OutcomeUnknown,
+    ProxyError,
     RequestCancelled,
+    RequestIdInUse,
+    ShuttingDown,
     TooManySessions,
     TooManyStreams,
     UnknownSession,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
 )
 from mcpresume.core.get import Relay, Resumed
 from mcpresume.core.post import (
@@ -40,6 +48,7 @@ from mcpresume.core.post import (
     Then,
     Upstream,
     answer_of,
+    failed_outcome,
     plan_post,
     tail_kind,
     tail_of,
@@ -145,7 +154,9 @@ POST_ROWS = [
     (_claimed(KNOWN, ClaimOutcome.GONE), Reject(CursorOutOfWindow(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.IN_FLIGHT), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.ANSWERED), Reject(DuplicateRequest(""), duplicate=True)),
+    (_claimed(KNOWN, ClaimOutcome.UNKNOWN), Reject(OutcomeUnknown(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.CONFLICT), Reject(DuplicateRequest(""), duplicate=True)),
+    (_claimed(KNOWN, ClaimOutcome.IN_USE), Reject(RequestIdInUse(""), duplicate=True)),
     (_claimed(RESEND, ClaimOutcome.IN_FLIGHT), Reject(DuplicateRequest(""), duplicate=True)),
     (_claimed(KNOWN, ClaimOutcome.CANCELLED), Reject(RequestCancelled(""), duplicate=True)),
     # 18. forwarded: the view counted first when there is a claim or a tail
@@ -299,11 +310,32 @@ def test_what_the_upstream_did_is_told_apart_by_its_table(
     assert got is outcome
 
 
+# A forward that raised (no answer to relay) -> what the upstream did: only a request the proxy knows it
+# never sent is UNREACHED (its claim released); any other may have run.
+FAILED_ROWS: list[tuple[ProxyError, Upstream]] = [
+    (UpstreamUnreachable("connection refused", unsent=True), Upstream.UNREACHED),
+    (UpstreamUnreachable("no connection within connect_timeout", unsent=True), Upstream.UNREACHED),
+    (UpstreamUnreachable("the connection broke after the request"), Upstream.UNANSWERED),
+    (UpstreamTimeout("no answer head within first_byte_timeout"), Upstream.UNANSWERED),
+    (UpstreamBadResponse("br"), Upstream.UNREADABLE),
+    (BadRequest("a header value HTTP/1.1 does not allow"), Upstream.UNANSWERED),  # not known unsent
+    (ShuttingDown("drained"), Upstream.UNANSWERED),
+]
+
+
+@pytest.mark.parametrize(("error", "outcome"), FAILED_ROWS)
+def test_a_failed_forward_releases_its_claim_only_when_it_was_never_sent(
+    error: ProxyError, outcome: Upstream
+) -> None:
+    assert failed_outcome(error) is outcome
+
+
 def test_every_outcome_of_the_upstream_has_a_row_and_ends_its_claim() -> None:
-    told = {row[-1] for row in UPSTREAM_ROWS}
-    assert told | {Upstream.UNREACHED, Upstream.UNREADABLE} == set(Upstream)  # those two are raised
+    told = {row[-1] for row in UPSTREAM_ROWS} | {outcome for _, outcome in FAILED_ROWS}
+    assert told == set(Upstream)
     assert set(CLAIM_ENDS) == set(Upstream)
     assert set(CLAIM_ENDS.values()) == set(ClaimEnd)
     # Invariant #8: a request that may have run upstream is never released (it would run again).
-    ran = {Upstream.UNREADABLE, Upstream.WRONG_TYPE, Upstream.ANSWERED, Upstream.STREAM}
+    ran = {Upstream.UNANSWERED, Upstream.UNREADABLE, Upstream.WRONG_TYPE, Upstream.ANSWERED, Upstream.STREAM}
     assert all(CLAIM_ENDS[outcome] is not ClaimEnd.RELEASE for outcome in ran)
+    assert CLAIM_ENDS[Upstream.UNANSWERED] is ClaimEnd.ABANDON

@@ -211,10 +211,14 @@ class RedisAgainstMemory(RuleBasedStateMachine):
     def group_streams(self, one: int, other: int) -> None:
         self.run(self.both("group_streams", self.sid, [self.pick(one), self.pick(other)]))
 
-    @rule(request=st.integers(0, 100), then=st.sampled_from(["keep", "release", "settle"]))
-    def claim(self, request: int, then: str) -> None:
+    @rule(
+        request=st.integers(0, 100),
+        digest=st.sampled_from([b"", b"\x01" * 8, b"\x02" * 8]),  # not known, a request, another one
+        then=st.sampled_from(["keep", "release", "settle", "abandon"]),
+    )
+    def claim(self, request: int, digest: bytes, then: str) -> None:
         keys = [f"n:{request % (self.requests + 1)}"]
-        a, b = self.run(self.both("claim", self.sid, keys, 3))
+        a, b = self.run(self.both("claim", self.sid, keys, 3, digests=[digest]))
         assert a == b
         if then != "keep":
             self.run(self.both(then, self.sid, keys))

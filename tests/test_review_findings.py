@@ -153,7 +153,7 @@ async def test_post_with_cursor_relays_an_upstream_error(http, gated) -> None:
 # Regression: the abandoned forward (send.Sender._abandoned) ignored a ProxyError outcome: the
 # request id stays claimed (ClaimState.PENDING) and in_flight stays counted forever, so the session is
 # stuck at max_streams_per_session (429)
-async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> None:
+async def test_abandoned_forward_that_fails_ends_its_claim(http, gated) -> None:
     upstream, upstream_url = gated
     async with running_proxy(upstream_url, first_byte_timeout=0.5, max_streams_per_session=1) as proxy:
         await initialize(http, proxy.url)
@@ -161,8 +161,8 @@ async def test_abandoned_forward_that_fails_releases_its_claim(http, gated) -> N
         post = asyncio.ensure_future(http.post(proxy.url, data=call(2, "hang"), headers=in_session()))
         await asyncio.wait_for(upstream.arrived("2").wait(), 5)
         post.cancel()
-        # The proxy gives up on the upstream (first_byte_timeout): the request ends in UpstreamTimeout,
-        # which on the non-abandoned path releases the claim.
+        # The proxy gives up on the upstream (first_byte_timeout): the request ends in UpstreamTimeout, which
+        # ends the claim as on the non-abandoned path (it may have run: no longer in flight, never re-sent).
         await asyncio.wait_for(upstream.left("2").wait(), 5)
         session = memory_session(proxy.ctx.store, SESSION)
         await until(lambda: session.in_flight == 0, timeout=2.0)

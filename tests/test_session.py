@@ -549,7 +549,108 @@ def test_every_claim_state_has_an_outcome_and_none_forwards() -> None:
         ClaimOutcome.IN_FLIGHT,
         ClaimOutcome.ANSWERED,
         ClaimOutcome.CANCELLED,
+        ClaimOutcome.UNKNOWN,
     }
+
+
+# -- a request id claimed again: the same request (a re-send), or another one (a reused id) -----------------
+
+SAME, OTHER = b"request-A", b"request-B"  # two requests' digests (jsonrpc.request_digest)
+
+
+def _claimed_as(holder: str) -> tuple[SessionState, int | None]:
+    """A session whose n:1 was claimed for request SAME, now held so; and its stream (if it has one)."""
+    session = make_session(WindowLimits(max_events=3, max_bytes=BIG, ttl=BIG))
+    assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.NEW)
+    if holder == "pending":
+        return session, None
+    if holder in ("answered", "abandoned"):
+        (session.settle if holder == "answered" else session.abandon)(["n:1"])
+        return session, None
+    stream = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream
+    if holder == "live":
+        return session, stream
+    session.append(stream, [response(1)], now=0.0)
+    session.end_stream(stream, now=0.0)
+    if holder == "ended":
+        return session, stream
+    other = session.open_stream(StreamOrigin.GET, [], now=0.0).stream
+    session.append(other, [msg()], now=0.0)  # evicts the stream's priming event
+    if holder == "forgotten":
+        session.append(other, [msg()], now=0.0)  # and its response: it is forgotten
+        assert stream not in session.streams
+    return session, stream
+
+
+# (what holds the id's claim) -> what the same request gets, what another request gets: a re-send is never
+# forwarded; another request is, once the first is over (answered, its stream ended), and never while it
+# is not (in flight, its outcome unknown, its stream live: the upstream could not tell their answers apart).
+REUSED_IDS = {
+    "pending": (ClaimOutcome.IN_FLIGHT, ClaimOutcome.IN_USE),
+    "answered": (ClaimOutcome.ANSWERED, ClaimOutcome.NEW),
+    "abandoned": (ClaimOutcome.UNKNOWN, ClaimOutcome.IN_USE),
+    "live": (ClaimOutcome.ATTACH, ClaimOutcome.IN_USE),
+    "ended": (ClaimOutcome.ATTACH, ClaimOutcome.NEW),
+    "evicted": (ClaimOutcome.GONE, ClaimOutcome.NEW),
+    "forgotten": (ClaimOutcome.GONE, ClaimOutcome.NEW),
+}
+
+
+@pytest.mark.parametrize("holder", list(REUSED_IDS))
+def test_a_claimed_id_is_a_resend_only_for_the_same_request(holder: str) -> None:
+    same, other = REUSED_IDS[holder]
+    session, stream = _claimed_as(holder)
+    pending = session.in_flight
+    got = session.claim(["n:1"], digests=[SAME])
+    assert got.outcome is same
+    assert got.stream == (stream if same in (ClaimOutcome.ATTACH, ClaimOutcome.GONE) else None)
+    assert session.claim(["n:1"]) == got  # a claim that does not say its request is taken for a re-send
+    assert session.claim(["n:1"], digests=[OTHER]) == Claim(other)
+    if other is ClaimOutcome.NEW:  # the id is the other request's now: in flight, its digest kept
+        assert session.in_flight == pending + 1
+        assert session.claim(["n:1"], digests=[OTHER]) == Claim(ClaimOutcome.IN_FLIGHT)
+        assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.IN_USE)
+        opened = session.open_stream(StreamOrigin.POST, ["n:1"], now=0.0).stream  # its answer: a stream
+        assert session.claim(["n:1"], digests=[OTHER]) == Claim(ClaimOutcome.ATTACH, opened)
+        assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.IN_USE)
+    else:
+        assert session.in_flight == pending  # refused: nothing claimed
+
+
+def test_a_batch_reusing_ids_is_forwarded_only_when_every_reused_id_is_free() -> None:
+    session = make_session()
+    session.claim(["n:1"], digests=[SAME])
+    session.settle(["n:1"])  # over
+    session.claim(["n:2"], digests=[SAME])  # in flight
+    assert session.claim(["n:1", "n:3"], digests=[SAME, OTHER]) == Claim(
+        ClaimOutcome.CONFLICT
+    )  # half a re-send
+    assert session.claim(["n:2", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.IN_USE)
+    assert session.claim(["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.NEW)
+    assert session.claim(["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.IN_FLIGHT)
+
+
+def test_a_reused_id_counts_against_the_stream_limit() -> None:
+    session = make_session()
+    session.claim(["n:1"], digests=[SAME])
+    session.settle(["n:1"])
+    session.claim(["n:2"], digests=[SAME])  # one in flight: the limit of 1 is reached
+    assert session.claim(["n:1"], 1, digests=[OTHER]) == Claim(ClaimOutcome.LIMITED)
+    assert session.claim(["n:1"], digests=[SAME]) == Claim(ClaimOutcome.ANSWERED)  # still the first's
+
+
+def test_abandon_and_settle_take_only_pending_claims() -> None:
+    session = make_session()
+    session.claim(["n:1", "n:2"], digests=[SAME, OTHER])
+    assert session.in_flight == 2
+    session.abandon(["n:1", "n:2"])
+    assert session.in_flight == 0  # no answer will come: not in flight (and not counted as a stream)
+    session.release(["n:1"])  # it may have run: never forgotten, so never forwarded again
+    session.settle(["n:1"])
+    assert session.claim(["n:1", "n:2"], digests=[SAME, OTHER]) == Claim(ClaimOutcome.UNKNOWN)
+    stream = session.open_stream(StreamOrigin.POST, ["n:3"], now=0.0).stream
+    session.abandon(["n:3"])  # held by its stream: nothing to abandon
+    assert session.claim(["n:3"]) == Claim(ClaimOutcome.ATTACH, stream)
 
 
 @pytest.mark.parametrize("first_stream", [0, -1, 1])
@@ -575,7 +676,9 @@ REFUSALS = {
     ClaimOutcome.GONE: (409, "cursor_out_of_window"),
     ClaimOutcome.IN_FLIGHT: (409, "duplicate_request"),
     ClaimOutcome.ANSWERED: (409, "duplicate_request"),
+    ClaimOutcome.UNKNOWN: (409, "outcome_unknown"),
     ClaimOutcome.CONFLICT: (409, "duplicate_request"),
+    ClaimOutcome.IN_USE: (409, "request_id_in_use"),
     ClaimOutcome.LIMITED: (429, "too_many_streams"),
     ClaimOutcome.CANCELLED: (409, "request_cancelled"),
 }
@@ -1228,27 +1331,30 @@ def test_pause_protects_every_streams_undelivered_events() -> None:
 @given(
     steps=st.lists(
         st.tuples(
-            st.sampled_from(["claim", "open", "release", "settle"]),
+            st.sampled_from(["claim", "open", "end", "release", "settle", "abandon"]),
             st.lists(st.integers(0, 6), min_size=1, max_size=3),
+            st.sampled_from([b"", b"A", b"B"]),
         ),
         max_size=40,
     )
 )
-def test_in_flight_counts_exactly_the_pending_request_ids(steps: list[tuple[str, list[int]]]) -> None:
-    """The stream limit counts requests in flight: the count never drifts, whatever the order of claims,
-    answers (a stream, a JSON answer) and releases, batches included."""
+def test_in_flight_counts_exactly_the_pending_request_ids(steps: list[tuple[str, list[int], bytes]]) -> None:
+    """The stream limit counts requests in flight: the count never drifts, whatever the order of claims
+    (re-sends and other requests under used ids), answers (a stream, a JSON answer, none) and releases,
+    batches included."""
     session = make_session()
-    for action, ids in steps:
+    for action, ids, digest in steps:
         keys = sorted({f"n:{i}" for i in ids})
         if action == "claim":
-            session.claim(keys)
+            session.claim(keys, digests=[digest] * len(keys))
         elif action == "open":
             session.open_stream(StreamOrigin.POST, keys, now=0.0)
-        elif action == "release":
-            session.release(keys)
+        elif action == "end":
+            for number in list(session.streams):
+                session.end_stream(number, now=0.0)
         else:
-            session.settle(keys)
-        pending = sum(1 for value in session._requests.values() if value is ClaimState.PENDING)
+            getattr(session, action)(keys)
+        pending = sum(1 for claimed in session._requests.values() if claimed.holder is ClaimState.PENDING)
         assert session.in_flight == pending >= 0
 
 

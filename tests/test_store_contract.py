@@ -468,6 +468,70 @@ async def test_cancelled_requests_of_a_stream_are_refused(store: SessionStore) -
     await store.cancel_requests(new_session_id(), 1, ["n:1"])  # an unknown session: no error
 
 
+SAME, OTHER = b"\x01" * 8, b"\x02" * 8  # two requests' digests (jsonrpc.request_digest)
+
+# (what holds n:1, claimed for request SAME) -> what SAME again gets, what OTHER under n:1 gets
+# (SessionState.claim; tests/test_session.py's table, here through both stores).
+REUSED_IDS = {
+    "pending": (ClaimOutcome.IN_FLIGHT, ClaimOutcome.IN_USE),
+    "answered": (ClaimOutcome.ANSWERED, ClaimOutcome.NEW),
+    "abandoned": (ClaimOutcome.UNKNOWN, ClaimOutcome.IN_USE),
+    "live": (ClaimOutcome.ATTACH, ClaimOutcome.IN_USE),
+    "ended": (ClaimOutcome.ATTACH, ClaimOutcome.NEW),
+}
+
+
+@pytest.mark.parametrize("holder", list(REUSED_IDS))
+async def test_a_claimed_id_is_a_resend_only_for_the_same_request(store: SessionStore, holder: str) -> None:
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    assert await store.claim(sid, ["n:1"], digests=[SAME]) == Claim(ClaimOutcome.NEW)
+    stream = None
+    if holder == "answered":
+        await store.settle(sid, ["n:1"])
+    elif holder == "abandoned":
+        await store.abandon(sid, ["n:1"])
+        await store.release(sid, ["n:1"])  # it may have run: never forgotten
+    elif holder in ("live", "ended"):
+        opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)
+        assert opened is not None
+        stream = opened.number
+        await store.abandon(sid, ["n:1"])  # held by its stream: nothing to abandon
+        if holder == "ended":
+            await store.end_stream(sid, stream, now=1.0)
+    same, other = REUSED_IDS[holder]
+    resent = Claim(same, stream if same is ClaimOutcome.ATTACH else None)
+    assert await store.claim(sid, ["n:1"], digests=[SAME]) == resent
+    assert await store.claim(sid, ["n:1"]) == resent  # a claim that does not say its request: a re-send
+    assert await store.claim(sid, ["n:1"], digests=[OTHER]) == Claim(other)
+    if other is ClaimOutcome.NEW:  # the id is OTHER's now, in flight (its digest kept with its stream)
+        assert await store.claim(sid, ["n:1"], digests=[OTHER]) == Claim(ClaimOutcome.IN_FLIGHT)
+        assert await store.claim(sid, ["n:1"], digests=[SAME]) == Claim(ClaimOutcome.IN_USE)
+        opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=2.0)
+        assert opened is not None
+        assert await store.claim(sid, ["n:1"], digests=[OTHER]) == Claim(ClaimOutcome.ATTACH, opened.number)
+        assert await store.claim(sid, ["n:1"], digests=[SAME]) == Claim(ClaimOutcome.IN_USE)
+
+
+async def test_a_batch_reusing_ids_is_forwarded_only_when_each_reused_id_is_free(store: SessionStore) -> None:
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    await store.claim(sid, ["n:1"], digests=[SAME])
+    await store.settle(sid, ["n:1"])  # over
+    await store.claim(sid, ["n:2"], digests=[SAME])  # in flight
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[SAME, OTHER]) == Claim(ClaimOutcome.CONFLICT)
+    assert await store.claim(sid, ["n:2", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.IN_USE)
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER], max_live_streams=1) == Claim(
+        ClaimOutcome.LIMITED  # n:2 is in flight
+    )
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.NEW)
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.IN_FLIGHT)
+    await store.abandon(sid, ["n:1", "n:3"])
+    assert await store.claim(sid, ["n:1", "n:3"], digests=[OTHER, OTHER]) == Claim(ClaimOutcome.UNKNOWN)
+    # The stream limit counts the requests in flight only: an abandoned request holds no room.
+    assert await store.claim(sid, ["n:4"], max_live_streams=2, digests=[SAME]) == Claim(ClaimOutcome.NEW)
+
+
 # -- wait ------------------------------------------------------------------------------------------------
 
 

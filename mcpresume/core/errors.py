@@ -108,6 +108,24 @@ class RequestCancelled(ProxyError):
     reason = "request_cancelled"
 
 
+class OutcomeUnknown(ProxyError):
+    """409: a re-sent request whose first sending reached the upstream and got no answer (its head did not
+    come within ``first_byte_timeout``, or the connection broke): it may have run, so it is never sent
+    again, and what it did is unknown."""
+
+    status = 409
+    reason = "outcome_unknown"
+
+
+class RequestIdInUse(ProxyError):
+    """409: another request under a request id whose request in the session is not over yet (in flight, its
+    outcome unknown, or its stream still live): not forwarded, since the upstream could not tell their
+    answers apart. Over, the id may carry another request."""
+
+    status = 409
+    reason = "request_id_in_use"
+
+
 class CredentialsRefused(ProxyError):
     """The upstream did not accept the request's credentials for this session (asked with a ``ping``):
     nothing of the session is served. Its status is the upstream's 4xx (401 or 403, as a rule), else 403
@@ -231,11 +249,22 @@ class EventTooLarge(ProxyError):
 
 
 class UpstreamUnreachable(ProxyError):
+    """502: the upstream could not be reached, or its connection broke before its answer's head.
+    ``unsent``: the request is known never to have been sent (no connection to the upstream was made);
+    otherwise it may have been, and may have run (``core.post.CLAIM_ENDS``)."""
+
     status = 502
     reason = "upstream_unreachable"
 
+    def __init__(self, message: str, *, unsent: bool = False, **facts: Any) -> None:
+        super().__init__(message, **facts)
+        self.unsent = unsent
+
 
 class UpstreamTimeout(ProxyError):
+    """504: the upstream's answer head did not come within ``first_byte_timeout`` (the request may have been
+    sent, and may have run)."""
+
     status = 504
     reason = "upstream_timeout"
 

@@ -10,6 +10,7 @@ it); progress notifications, the bulk of a stream, never are.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Final
@@ -45,6 +46,9 @@ class ClientMessage:
     request_ids: tuple[str | int, ...]  # ids of the requests in it (not of notifications or responses)
     is_batch: bool
     protocol_version: str | None = None  # an initialize's params.protocolVersion: what the client speaks
+    # Each request's digest (``request_digest``), in the order of ``request_ids``: what tells a re-sent
+    # request from another request under the same id.
+    request_digests: tuple[bytes, ...] = ()
     cancelled: tuple[str, ...] = ()  # keys of the request ids its notifications/cancelled name
 
     @property
@@ -76,6 +80,19 @@ def request_key(request_id: str | int) -> str:
     return f"n:{request_id}" if isinstance(request_id, int) else f"s:{request_id}"
 
 
+# Bytes of a request's digest: 64 bits, so two different requests under one id pass for the same one with a
+# chance of 2**-64 (a client numbering its requests from 0 again, say, after a reconnect).
+DIGEST_BYTES: Final = 8
+
+
+def request_digest(method: str, params: Any) -> bytes:
+    """What a request asks (its method and params; not its id), as a short digest: a re-sent request has
+    the same one, another request under the same id (almost surely) not. The params are serialized with
+    their keys sorted, so a client that writes the members in another order sends the same request."""
+    canonical = orjson.dumps([method, params], option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(canonical, digest_size=DIGEST_BYTES).digest()
+
+
 def parse_client_body(body: bytes) -> ClientMessage:
     """Classify a client POST body. Raises ``InvalidJson`` or ``BadRequest``."""
     try:
@@ -89,6 +106,7 @@ def parse_client_body(body: bytes) -> ClientMessage:
     methods: list[str] = []
     ids: list[str | int] = []
     cancelled: list[str] = []
+    digests: list[bytes] = []
     version: str | None = None
     for item in items:
         if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
@@ -111,9 +129,10 @@ def parse_client_body(body: bytes) -> ClientMessage:
             if isinstance(request_id, bool) or not isinstance(request_id, str | int):
                 raise BadRequest("JSON-RPC request id must be a string or an integer")
             ids.append(request_id)
+            digests.append(request_digest(method, item.get("params")))
     if len(set(map(request_key, ids))) != len(ids):
         raise BadRequest("duplicate request id within one batch")
-    return ClientMessage(tuple(methods), tuple(ids), is_batch, version, tuple(cancelled))
+    return ClientMessage(tuple(methods), tuple(ids), is_batch, version, tuple(digests), tuple(cancelled))
 
 
 # How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the

@@ -6,7 +6,7 @@ The executor (``http.post.Posts.serve``) asks ``plan_post`` what to do, fetches 
 (several replicas) came first (``core/route.py``).
 
 The rows of ``plan_post``, first match wins ("the claim": the store's claim of the message's request ids,
-exactly once per id in the session, invariant #8; "the tail": POST + ``Last-Event-ID``, the streams the
+exactly once per request in the session, invariant #8; "the tail": POST + ``Last-Event-ID``, the streams the
 cursor resumes, which this response carries before anything new):
 
 ====  =============================================  =================================================
@@ -38,7 +38,7 @@ row   facts                                          plan
 16    claimed ``ATTACH``, the stream retained        ``AttachOriginal``: a view of it from its start
 17    claimed otherwise (``ATTACH`` of a stream      ``Reject`` with ``session.claim_refusal``,
       gone, ``GONE``, ``IN_FLIGHT``, ``ANSWERED``,   counted as a duplicate
-      ``CONFLICT``, ``CANCELLED``)
+      ``UNKNOWN``, ``CONFLICT``, ``IN_USE``, ``CANCELLED``)
 18    otherwise (``NEW``, or no request ids:         ``Forward``, the client's view counted first
       notifications and responses only)              when there is a tail or a claim
 ====  =============================================  =================================================
@@ -59,13 +59,18 @@ OTHER       ``RELAY``                 ``RELAY`` (an error)      ``RELAY``
 
 ``CLAIM_ENDS``: what becomes of the claim once the upstream answered (``http.send.Sender`` records it in
 the forward's own task, so it happens even when the client left), by the ``Upstream`` outcome
-(``upstream_outcome`` tells them apart, first match wins, after ``UNREACHED`` and ``UNREADABLE``, which are
-errors raised by the request itself):
+(``upstream_outcome`` tells them apart, first match wins, after ``UNREACHED``, ``UNANSWERED`` and
+``UNREADABLE``, which are errors raised by the request itself):
 
 ==============  ===============================================  ===========  ===========================
 outcome         the upstream                                     the claim    the client gets
 ==============  ===============================================  ===========  ===========================
-``UNREACHED``   no answer (connect, timeout, ...)                released     the error (502, 504)
+``UNREACHED``   never got the request (no connection was made:   released     the error (502)
+                refused, failed, not within
+                ``connect_timeout``)
+``UNANSWERED``  may have got it (a connection was made), and    abandoned    the error (502, 504)
+                no answer head came (``first_byte_timeout``,
+                the connection broke)
 ``UNREADABLE``  answered in an encoding the proxy cannot read    settled      502 ``upstream_bad_response``
 ``FORGOTTEN``   404 in the session, to credentials accepted in   dropped      404 ``unknown_session``
                 it: the upstream forgot the session              (session)    (the client re-initializes)
@@ -77,7 +82,9 @@ outcome         the upstream                                     the claim    th
 ==============  ===============================================  ===========  ===========================
 
 Released: the request never ran, the same id may be sent again. Settled: it ran, a re-send is refused and
-never forwarded again (invariant #8).
+never forwarded again (invariant #8). Abandoned: it may have run, and what it did is unknown: never
+forwarded again either, a re-send is refused with 409 ``outcome_unknown`` (``ClaimOutcome.UNKNOWN``). Only
+a request the proxy knows it never sent is released.
 """
 
 from __future__ import annotations
@@ -87,7 +94,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from mcpresume.core.errors import ProxyError, TooManySessions, UnknownSession
+from mcpresume.core.errors import (
+    ProxyError,
+    TooManySessions,
+    UnknownSession,
+    UpstreamBadResponse,
+    UpstreamUnreachable,
+)
 from mcpresume.core.get import Relay, Resumed
 from mcpresume.core.resume import StreamView
 from mcpresume.core.session import Claim, ClaimOutcome, claim_refusal
@@ -306,6 +319,7 @@ class Upstream(enum.Enum):
     """What the upstream did with a forwarded POST, as far as its claim cares (the third table)."""
 
     UNREACHED = "unreached"
+    UNANSWERED = "unanswered"
     UNREADABLE = "unreadable"
     FORGOTTEN = "forgotten"
     REFUSED = "refused"
@@ -335,15 +349,28 @@ def upstream_outcome(
     return Upstream.STREAM
 
 
+def failed_outcome(error: ProxyError) -> Upstream:
+    """What the upstream did with a request whose forward raised ``error`` (the table's first three rows):
+    it never got the request only when the proxy knows so (no connection was made); a request that may have
+    been sent may have run."""
+    if isinstance(error, UpstreamBadResponse):
+        return Upstream.UNREADABLE  # an answer came, in an encoding the proxy cannot read: it ran
+    if isinstance(error, UpstreamUnreachable) and error.unsent:
+        return Upstream.UNREACHED
+    return Upstream.UNANSWERED
+
+
 class ClaimEnd(enum.Enum):
     RELEASE = "release"  # it never ran: the same id may be sent again
     SETTLE = "settle"  # it ran: a re-send is refused, never forwarded again
+    ABANDON = "abandon"  # it may have run, no answer came: a re-send is refused (outcome unknown)
     DROP = "drop"  # the upstream forgot the session: dropped (its claims with it)
     STREAM = "stream"  # it ran, and its stream holds it (``open_stream`` records the claim's stream)
 
 
 CLAIM_ENDS: Final[Mapping[Upstream, ClaimEnd]] = {
     Upstream.UNREACHED: ClaimEnd.RELEASE,
+    Upstream.UNANSWERED: ClaimEnd.ABANDON,
     Upstream.UNREADABLE: ClaimEnd.SETTLE,
     Upstream.FORGOTTEN: ClaimEnd.DROP,
     Upstream.REFUSED: ClaimEnd.RELEASE,

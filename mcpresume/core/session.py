@@ -13,7 +13,8 @@ The session is the durable object; an SSE connection is an ephemeral view of one
   needs it).
 * ``read`` returns what a reader positioned at ``after`` on a set of streams should send next, or says the
   position can no longer be served (``gap``) or that everything has been sent (``complete``).
-* ``claim`` records the JSON-RPC request ids a POST carries, so the upstream sees each id at most once;
+* ``claim`` records the JSON-RPC request ids a POST carries, each with its request's digest, so the upstream
+  sees each request at most once (an id again only for another request, once the first is over);
   ``cancel_requests`` marks those of a stream the proxy closed after the client cancelled them.
 
 Stream states (``StreamPhase``, the table ``STREAM_STEPS``: every phase x input has a row):
@@ -42,15 +43,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, assert_never
+from typing import Final, NamedTuple, assert_never
 
 from mcpresume.core.credentials import remember
 from mcpresume.core.cursor import encode_cursor, id_line_prefix
 from mcpresume.core.errors import (
     CursorOutOfWindow,
     DuplicateRequest,
+    OutcomeUnknown,
     ProxyError,
     RequestCancelled,
+    RequestIdInUse,
     TooManyStreams,
 )
 from mcpresume.core.flow import Appended, Guard, refusal
@@ -261,12 +264,18 @@ class SessionAccess:
 
 
 class ClaimOutcome(enum.Enum):
-    NEW = "new"  # no id seen before: forward the request
+    """What a claim of a POST's request ids says. "Seen": the id was claimed before for the same request
+    (the same method and params: a re-send); an id claimed for another request whose request is over is
+    as new (``NEW``), one whose request is not over is ``IN_USE``."""
+
+    NEW = "new"  # no id seen before (or each one's earlier request is over): forward the request
     ATTACH = "attach"  # every id belongs to one retained stream: attach to it, do not forward
     GONE = "gone"  # the ids were seen, but their stream is no longer retained
     IN_FLIGHT = "in_flight"  # seen, and the original is still being forwarded (no stream yet)
     ANSWERED = "answered"  # seen, and answered with application/json: relayed, not retained
+    UNKNOWN = "unknown"  # seen, sent upstream, and no answer came: it may have run, what it did is unknown
     CONFLICT = "conflict"  # some ids seen, some not, or seen on different streams
+    IN_USE = "in_use"  # another request under an id whose request is not over (pending, unknown, live)
     LIMITED = "limited"  # new, but the session already has max_streams_per_session live streams
     CANCELLED = "cancelled"  # seen, cancelled by the client, and its stream closed unanswered
 
@@ -279,7 +288,7 @@ class Claim:
 
 def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> ProxyError:
     """What a client whose request ids are not forwarded is told, by the claim's outcome (invariant #8: a
-    request id reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
+    request reaches the upstream at most once). ``ATTACH``: only when its stream could not be attached
     after all (it left the window meanwhile). ``NEW`` is forwarded: asking is an error."""
     match outcome:
         case ClaimOutcome.ATTACH | ClaimOutcome.GONE:
@@ -292,8 +301,18 @@ def claim_refusal(outcome: ClaimOutcome, max_streams: int | None = None) -> Prox
             return DuplicateRequest(
                 "this request id was answered with application/json, which is not retained"
             )
+        case ClaimOutcome.UNKNOWN:
+            return OutcomeUnknown(
+                "this request was sent upstream and no answer came: it may have run, and what it did is "
+                "unknown; it is not sent again (send it under a new request id to run it again)"
+            )
         case ClaimOutcome.CONFLICT:
             return DuplicateRequest("request ids of this batch were seen before, on different requests")
+        case ClaimOutcome.IN_USE:
+            return RequestIdInUse(
+                "this request id is another request's in this session, and that request is not over "
+                "(in flight, its outcome unknown, or its stream live); use a new request id"
+            )
         case ClaimOutcome.LIMITED:
             return TooManyStreams(f"the session already has {max_streams} live streams", limit=max_streams)
         case ClaimOutcome.CANCELLED:
@@ -319,8 +338,11 @@ class ClaimState(enum.Enum):
     PENDING = "pending"  # claimed, the upstream has not answered yet
     ANSWERED = "answered"  # answered without a stream (application/json): relayed, not retained
     # Cancelled by the client (notifications/cancelled), and its stream closed by the proxy without an answer
-    # (``cancel_requests``): a re-send is refused, never forwarded again.
+    # (``cancel_requests``): a re-send is refused, never forwarded again; another request may take the id.
     CANCELLED = "cancelled"
+    # Sent upstream, and no answer came (its head not within first_byte_timeout, the connection broken): it
+    # may have run, so it is never sent again; what it did is unknown.
+    ABANDONED = "abandoned"
 
 
 # What a re-sent id whose entry is a ClaimState gets (tests/test_session.py checks every state has a row).
@@ -328,7 +350,21 @@ CLAIM_OF_STATE: Final[Mapping[ClaimState, ClaimOutcome]] = {
     ClaimState.PENDING: ClaimOutcome.IN_FLIGHT,
     ClaimState.ANSWERED: ClaimOutcome.ANSWERED,
     ClaimState.CANCELLED: ClaimOutcome.CANCELLED,
+    ClaimState.ABANDONED: ClaimOutcome.UNKNOWN,
 }
+
+
+class Claimed(NamedTuple):
+    """A request id's entry in the session's request-id map."""
+
+    holder: int | ClaimState  # the number of the stream its answer became, or a ClaimState
+    digest: bytes  # its request's digest (jsonrpc.request_digest); empty: not known (any request matches)
+
+
+def same_request(digest: bytes, other: bytes) -> bool:
+    """Whether two claims of one request id are one request (a re-send): the same digest, or one not known
+    (a claim made without it is taken for the same request, as before digests were kept)."""
+    return not digest or not other or digest == other
 
 
 class SessionState:
@@ -386,9 +422,10 @@ class SessionState:
         self.gone_standalone: tuple[int, int, int] | None = None
         # (number, last seq) of the streams that ended and left the window, newest last (MAX_GONE_STREAMS).
         self.gone: tuple[tuple[int, int], ...] = ()
-        # request id key -> stream number (or a ClaimState), oldest first (a dict keeps insertion order; an
-        # OrderedDict would cost ~150 bytes more per session for nothing).
-        self._requests: dict[str, int | ClaimState] = {}
+        # request id key -> its claim (its stream's number or a ClaimState, and its request's digest), oldest
+        # first (a dict keeps insertion order; an OrderedDict would cost ~150 bytes more per session for
+        # nothing).
+        self._requests: dict[str, Claimed] = {}
         # Request ids claimed and not yet answered (each id of a batch counts): they will open streams, so
         # they count against max_streams_per_session as much as live streams do. Kept exact by
         # _remember_request and _forget_request, the only writers of the request map.
@@ -615,58 +652,97 @@ class SessionState:
         complete = not truncated and all(not states[n].live for n in streams)
         return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
-    # -- request ids (exactly once per request id) -------------------------------------------------------
+    # -- request ids (exactly once per request) ----------------------------------------------------------
 
-    def claim(self, request_keys: Sequence[str], max_live_streams: int | None = None) -> Claim:
-        """Record the request ids of a POST about to be forwarded, or say what to do instead."""
-        seen = [self._requests.get(key) for key in request_keys]
-        if all(s is None for s in seen):
-            if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
-                return Claim(ClaimOutcome.LIMITED)
-            for key in request_keys:
-                self._remember_request(key, ClaimState.PENDING)
-            return Claim(ClaimOutcome.NEW)
-        if any(s is None for s in seen) or len(set(seen)) != 1:
-            return Claim(ClaimOutcome.CONFLICT)
-        number = seen[0]
-        if isinstance(number, ClaimState):
-            return Claim(CLAIM_OF_STATE[number])
-        if number in self.streams and self.window.evicted_through(number) == 0:
-            return Claim(ClaimOutcome.ATTACH, number)
-        return Claim(ClaimOutcome.GONE, number)
+    def claim(
+        self,
+        request_keys: Sequence[str],
+        max_live_streams: int | None = None,
+        digests: Sequence[bytes] = (),
+    ) -> Claim:
+        """Record the request ids of a POST about to be forwarded, or say what to do instead. ``digests``:
+        each request's (``jsonrpc.request_digest``), in the order of ``request_keys``; none: not known.
+
+        An id claimed before for the same request is a re-send: never forwarded again (its stream, or why
+        not). An id claimed before for another request (a client that numbers its requests from 0 again)
+        is free again once that request is over: answered, or its stream ended (the upstream saw it
+        through, as it would a client's next request under that id directly); not over (pending, its
+        outcome unknown, its stream live), the upstream could not tell the two apart: ``IN_USE``."""
+        requests = self._requests
+        asked = digests if digests else (b"",) * len(request_keys)
+        seen = [requests.get(key) for key in request_keys]
+        resent = [s is not None and same_request(s.digest, d) for s, d in zip(seen, asked, strict=True)]
+        if any(resent):
+            holders = {s.holder for s in seen if s is not None}
+            if not all(resent) or len(holders) != 1:
+                return Claim(ClaimOutcome.CONFLICT)
+            (holder,) = holders
+            if isinstance(holder, ClaimState):
+                return Claim(CLAIM_OF_STATE[holder])
+            if holder in self.streams and self.window.evicted_through(holder) == 0:
+                return Claim(ClaimOutcome.ATTACH, holder)
+            return Claim(ClaimOutcome.GONE, holder)
+        if any(s is not None and not self._over(s.holder) for s in seen):
+            return Claim(ClaimOutcome.IN_USE)
+        if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
+            return Claim(ClaimOutcome.LIMITED)
+        for key, digest in zip(request_keys, asked, strict=True):
+            self._remember_request(key, ClaimState.PENDING, digest)
+        return Claim(ClaimOutcome.NEW)
+
+    def _over(self, holder: int | ClaimState) -> bool:
+        """Whether a claimed request is over: answered, or its stream ended (or gone)."""
+        if isinstance(holder, ClaimState):
+            return holder in (ClaimState.ANSWERED, ClaimState.CANCELLED)
+        state = self.streams.get(holder)
+        return state is None or not state.live
 
     def release(self, request_keys: Sequence[str]) -> None:
         """Forget a claim whose request never reached the upstream (so a retry may be forwarded)."""
         for key in request_keys:
-            if self._requests.get(key) is ClaimState.PENDING:
+            claimed = self._requests.get(key)
+            if claimed is not None and claimed.holder is ClaimState.PENDING:
                 self._forget_request(key)
 
     def settle(self, request_keys: Sequence[str]) -> None:
         """A claim the upstream answered without a stream (application/json): seen, but nothing retained."""
-        for key in request_keys:
-            if self._requests.get(key) is ClaimState.PENDING:
-                self._remember_request(key, ClaimState.ANSWERED)
+        self._conclude(request_keys, ClaimState.ANSWERED)
 
     def cancel_requests(self, stream: int, request_keys: Sequence[str]) -> None:
         """The client cancelled these requests of ``stream`` and the proxy closed the stream unanswered: a
         re-send of their ids is refused (``CANCELLED``). Only ids claimed by that stream: a stream number is
         never given twice, so the work of an ended incarnation never touches a new one's claims."""
         for key in request_keys:
-            if self._requests.get(key) == stream:
+            claimed = self._requests.get(key)
+            if claimed is not None and claimed.holder == stream:
                 self._remember_request(key, ClaimState.CANCELLED)
 
-    def _remember_request(self, key: str, stream: int | ClaimState) -> None:
+    def abandon(self, request_keys: Sequence[str]) -> None:
+        """A claim whose request was sent upstream and got no answer: it may have run (never sent again),
+        what it did is unknown."""
+        self._conclude(request_keys, ClaimState.ABANDONED)
+
+    def _conclude(self, request_keys: Sequence[str], state: ClaimState) -> None:
+        for key in request_keys:
+            claimed = self._requests.get(key)
+            if claimed is not None and claimed.holder is ClaimState.PENDING:
+                self._remember_request(key, state)
+
+    def _remember_request(self, key: str, holder: int | ClaimState, digest: bytes | None = None) -> None:
+        """Record ``key``'s claim as the newest; ``digest`` None: the one it has (if any) is kept."""
         requests = self._requests
         if key in requests:
+            if digest is None:
+                digest = requests[key].digest
             self._forget_request(key)  # re-inserted: now the newest
-        requests[key] = stream
-        if stream is ClaimState.PENDING:
+        requests[key] = Claimed(holder, digest or b"")
+        if holder is ClaimState.PENDING:
             self.in_flight += 1
         while len(requests) > MAX_REQUEST_IDS:
             self._forget_request(next(iter(requests)))
 
     def _forget_request(self, key: str) -> None:
-        if self._requests.pop(key) is ClaimState.PENDING:
+        if self._requests.pop(key).holder is ClaimState.PENDING:
             self.in_flight -= 1
 
     def view(self, stream: int, session_ttl: float) -> SessionView:

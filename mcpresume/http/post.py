@@ -84,8 +84,9 @@ class Posts:
                     facts = replace(facts, resumed=resumed)
                 case Need.CLAIM:
                     assert granted is not None  # the claim is made in the incarnation checked only
+                    keys, digests = message.request_keys, message.request_digests
                     limit = settings.max_streams_per_session
-                    claim = await store.claim(session_id, message.request_keys, limit, granted.epoch)
+                    claim = await store.claim(session_id, keys, limit, granted.epoch, digests=digests)
                     facts = replace(facts, claimed=True, claim=claim)
                 case Need.ORIGINAL:
                     assert facts.claim is not None and facts.claim.stream is not None

@@ -1,11 +1,13 @@
 """A POST sent upstream, and its answer made what the session needs: a stream read by a pump, an answer to
-relay, or an error; the claim of its request ids released (it may be sent again) or settled (it ran).
+relay, or an error; the claim of its request ids released (it was never sent: it may be sent again),
+settled (it ran) or abandoned (it may have run, no answer came).
 
 ``Sender.forward`` sends it in a task of its own: a client that disconnects meanwhile does not cancel the
 upstream request (the handshake-era revisions: disconnection is not cancellation), and its answer still
 reaches the window. The claim's end is recorded in that task, so it happens even when the client left:
 ``core.post.CLAIM_ENDS`` says which, by the upstream's outcome (released: it may be sent again; settled:
-it ran, never forward it again; dropped with the session the upstream forgot; or held by the stream its
+it ran, never forward it again; abandoned: it may have run, never forward it again, what it did unknown;
+dropped with the session the upstream forgot; or held by the stream its
 SSE answer became, its pump started, the client's reader registered first: the first burst waits for it).
 
 Everything is recorded in the request's own incarnation (``epoch``): if the upstream re-issued the session
@@ -32,7 +34,15 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import MAX_SESSION_ID_LEN, SESSION_HEADER, valid_session_id, visible_ascii
 from mcpresume.core.jsonrpc import error_response
-from mcpresume.core.post import CLAIM_ENDS, Answer, ClaimEnd, Upstream, answer_of, upstream_outcome
+from mcpresume.core.post import (
+    CLAIM_ENDS,
+    Answer,
+    ClaimEnd,
+    Upstream,
+    answer_of,
+    failed_outcome,
+    upstream_outcome,
+)
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
@@ -121,7 +131,10 @@ class Sender:
         session; else a request of the tracked session, ``granted`` its access. What becomes of the claim is
         ``core.post.CLAIM_ENDS``."""
         ctx, request, message, session_id = self.ctx, post.request, post.message, post.session_id
-        keys = message.request_keys
+        # The request ids claimed in the session. An initialize's are none: it came before its session,
+        # whose requests may then use its id (a client reconnecting to a session numbers its requests from
+        # 0 again, without an initialize).
+        keys = message.request_keys if session_id is not None else ()
         epoch = None if granted is None else granted.epoch
         if session_id is not None:
             await self.openings.after_sent(session_id)
@@ -131,8 +144,7 @@ class Sender:
             )
         except ProxyError as error:
             # Here, in the shielded task, so it happens even when the client left.
-            failed = Upstream.UNREADABLE if isinstance(error, UpstreamBadResponse) else Upstream.UNREACHED
-            await self._end_claim(CLAIM_ENDS[failed], session_id, keys, epoch)
+            await self._end_claim(CLAIM_ENDS[failed_outcome(error)], session_id, keys, epoch)
             return Forwarded.failed(error)
         if message.cancelled and session_id is not None and 200 <= upstream.status < 300:
             # The upstream took the client's notifications/cancelled: a stream of the requests it names may
@@ -204,13 +216,17 @@ class Sender:
     async def _end_claim(
         self, claim_end: ClaimEnd, session_id: str | None, keys: tuple[str, ...], epoch: str | None
     ) -> None:
-        """Release or settle the request ids claimed in ``session_id`` (none: nothing was claimed)."""
+        """Release, settle or abandon the request ids claimed in ``session_id`` (none: nothing was
+        claimed)."""
         if session_id is None or not keys:
             return
+        store = self.ctx.store
         if claim_end is ClaimEnd.SETTLE:
-            await self.ctx.store.settle(session_id, keys, epoch)
+            await store.settle(session_id, keys, epoch)
+        elif claim_end is ClaimEnd.ABANDON:
+            await store.abandon(session_id, keys, epoch)
         else:
-            await self.ctx.store.release(session_id, keys, epoch)
+            await store.release(session_id, keys, epoch)
 
     def _uncarried(self, post: Post, upstream: aiohttp.ClientResponse, sid: str) -> Forwarded:
         """An ``initialize`` answered with a session id the proxy cannot carry: 502, and no session begun.

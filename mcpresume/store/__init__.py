@@ -160,7 +160,7 @@ class Sessions(Protocol):
 
 
 class Claims(Protocol):
-    """Request-id claims: exactly once per request id in a session (invariant #8)."""
+    """Request-id claims: exactly once per request in a session (invariant #8)."""
 
     async def claim(
         self,
@@ -168,17 +168,26 @@ class Claims(Protocol):
         request_keys: Sequence[str],
         max_live_streams: int | None = None,
         epoch: str | None = None,
+        *,
+        digests: Sequence[bytes] = (),
     ) -> Claim | None:
         """Record request ids before forwarding them (None: session unknown); ``LIMITED`` when the session
-        already has ``max_live_streams`` live streams."""
+        already has ``max_live_streams`` live streams. ``digests``: each request's
+        (``jsonrpc.request_digest``), in the order of ``request_keys``, kept with its claim: an id claimed
+        again is a re-send only for the same request (``SessionState.claim`` says what each case gets)."""
         ...
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
-        """Forget a claim whose request never reached the upstream."""
+        """Forget a claim whose request is known never to have reached the upstream."""
         ...
 
     async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         """Mark a claim answered without a stream (application/json): a re-send is refused, not forwarded."""
+        ...
+
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        """Mark a claim whose request was sent upstream and got no answer: it may have run, so a re-send is
+        refused (``outcome_unknown``), never forwarded."""
         ...
 
 

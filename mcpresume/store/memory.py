@@ -309,9 +309,11 @@ class MemoryStore:
         request_keys: Sequence[str],
         max_live_streams: int | None = None,
         epoch: str | None = None,
+        *,
+        digests: Sequence[bytes] = (),
     ) -> Claim | None:
         session = self._open(session_id, epoch)
-        return None if session is None else session.claim(request_keys, max_live_streams)
+        return None if session is None else session.claim(request_keys, max_live_streams, digests)
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         session = self._incarnation(session_id, epoch)
@@ -322,6 +324,11 @@ class MemoryStore:
         session = self._incarnation(session_id, epoch)
         if session is not None:
             session.settle(request_keys)
+
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        session = self._incarnation(session_id, epoch)
+        if session is not None:
+            session.abandon(request_keys)
 
     # -- streams and events ------------------------------------------------------------------------------
 

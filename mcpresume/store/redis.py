@@ -23,7 +23,8 @@ they share a slot and the store works on Redis Cluster unchanged:
   stale). A view of this process at the event before its last append to the session reads that append
   with no round trip at all (``Copies.read``).
 * ``…:st`` (hash): stream number -> its state (JSON).
-* ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim, and their age order (``MAX_REQUEST_IDS``).
+* ``…:rq`` (hash) and ``…:ro`` (sorted set): request id -> claim (what holds it and its request's digest,
+  ``lua/common.lua``), and their age order (``MAX_REQUEST_IDS``).
 
 Every mutation is one registered Lua script (``lua/*.lua``, ``lua/common.lua`` prepended; EVALSHA,
 ``calls.py`` says how it gets to Redis), doing the whole operation atomically: append, the exact
@@ -103,6 +104,7 @@ _READS_UNCHANGED: Final = frozenset(
         "release",
         "settle",
         "cancel_requests",
+        "abandon",
         "accept_credential",
     }
 )
@@ -329,9 +331,13 @@ class RedisStore:
         request_keys: Sequence[str],
         max_live_streams: int | None = None,
         epoch: str | None = None,
+        *,
+        digests: Sequence[bytes] = (),
     ) -> Claim | None:
         limit = "" if max_live_streams is None else str(max_live_streams)
-        result = await self._script("claim", "claim", session_id, epoch or "", limit, *request_keys)
+        hexes = [digest.hex() for digest in digests] if digests else [""] * len(request_keys)
+        pairs = [part for pair in zip(request_keys, hexes, strict=True) for part in pair]
+        result = await self._script("claim", "claim", session_id, epoch or "", limit, *pairs)
         if result is None:
             return None
         outcome, stream = _text(result[0]) or "", _text(result[1]) or ""
@@ -342,6 +348,9 @@ class RedisStore:
 
     async def settle(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         await self._script("settle", "release", session_id, epoch or "", "settle", *request_keys)
+
+    async def abandon(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
+        await self._script("abandon", "release", session_id, epoch or "", "abandon", *request_keys)
 
     # -- streams and events --------------------------------------------------------------------------------
 

@@ -124,7 +124,12 @@ class Upstream:
         ``decoded``: the answer is read as it is meant, not as bytes to pass on (the proxy re-frames it):
         ``Accept-Encoding: identity`` is asked, and a body the upstream compresses anyway (gzip, deflate)
         is decompressed; its ``Content-Encoding`` and ``Content-Length`` then describe bytes nobody gets.
-        Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came."""
+        Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came.
+
+        The errors say whether the request is known never to have been sent (``unsent``): only when no
+        connection to the upstream was made (refused, failed, not within ``connect_timeout``). Any other
+        failure may have come after it was written (a timeout, a connection that broke), so it may have
+        run: what it did is unknown (``core.post.CLAIM_ENDS``)."""
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
@@ -142,15 +147,22 @@ class Upstream:
         except aiohttp.ConnectionTimeoutError:
             raise self._connect_timed_out() from None
         except TimeoutError:
+            # Not known unsent: the time may have run out after the request was written (a connection that
+            # took longer than the timeout is the rarer case, and a request that may have run is never sent
+            # again: the safe side).
             raise self._head_timed_out() from None
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc.os_error}") from None
+            raise UpstreamUnreachable(
+                f"cannot connect to the upstream: {exc.os_error}", unsent=True
+            ) from None
         except (aiohttp.ClientError, OSError) as exc:
             if caused_by(exc, ContentEncodingError):  # an encoding aiohttp knows but cannot decode (br)
                 raise bad_encoding(None) from None
             timed_out = caused_by(exc, BodyTimeout)  # the client's body, streamed upstream, stopped coming
             if timed_out is not None:
                 raise timed_out from None
+            # After the connection was made (aiohttp raises a connection's own failures as
+            # ClientConnectorError): the request may have been written.
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if decoded and encoding not in DECODABLE:
@@ -210,7 +222,9 @@ class Upstream:
             raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}") from None
 
     def _connect_timed_out(self) -> UpstreamUnreachable:
-        return UpstreamUnreachable(f"cannot connect to the upstream within {self.connect_timeout} s")
+        return UpstreamUnreachable(
+            f"cannot connect to the upstream within {self.connect_timeout} s", unsent=True
+        )
 
     def _head_timed_out(self) -> UpstreamTimeout:
         return UpstreamTimeout(

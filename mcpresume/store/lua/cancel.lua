@@ -4,7 +4,7 @@ if not load_meta() then return 0 end
 local n = ARGV[A]
 for i = A + 1, #ARGV do
   local key = ARGV[i]
-  if redis.call('HGET', RQ, key) == n then remember_request(key, 'c') end
+  if claim_of(redis.call('HGET', RQ, key)) == n then remember_request(key, 'c') end  -- its digest kept
 end
 save_meta()
 return 1

@@ -1,30 +1,36 @@
--- claim (ARGV: epoch or '', most live streams or '', request keys...): {outcome, stream} or false.
+-- claim (ARGV: epoch or '', most live streams or '', then per request id: its key, its request's digest (hex,
+-- '' when not known)): {outcome, stream} or false.
 -- Twin: mcpresume/core/session.py SessionState.claim
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
 if meta.rt == '1' then return false end  -- retired: new requests find the session unknown
 local limit = ARGV[A + 1]
-local keys = {}
-for i = A + 2, #ARGV do keys[#keys + 1] = ARGV[i] end
-local seen = {}
-local any_seen, any_new = false, false
+local keys, digests = {}, {}
+for i = A + 2, #ARGV, 2 do keys[#keys + 1] = ARGV[i]; digests[#digests + 1] = ARGV[i + 1] end
+local holders = {}
+local any_resent, all_resent = false, true
 for i, key in ipairs(keys) do
-  seen[i] = redis.call('HGET', RQ, key)
-  if seen[i] then any_seen = true else any_new = true end
+  local holder, digest = claim_of(redis.call('HGET', RQ, key))
+  holders[i] = holder or false
+  if holder and same_request(digest, digests[i]) then any_resent = true else all_resent = false end
 end
-if not any_seen then
-  if limit ~= '' and num('lp') + num('inf') >= tonumber(limit) then return {'limited', ''} end
-  for _, key in ipairs(keys) do remember_request(key, 'p') end
-  save_meta()
-  refresh()
-  return {'new', ''}
+if any_resent then  -- a re-send: never forwarded again
+  if not all_resent then return {'conflict', ''} end
+  for i = 2, #keys do if holders[i] ~= holders[1] then return {'conflict', ''} end end
+  local holder = holders[1]
+  if holder == 'p' then return {'in_flight', ''} end
+  if holder == 'a' then return {'answered', ''} end
+  if holder == 'u' then return {'unknown', ''} end
+  if holder == 'c' then return {'cancelled', ''} end
+  local s = stream(tonumber(holder))
+  if s and (s.e or 0) == 0 then return {'attach', holder} end
+  return {'gone', holder}
 end
-if any_new then return {'conflict', ''} end
-for i = 2, #seen do if seen[i] ~= seen[1] then return {'conflict', ''} end end
-local value = seen[1]
-if value == 'p' then return {'in_flight', ''} end
-if value == 'a' then return {'answered', ''} end
-if value == 'c' then return {'cancelled', ''} end
-local n = tonumber(value)
-local s = stream(n)
-if s and (s.e or 0) == 0 then return {'attach', value} end
-return {'gone', value}
+-- Each id is new, or another request's: free again once that request is over.
+for i = 1, #keys do
+  if holders[i] and not request_over(holders[i]) then return {'in_use', ''} end
+end
+if limit ~= '' and num('lp') + num('inf') >= tonumber(limit) then return {'limited', ''} end
+for i, key in ipairs(keys) do remember_request(key, 'p', digests[i]) end
+save_meta()
+refresh()
+return {'new', ''}

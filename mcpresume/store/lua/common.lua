@@ -356,25 +356,55 @@ local function orphans()
   return found
 end
 
--- request ids: RQ maps a key to 'p' (pending), 'a' (answered) or a stream number; RO orders them.
--- Twin: mcpresume/core/session.py SessionState._forget_request
-local function forget_request(key)
-  local value = redis.call('HGET', RQ, key)
-  if not value then return end
-  redis.call('HDEL', RQ, key)
-  redis.call('ZREM', RO, key)
-  if value == 'p' then set('inf', num('inf') - 1) end
+-- request ids: RQ maps a key to its claim, '<holder> <digest>': the holder 'p' (pending), 'a' (answered),
+-- 'u' (sent, no answer: its outcome unknown), 'c' (cancelled by the client, its stream closed unanswered) or
+-- a stream number; the digest of its request (hex), absent
+-- when not known (then any request matches). RO orders them.
+local function claim_of(raw)  -- the holder and the digest of a claim as RQ holds it (nil: none)
+  if not raw then return nil, nil end
+  local holder, digest = string.match(raw, '^(%S+) (%S+)$')
+  if holder then return holder, digest end
+  return raw, ''
 end
 
+-- Twin: mcpresume/core/session.py same_request
+local function same_request(digest, other)
+  return digest == '' or other == '' or digest == other
+end
+
+-- Twin: mcpresume/core/session.py SessionState._over
+local function request_over(holder)
+  if holder == 'a' or holder == 'c' then return true end
+  if holder == 'p' or holder == 'u' then return false end
+  local s = stream(tonumber(holder))
+  return not s or s.v == 0
+end
+
+-- Twin: mcpresume/core/session.py SessionState._forget_request
+local function forget_request(key)
+  local holder = claim_of(redis.call('HGET', RQ, key))
+  if not holder then return end
+  redis.call('HDEL', RQ, key)
+  redis.call('ZREM', RO, key)
+  if holder == 'p' then set('inf', num('inf') - 1) end
+end
+
+-- ``digest`` nil: the one the key's claim has (if any) is kept.
 -- Twin: mcpresume/core/session.py SessionState._remember_request
-local function remember_request(key, value)
+local function remember_request(key, holder, digest)
   local max_ids = MAX_IDS
-  if redis.call('HEXISTS', RQ, key) == 1 then forget_request(key) end
+  local before = redis.call('HGET', RQ, key)
+  if before then
+    if digest == nil then local _, kept = claim_of(before); digest = kept end
+    forget_request(key)
+  end
+  local value = tostring(holder)
+  if digest and digest ~= '' then value = value .. ' ' .. digest end
   redis.call('HSET', RQ, key, value)
   local order = num('rc') + 1
   set('rc', order)
   redis.call('ZADD', RO, order, key)
-  if value == 'p' then set('inf', num('inf') + 1) end
+  if holder == 'p' then set('inf', num('inf') + 1) end
   while redis.call('ZCARD', RO) > max_ids do
     forget_request(redis.call('ZRANGE', RO, 0, 0)[1])
   end

@@ -1,11 +1,13 @@
--- release / settle (ARGV: epoch or '', 'release' or 'settle', request keys...).
--- Twin: mcpresume/core/session.py SessionState.release, SessionState.settle
+-- release / settle / abandon (ARGV: epoch or '', 'release', 'settle' or 'abandon', request keys...).
+-- Twin: mcpresume/core/session.py SessionState.release, SessionState.settle, SessionState.abandon
 if not load_meta() or not epoch_ok(ARGV[A]) then return 0 end
-local settle = ARGV[A + 1] == 'settle'
+local mode = ARGV[A + 1]
 for i = A + 2, #ARGV do
   local key = ARGV[i]
-  if redis.call('HGET', RQ, key) == 'p' then
-    if settle then remember_request(key, 'a') else forget_request(key) end
+  if claim_of(redis.call('HGET', RQ, key)) == 'p' then
+    if mode == 'settle' then remember_request(key, 'a')
+    elseif mode == 'abandon' then remember_request(key, 'u')
+    else forget_request(key) end
   end
 end
 save_meta()
