@@ -119,7 +119,8 @@ async def test_calls_the_typescript_sdk_server_never_answers_after_a_cancel_free
 
         # A re-sent id of a cancelled call is never forwarded again.
         _, body = client.tool_call("slow", {})
-        resent = orjson.loads(body) | {"id": cancelled[0]}
+        resent = orjson.loads(body) | {"id": cancelled[0]}  # the same request: its id, method and params
+        resent["params"]["_meta"]["progressToken"] = f"p{cancelled[0]}"
         async with http.post(client.url, data=orjson.dumps(resent), headers=client.headers()) as response:
             assert response.status == 409
             assert (await error_of(response))["data"]["reason"] == "request_cancelled"

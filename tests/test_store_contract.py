@@ -466,6 +466,8 @@ async def test_cancelled_requests_of_a_stream_are_refused(store: SessionStore) -
     await store.release(sid, ["n:1"])  # it ran upstream: never forgotten
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.CANCELLED)
     await store.cancel_requests(new_session_id(), 1, ["n:1"])  # an unknown session: no error
+    # Cancelled is over: the id may carry another request (a client numbering from 0 again), forwarded.
+    assert await store.claim(sid, ["n:1"], digests=[b"\x09" * 8]) == Claim(ClaimOutcome.NEW)
 
 
 SAME, OTHER = b"\x01" * 8, b"\x02" * 8  # two requests' digests (jsonrpc.request_digest)
