@@ -466,8 +466,15 @@ async def test_cancelled_requests_of_a_stream_are_refused(store: SessionStore) -
     await store.release(sid, ["n:1"])  # it ran upstream: never forgotten
     assert await store.claim(sid, ["n:1"]) == Claim(ClaimOutcome.CANCELLED)
     await store.cancel_requests(new_session_id(), 1, ["n:1"])  # an unknown session: no error
-    # Cancelled is over: the id may carry another request (a client numbering from 0 again), forwarded.
-    assert await store.claim(sid, ["n:1"], digests=[b"\x09" * 8]) == Claim(ClaimOutcome.NEW)
+    # Cancelled is over: the same request again is refused, another request may take its id (a client
+    # numbering from 0 again), forwarded.
+    assert await store.claim(sid, ["n:5"], digests=[b"\x05" * 8]) == Claim(ClaimOutcome.NEW)
+    fifth = await store.open_stream(sid, StreamOrigin.POST, ["n:5"], now=2.0)
+    assert fifth is not None
+    await store.cancel_requests(sid, fifth.number, ["n:5"])
+    await store.end_stream(sid, fifth.number, now=3.0)
+    assert await store.claim(sid, ["n:5"], digests=[b"\x05" * 8]) == Claim(ClaimOutcome.CANCELLED)
+    assert await store.claim(sid, ["n:5"], digests=[b"\x09" * 8]) == Claim(ClaimOutcome.NEW)
 
 
 SAME, OTHER = b"\x01" * 8, b"\x02" * 8  # two requests' digests (jsonrpc.request_digest)
