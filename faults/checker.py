@@ -33,7 +33,7 @@ every statement the clients received against it.
 | ``false_stream_lost`` | ``upstream_stream_lost`` while the execution was not lost |
 | ``false_store_unavailable`` | 503 ``store_unavailable`` with no store fault near |
 | ``untruthful_error`` | another reason, with nothing near that makes it true (see `Checker.judge`) |
-| ``missing_reason`` | an HTTP error from the proxy tier without ``data.reason`` |
+| ``missing_reason`` | a 404 without ``data.reason`` (the upstream's relayed), or the proxy's own 500 |
 | ``unexplained_error`` | a transport error (connection lost, reconnection given up), no fault near |
 | ``replica_crashed`` | a proxy that was serving exited without a signal of the nemesis |
 
@@ -61,6 +61,7 @@ from faults.plan import REPLICA_FAULTS, STORE_FAULTS, FaultKind
 
 NONE = "none"
 OVERLAPPING = "overlapping"
+AIOHTTP_ERROR = "Server got itself in trouble"  # aiohttp's own 500: a handler of the proxy raised
 RECOVERY_SLACK = 5.0
 
 
@@ -372,6 +373,7 @@ class Checker:
         self.calls = _calls(history)
         self.call_violations: Counter[str] = Counter()
         self.repeated = 0
+        self.relayed: Counter[str] = Counter()
 
     def flag(self, kind: Kind, t: float, detail: str, call: Call | None = None) -> None:
         cell = self.world.cell(call.start, call.span_end) if call is not None else self.world.cell(t)
@@ -386,6 +388,8 @@ class Checker:
         truthful = {tag: self.outcome(call, http) for tag, call in self.calls.items()}
         if self.repeated:
             self.notes.append(f"{self.repeated} progress events received again after a re-attach")
+        for answer, count in sorted(self.relayed.items()):
+            self.notes.append(f"{count} x the upstream's own error answer relayed: {answer}")
         verdict = Verdict(self.history.layout, notes=self.notes)
         for tag, call in self.calls.items():
             cell = verdict.cells.setdefault(self.world.cell(call.start, call.span_end), Cell())
@@ -451,9 +455,12 @@ class Checker:
             tag = str(r["tag"]) if r.get("tag") else None
             call = self.calls.get(tag) if tag else None
             what = f"{r.get('client')} {r.get('method')} -> {status} {reason or '(no reason)'}"
-            if reason is None:
+            if reason is None and (status == 404 or AIOHTTP_ERROR in str(r.get("body", ""))):
                 self.flag(Kind.MISSING_REASON, t, f"{what}: an error without data.reason", call)
                 true = status == 404 and self.judge("unknown_session", t, r.get("sid"), None, what, call)
+            elif reason is None:  # the upstream's own answer, relayed: the upstream's word, not the proxy's
+                self.relayed[f"{status} {str(r.get('body', ''))[:60]!r}"] += 1
+                true = True
             else:
                 true = self.judge(str(reason), t, r.get("sid"), tag, what, call)
             if tag:

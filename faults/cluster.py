@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,19 +44,44 @@ def _child_setup() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# Ports below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default): a pod's port,
+# free while the pod is down, must not become the source port of some connection (the clients open one per
+# request), nor another process's ``bind(0)``, or the pod could not start again on it.
+PORTS = range(20_000, 32_000)
+
+
+_GIVEN: set[int] = set()  # two layouts run side by side in one process: never the same port twice
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    for _ in range(1000):
+        port = random.choice(PORTS)
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind((LOOPBACK, port))
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
-async def _listening(port: int) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), 1.0)
-    except (OSError, TimeoutError):
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself listens on ``127.0.0.1:port`` (/proc: the LISTEN socket's inode among
+    its descriptors), not another process that took the port meanwhile."""
+    local = f"0100007F:{port:04X}"
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] == local and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
         return False
-    writer.transport.abort()
-    return True
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return True
+    return False
 
 
 async def redis_command(port: int, *args: str, timeout: float = 2.0) -> str:
@@ -195,12 +221,12 @@ class Cluster:
         while time.monotonic() < deadline:
             if not proc.alive():
                 return False
-            if proc is self.redis:
+            if listens(proc.pid, proc.port):
+                if proc is not self.redis:
+                    return True
                 with contextlib.suppress(OSError, TimeoutError, RuntimeError):
-                    if await redis_command(proc.port, "PING") == "PONG":
+                    if await redis_command(proc.port, "PING") == "PONG":  # its AOF loaded
                         return True
-            elif await _listening(proc.port):
-                return True
             await asyncio.sleep(0.05)
         return False
 

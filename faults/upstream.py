@@ -10,12 +10,17 @@ returns ``done <tag>``; it logs ``begin`` (session id, JSON-RPC id, tag) before 
 before it returns, so a client holding the result implies an ``end`` line. The sessions it creates (an
 ``initialize`` answered with ``Mcp-Session-Id``) and ends (a DELETE) are logged too, by a thin ASGI layer.
 
-``--event-store``: the SDK keeps every event (`mcpresume.examples.event_store`), so a stream broken at the
-proxy tier resumes here with ``Last-Event-ID`` (the shared layout); without it (the sidecar layout) a stream
-lives only as long as its connection. Each session gets an event store of its own (`SessionStores`): the
-SDK names a POST's stream by its JSON-RPC id, which two sessions share (each client counts from 1), and
-hands one store to every session; a store shared by all sessions (the bundled example's, as the SDK's
-examples do) replays another session's stream of the same id on a ``Last-Event-ID`` of this one.
+``--event-store``: the SDK keeps every event, so a stream broken at the proxy tier resumes here with
+``Last-Event-ID`` (the shared layout); without it (the sidecar layout) a stream lives only as long as its
+connection. The store (`FollowingStore`) is the campaign's own, for two faults of the SDK's pairing with the
+bundled example store (`mcpresume.examples.event_store`), which would show as the proxy's gaps:
+
+- the SDK names a POST's stream by its JSON-RPC id, which two sessions share (each client counts from 1),
+  and hands one store to every session: a store shared by all sessions replays another session's stream
+  of the same id on a ``Last-Event-ID`` of this one. Here each session has a store of its own.
+- the SDK registers a resumed stream's live tail only after the store's replay returns (its code calls
+  the "replay -> live-tail ordering window" a known gap): an event stored in between reaches no connection.
+  Here the replay follows the stream itself until its response, and returns nothing for the SDK to tail.
 """
 
 from __future__ import annotations
@@ -29,11 +34,19 @@ from typing import Any
 
 import mcp.server.streamable_http_manager as session_manager
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
+from mcp.server.streamable_http import (
+    GET_STREAM_KEY,
+    EventCallback,
+    EventId,
+    EventMessage,
+    EventStore,
+    StreamableHTTPServerTransport,
+    StreamId,
+)
+from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from faults.history import JsonLines
-from mcpresume.examples.event_store import InMemoryEventStore
 from mcpresume.examples.upstream import RunningUpstream, local_transport_security
 
 MCP_PATH = "/mcp"
@@ -42,6 +55,67 @@ SESSION_HEADER = b"mcp-session-id"
 RETRY_MS = 500
 # Enough for every event of a session's streams a campaign may resume (each call 20-40 progress events).
 STORED_EVENTS = 5_000
+# A replay follows a stream that stays silent this long no further: it hands the stream to the SDK's own
+# live tail (nothing was stored meanwhile, so nothing falls in its window). The standalone stream at once.
+FOLLOW_IDLE = 30.0
+
+
+class FollowingStore(EventStore):
+    """One session's events, bounded (oldest first out); a replay sends a stream's events after the given id
+    and then those stored after, until the stream's response (see the module's docstring)."""
+
+    def __init__(self, max_events: int = STORED_EVENTS) -> None:
+        self.max_events = max_events
+        self._epoch = os.urandom(4).hex()
+        self._entries: dict[int, tuple[EventId, StreamId, JSONRPCMessage | None]] = {}
+        self._seq_by_id: dict[EventId, int] = {}
+        self._first = 0
+        self._next = 0
+        self._news = asyncio.Condition()
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        seq, self._next = self._next, self._next + 1
+        event_id = f"{self._epoch}-{seq}"
+        self._entries[seq] = (event_id, stream_id, message)
+        self._seq_by_id[event_id] = seq
+        while len(self._entries) > self.max_events:
+            evicted = self._entries.pop(self._first)
+            del self._seq_by_id[evicted[0]]
+            self._first += 1
+        async with self._news:
+            self._news.notify_all()
+        return event_id
+
+    async def replay_events_after(
+        self, last_event_id: EventId, send_callback: EventCallback
+    ) -> StreamId | None:
+        seq = self._seq_by_id.get(last_event_id)
+        if seq is None:
+            return None
+        stream = self._entries[seq][1]
+        cursor = seq + 1
+        while True:
+            while cursor < self._next:
+                entry = self._entries.get(max(cursor, self._first))
+                cursor = max(cursor, self._first) + 1
+                if entry is None or entry[1] != stream or entry[2] is None:
+                    continue
+                await send_callback(EventMessage(entry[2], entry[0]))
+                if isinstance(entry[2], JSONRPCResponse | JSONRPCError):
+                    return None  # the stream is complete: nothing for the SDK to follow
+            if stream == GET_STREAM_KEY:
+                return stream
+            if not await self._wait_past(cursor - 1):
+                return stream
+
+    async def _wait_past(self, seq: int) -> bool:
+        """Whether an event after ``seq`` was stored within `FOLLOW_IDLE` seconds."""
+        try:
+            async with self._news:
+                await asyncio.wait_for(self._news.wait_for(lambda: self._next > seq + 1), FOLLOW_IDLE)
+        except TimeoutError:
+            return False
+        return True
 
 
 class SessionStores(StreamableHTTPServerTransport):
@@ -49,7 +123,7 @@ class SessionStores(StreamableHTTPServerTransport):
 
     def __init__(self, *, event_store: EventStore | None = None, **options: Any) -> None:
         if event_store is not None:
-            event_store = InMemoryEventStore(max_events=STORED_EVENTS)
+            event_store = FollowingStore()
         super().__init__(event_store=event_store, **options)
 
 
@@ -108,7 +182,7 @@ async def serve(name: str, port: int, log_path: Path, event_store: bool) -> None
     server = build_server(log, name)
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
-        event_store=InMemoryEventStore(max_events=STORED_EVENTS) if event_store else None,
+        event_store=FollowingStore() if event_store else None,  # a marker: each session gets its own
         retry_interval=RETRY_MS if event_store else None,
         session_idle_timeout=None,
         transport_security=local_transport_security(),

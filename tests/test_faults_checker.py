@@ -281,6 +281,38 @@ def test_an_error_answer_without_a_reason_is_caught() -> None:
     only(story.verdict(), Kind.MISSING_REASON)  # the 404 itself was true: the session's upstream died
 
 
+def test_the_proxys_own_500_is_caught_and_an_upstream_500_relayed_is_a_note() -> None:
+    own = Story().call("c1", 2, result=None)
+    own.client(
+        3,
+        "http",
+        conn="0.0",
+        method="GET",
+        status=500,
+        reason=None,
+        sid=SID,
+        tag="c1",
+        body="500 Internal Server Error\n\nServer got itself in trouble",
+    )
+    own.error(3, "c1", message="reconnection attempts exhausted")
+    only(own.verdict(), Kind.MISSING_REASON)
+    relayed = Story().fault(2.5, 2.5, FaultKind.CUT, "balancer").call("c1", 2, result=None)
+    relayed.client(
+        3,
+        "http",
+        conn="0.0",
+        method="GET",
+        status=500,
+        reason=None,
+        sid=SID,
+        tag="c1",
+        body="Internal Server Error",
+    )
+    verdict = relayed.error(3, "c1", message="reconnection attempts exhausted").verdict()
+    assert verdict.violations == []
+    assert any("relayed: 500" in note for note in verdict.notes)
+
+
 def test_a_transport_error_is_true_near_a_fault_and_unexplained_far_from_any() -> None:
     near = Story().fault(3, 3, FaultKind.CUT, "balancer")
     near.call("c1", 2, result=None).error(4, "c1", message="reconnection attempts exhausted")
