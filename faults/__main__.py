@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from faults import report, tsclient
 from faults.campaign import Clients, run_layout
-from faults.checker import Verdict, check, describe
+from faults.checker import check, describe
 from faults.cluster import ROOT
 from faults.history import RunHistory
 from faults.plan import LAYOUTS, Plan, load, make_plan
@@ -48,17 +47,23 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     return [make_plan(layout, args.seed, args.lease, fault_seconds=per_layout) for layout in args.layout]
 
 
-def header(verdicts: list[Verdict], plans_run: list[Plan], seconds: float) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
+def header(histories: list[RunHistory], plans_run: list[Plan]) -> str:
+    commits = sorted({str(h.nemesis[0].get("commit", "?")) for h in histories})
     seeds = sorted({p.seed for p in plans_run})
     faults = sum(len(ep) for p in plans_run for ep in p.faults)
     episodes = sum(len(p.faults) for p in plans_run)
+    seconds = 0.0
+    for history in histories:  # the faults' phase: from the first fault to the heal
+        starts = [r["t"] for r in history.nemesis if r["ev"] == "fault" and r["phase"] == "start"]
+        heal = [r["t"] for r in history.nemesis if r["ev"] == "heal"]
+        if starts and heal:
+            seconds += heal[0] - starts[0]
+    layouts = ", ".join(p.layout for p in plans_run)
+    day = time.strftime("%Y-%m-%d", time.localtime(min(h.nemesis[0]["t"] for h in histories)))
     return (
-        f"Run of {time.strftime('%Y-%m-%d')} at commit `{commit or '?'}`: seed {', '.join(map(str, seeds))},"
-        f" lease {plans_run[0].lease:g} s, {faults} faults in {episodes} episodes,"
-        f" {seconds / 60:.1f} minutes in all."
+        f"Run of {day} at commit `{', '.join(commits)}` ({layouts}): seed"
+        f" {', '.join(map(str, seeds))}, lease {plans_run[0].lease:g} s, {faults} faults in {episodes}"
+        f" episodes, {seconds / 60:.1f} minutes of faults in all."
     )
 
 
@@ -91,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
-    started = time.monotonic()
     if args.check:
         directories = [
             d
@@ -111,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"seed {args.seed}; runs in {out}")
         directories = asyncio.run(campaign(args, out))
         plans_run = [load(d / "plan.json") for d in directories]
-    verdicts = [check(RunHistory.load(d)) for d in directories]
-    text = report.results(verdicts, header(verdicts, plans_run, time.monotonic() - started))
+    histories = [RunHistory.load(d) for d in directories]
+    verdicts = [check(history) for history in histories]
+    text = report.results(verdicts, header(histories, plans_run))
     print(text)
     for verdict in verdicts:
         print("\n".join(describe(verdict)), file=sys.stderr)

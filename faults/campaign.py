@@ -36,6 +36,16 @@ class Clients:
     quiet: float = 4.0  # after the last fault and the heal, calls still run this long before the stop
 
 
+def source_commit() -> str:
+    """The commit the proxies run, ``+`` when the working tree differs from it."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "mcpresume"], capture_output=True, text=True, check=False
+    )
+    return (head.stdout.strip() or "?") + ("+" if dirty.stdout.strip() else "")
+
+
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -95,7 +105,14 @@ async def run_layout(
     (run_dir / "logs").mkdir(exist_ok=True)
     save(plan, run_dir / "plan.json")
     log = JsonLines(run_dir / NEMESIS_LOG)
-    log.write("campaign", layout=plan.layout, seed=plan.seed, lease=plan.lease, plan=plan.to_json())
+    log.write(
+        "campaign",
+        layout=plan.layout,
+        seed=plan.seed,
+        lease=plan.lease,
+        commit=source_commit(),
+        plan=plan.to_json(),
+    )
     cluster = Cluster(plan.layout, run_dir, plan.lease, log)
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -151,7 +151,9 @@ async function runCall(client, state, tag, steps) {
       record("error", { tag, code: null, message, reason: null });
       state.gone = true;
     } else {
-      const reason = error instanceof McpError ? reasonOf({ error: { data: error.data } }) : null;
+      // An HTTP error answer reaches the caller as the SDK's StreamableHTTPError, its body in the message.
+      const quoted = String(error?.message ?? "").match(/"reason":"([^"]+)"/);
+      const reason = error instanceof McpError ? reasonOf({ error: { data: error.data } }) : (quoted?.[1] ?? null);
       record("error", { tag, code: error?.code ?? null, message: String(error?.message ?? error).slice(0, 300), reason });
     }
   } finally {
