@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         out = args.out or Path(tempfile.mkdtemp(prefix="mcpresume-faults-"))
         say(f"seed {args.seed}; runs in {out}")
-        directories = asyncio.run(campaign(args, out))
+        try:
+            directories = asyncio.run(campaign(args, out))
+        except (RuntimeError, OSError) as exc:
+            say(f"the campaign could not run: {exc}")
+            return 2
         plans_run = [load(d / "plan.json") for d in directories]
     histories = [RunHistory.load(d) for d in directories]
     verdicts = [check(history) for history in histories]

@@ -35,7 +35,7 @@ every statement the clients received against it.
 | ``untruthful_error`` | another reason, with nothing near that makes it true (see `Checker.judge`) |
 | ``missing_reason`` | a 404 without ``data.reason`` (the upstream's relayed), or the proxy's own 500 |
 | ``unexplained_error`` | a transport error (connection lost, reconnection given up), no fault near |
-| ``replica_crashed`` | a proxy that was serving exited without a signal of the nemesis |
+| ``replica_crashed`` | a proxy that was serving exited by itself, other than refusing (exit 2) |
 
 *Near* means within a fault's window extended by `recovery` (twice the lease and 5 s): errors that a
 fault explains only while it lasts, or while the replicas recover from it (503s, transport errors), are
@@ -62,6 +62,7 @@ from faults.plan import REPLICA_FAULTS, STORE_FAULTS, FaultKind
 NONE = "none"
 OVERLAPPING = "overlapping"
 AIOHTTP_ERROR = "Server got itself in trouble"  # aiohttp's own 500: a handler of the proxy raised
+REFUSED = 2  # the exit status of a proxy that refuses to start or go on, saying why (mcpresume serve)
 RECOVERY_SLACK = 5.0
 
 
@@ -145,7 +146,7 @@ class World:
     upstream_deaths: dict[int, float]  # upstream pid -> when it was killed
     proxy_down: dict[str, list[tuple[float, float]]]  # pod -> (killed, started again)
     proxy_stopped: dict[str, list[tuple[float, float]]]  # pod -> (SIGSTOP, SIGCONT)
-    session_holder: dict[str, tuple[str, int]]  # sid -> (upstream name, pid)
+    session_holder: dict[str, tuple[str, int, float]]  # sid -> (upstream name, pid, when it was created)
     begins: dict[str, list[Record]]  # tag -> its begin records
     ended: set[str]  # tags some upstream ended
     end: float
@@ -154,29 +155,31 @@ class World:
     def margin(self) -> float:
         return recovery(self.lease)
 
-    def _owner_lost(self, upstream: str, t: float) -> bool:
-        """Sidecar: the pod of ``upstream`` lost its proxy by ``t`` (killed, or stopped a whole lease)."""
+    def _owner_lost(self, upstream: str, since: float, t: float) -> bool:
+        """Sidecar: the pod of ``upstream`` lost its proxy between ``since`` and ``t`` (killed, or stopped a
+        whole lease)."""
         if self.layout != "sidecar" or not upstream.startswith("upstream-"):
             return False
         pod = upstream.removeprefix("upstream-")
-        if any(start <= t for start, _ in self.proxy_down.get(pod, [])):
+        if any(since <= start <= t for start, _ in self.proxy_down.get(pod, [])):
             return True
-        return any(min(stop, t) - start >= self.lease for start, stop in self.proxy_stopped.get(pod, []))
+        stops = self.proxy_stopped.get(pod, [])
+        return any(min(stop, t) - max(start, since) >= self.lease for start, stop in stops)
 
     def session_gone(self, sid: str | None, t: float) -> bool:
         holder = self.session_holder.get(sid or "")
         if holder is None:
             return False
-        upstream, pid = holder
-        return self.upstream_deaths.get(pid, math.inf) <= t or self._owner_lost(upstream, t)
+        upstream, pid, created = holder
+        return self.upstream_deaths.get(pid, math.inf) <= t or self._owner_lost(upstream, created, t)
 
     def execution_lost(self, tag: str, t: float) -> bool:
         begins = self.begins.get(tag)
         if not begins:
             return True
         first = begins[0]
-        upstream, pid = str(first["upstream"]), int(first["pid"])
-        return self.upstream_deaths.get(pid, math.inf) <= t or self._owner_lost(upstream, t)
+        upstream, pid, began = str(first["upstream"]), int(first["pid"]), float(first["t"])
+        return self.upstream_deaths.get(pid, math.inf) <= t or self._owner_lost(upstream, began, t)
 
     def near(self, kinds: Iterable[FaultKind] | None, t0: float, t1: float | None = None) -> bool:
         """A fault of ``kinds`` (None: any) held within ``[t0, t1]`` widened by the recovery margin."""
@@ -248,6 +251,8 @@ def build_world(history: RunHistory) -> tuple[World, list[Violation], list[str]]
                 proxy_events[name.removeprefix("proxy-")].append((t, state))
                 if state == "started":
                     serving.add(pid)
+                elif state == "exited" and pid in serving and record.get("code") == REFUSED:
+                    notes.append(f"{name} (pid {pid}) refused to serve on (exit 2) at {t:.1f}; started again")
                 elif state == "exited" and pid in serving:
                     detail = f"{name} (pid {pid}) exited with {record.get('code')} while serving"
                     violations.append(Violation(Kind.REPLICA_CRASHED, t, detail))
@@ -271,12 +276,13 @@ def build_world(history: RunHistory) -> tuple[World, list[Violation], list[str]]
         for ws in by_episode.values()
     )
 
-    holder: dict[str, tuple[str, int]] = {}
+    holder: dict[str, tuple[str, int, float]] = {}
     begins: dict[str, list[Record]] = defaultdict(list)
     ended: set[str] = set()
     for record in history.upstreams:
         if record["ev"] == "session":
-            holder.setdefault(str(record["sid"]), (str(record["upstream"]), int(record["pid"])))
+            sid, upstream, pid = str(record["sid"]), str(record["upstream"]), int(record["pid"])
+            holder.setdefault(sid, (upstream, pid, float(record["t"])))
         elif record["ev"] == "begin":
             begins[str(record["tag"])].append(record)
         elif record["ev"] == "end":
@@ -483,9 +489,11 @@ class Checker:
             if world.session_gone(sid, t):
                 return True
             holder = world.session_holder.get(sid or "")
-            self.flag(
-                Kind.RETIRED_LIVE_SESSION, t, f"{what}: session {str(sid)[:8]} was alive ({holder})", call
+            where = (
+                f"its upstream {holder[0]} (pid {holder[1]}) alive" if holder else "no upstream created it"
             )
+            detail = f"{what}: session {str(sid)[:8]} was not gone, {where}"
+            self.flag(Kind.RETIRED_LIVE_SESSION, t, detail, call)
             return False
         if reason == "upstream_stream_lost":
             if tag is None or world.execution_lost(tag, t):

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT = 30.0
 RESTART_DELAY = 1.0  # how long an orchestrator waits before starting a process that exited on its own
+START_GIVE_UP = 120.0  # a process that has not served after this many seconds of attempts ends the run
 _PR_SET_PDEATHSIG = 1
 
 
@@ -234,7 +235,10 @@ class Cluster:
         """Start ``proc`` and wait until it serves; one that exits first is recorded and started again
         after a second (as an orchestrator would), until it serves or the campaign closes."""
         proc.expected = True
+        give_up = time.monotonic() + START_GIVE_UP
         while not self.closing:
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{proc.name} did not start in {START_GIVE_UP:.0f} s: see {proc.log_dir}")
             proc.spawn()
             if await self._ready(proc):
                 proc.ready = True

@@ -205,7 +205,7 @@ def test_unknown_session_while_the_session_lives_is_a_retired_live_session() -> 
     story = Story().fault(5, 10, FaultKind.REDIS_FULL, "redis")
     story.call("c1", 6, result=None).http(9, 404, "unknown_session", "c1").error(9, "c1", "unknown_session")
     detail = only(story.verdict(), Kind.RETIRED_LIVE_SESSION)
-    assert "was alive" in detail
+    assert "was not gone, its upstream upstream-a (pid 100) alive" in detail
     assert story.verdict().violations[0].cell == str(FaultKind.REDIS_FULL)
 
 
@@ -227,6 +227,16 @@ def test_sidecar_unknown_session_after_its_owner_stopped_a_lease_is_true_and_not
 
     assert stopped_for(LEASE + 1).violations == []
     only(stopped_for(LEASE - 1), Kind.RETIRED_LIVE_SESSION)
+
+
+def test_sidecar_a_pod_killed_before_a_session_began_does_not_make_its_404_true() -> None:
+    story = Story().fault(2, 6, FaultKind.KILL_POD)
+    story.proc(2, "upstream-a", UPSTREAM_PID, "killed").proc(2, "proxy-a", 200, "killed")
+    story.proc(5, "upstream-a", 101, "started").proc(6, "proxy-a", 201, "started")
+    story.upstream(7, "session", pid=101, sid="s-new")
+    story.call("c1", 8, result=None, sid="s-new", pid=101).http(9, 404, "unknown_session", "c1", sid="s-new")
+    story.error(9, "c1", "unknown_session")
+    only(story.verdict(), Kind.RETIRED_LIVE_SESSION)
 
 
 def test_shared_unknown_session_after_a_proxy_stopped_is_a_retired_live_session() -> None:
@@ -326,11 +336,13 @@ def test_a_proxy_that_exits_by_itself_while_serving_has_crashed() -> None:
     assert "exited with 1 while serving" in only(story.verdict(), Kind.REPLICA_CRASHED)
 
 
-def test_a_proxy_that_fails_to_start_is_a_note_not_a_violation() -> None:
+def test_a_proxy_that_fails_to_start_or_refuses_with_exit_2_is_a_note_not_a_violation() -> None:
     story = Story().proc(20, "proxy-b", 300, "failed_start", code=1)
+    story.proc(30, "proxy-b", 301, "started").proc(31, "proxy-b", 301, "exited", code=2)
     verdict = story.verdict()
     assert verdict.violations == []
     assert any("failed to start" in note for note in verdict.notes)
+    assert any("refused to serve on (exit 2)" in note for note in verdict.notes)
 
 
 # -- cells ---------------------------------------------------------------------------------------------------
