@@ -1,4 +1,5 @@
-"""The package stays `mypy --strict` and `ruff` clean (both are in the test extra)."""
+"""The package and the fault campaign (faults/) stay `mypy --strict` and `ruff` clean (both are in the test
+extra)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_clean() -> None:
-    result = run("ruff", "check", "mcpresume", "tests")
+    result = run("ruff", "check", "mcpresume", "faults", "tests")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_mypy_strict_clean() -> None:
     result = run("mypy", "mcpresume")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_clean_on_the_fault_campaign() -> None:
+    result = run("mypy", "--strict", "faults")
     assert result.returncode == 0, result.stdout + result.stderr
