@@ -230,24 +230,40 @@ class RedisCalls:
         hiredis parses them, redis-py's pub/sub took 8% of the proxy's CPU under load), else redis-py's."""
         backoff = 0.05
         while True:
+            subscribed = False
             try:
                 if Link.supports(self.url):
                     link = Link(self.url, self.op_timeout)
                     try:
                         await link.subscribe(CHANNEL, self._on_message)
-                        backoff = 0.05
+                        subscribed, backoff = True, 0.05
                         await link.lost()
                     finally:
                         link.close()
                 else:
+                    subscribed = True
                     await self._listen_by_redis_py()
                     backoff = 0.05
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, TimeoutError) as error:
                 log.debug("store news subscription lost (%s); reconnecting", error)
+            if subscribed:
+                await self._drop_idle_connections()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
+
+    async def _drop_idle_connections(self) -> None:
+        """The subscription's connection was lost: Redis went away (restarted, failed over, the network).
+        Every idle pooled connection is to the Redis that went away: each would fail its next call (a write
+        to a closed socket, the reply an EOF), however much later, with a 503 while Redis answers again.
+        Closed now, so the calls after it connect afresh (a call in flight fails as it would anyway)."""
+        if self._link is not None:
+            self._link.close()  # it connects again at its next call
+        pool = getattr(self.client, "connection_pool", None)  # a Cluster client manages its nodes itself
+        if pool is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await pool.disconnect(inuse_connections=False)
 
     async def _listen_by_redis_py(self) -> None:
         assert self._pubsub_client is not None
