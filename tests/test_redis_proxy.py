@@ -11,10 +11,12 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 import redis.asyncio as aioredis
 
+from mcpresume.core.errors import StoreUnavailable
 from mcpresume.core.window import WindowLimits
-from tests.support import new_session_id
+from tests.support import INITIALIZE_BODY, MCP_HEADERS, new_session_id
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.redis import MakeRedisStore, RedisProcess
@@ -135,6 +137,16 @@ async def test_redis_at_maxmemory_is_an_outage_503_and_not_ready_then_nothing_lo
                 async with http.post(client.url, data=body, headers=client.headers()) as response:
                     assert response.status == 503
                     assert (await error_of(response))["data"]["reason"] == "store_unavailable"
+                # A session begun upstream that the store cannot take: the store's failure, never
+                # too_many_sessions (which it was); the re-attach's touch fails the same (it was a 500).
+                newcomer = ScriptedClient(http, proxy.url)
+                with pytest.raises(KeyError):  # no Mcp-Session-Id: not begun
+                    await newcomer.initialize()
+                async with http.post(proxy.url, data=INITIALIZE_BODY, headers=MCP_HEADERS) as response:
+                    assert response.status == 503
+                    assert (await error_of(response))["data"]["reason"] == "store_unavailable"
+                with pytest.raises(StoreUnavailable):
+                    await proxy.ctx.store.touch([client.session_id], 1e12)
             finally:
                 await admin.config_set("maxmemory", "0")
         finally:

@@ -27,7 +27,6 @@ from mcpresume.core.errors import (
     ProxyError,
     SessionGone,
     ShuttingDown,
-    TooManySessions,
     UnknownSession,
     UpstreamBadResponse,
     UpstreamBadSessionId,
@@ -176,13 +175,11 @@ class Sender:
         if session_id is None:
             if not valid_session_id(sid):  # its every request would be 400 bad_session_id: begin none
                 return self._uncarried(post, upstream, sid)
-            epoch = await self._begin_session(sid, begins_with(ctx, request))
-            if epoch is None:
+            begun = await self._begin_session(sid, begins_with(ctx, request))
+            if isinstance(begun, ProxyError):  # untracked, its every request would be 404 unknown_session
                 upstream.release()
-                limit = ctx.settings.max_sessions
-                return Forwarded.failed(  # untracked, its every request would be 404 unknown_session
-                    TooManySessions(f"the proxy holds its maximum of {limit} sessions", max_sessions=limit)
-                )
+                return Forwarded.failed(begun)
+            epoch = begun
         elif granted is not None:
             await remember_version(ctx, request, sid, granted)
         if outcome is Upstream.WRONG_TYPE:
@@ -252,8 +249,9 @@ class Sender:
         except ProxyError as error:
             log.warning("the upstream's session with an id too long was not ended: %s", error.message)
 
-    async def _begin_session(self, session_id: str, credential: bytes | None) -> str | None:
-        """Track a session the upstream began; its epoch, or None when it cannot be tracked."""
+    async def _begin_session(self, session_id: str, credential: bytes | None) -> str | ProxyError:
+        """Track a session the upstream began; its epoch, or why it cannot be tracked (``max_sessions``
+        reached, or the store unavailable: each its own error, a full Redis no session limit)."""
         ctx = self.ctx
         try:
             # The owner is recorded where sessions are routed (several replicas); one replica owns all.
@@ -261,7 +259,7 @@ class Sender:
             epoch = await ctx.store.create_session(session_id, ctx.clock(), credential, owner)
         except ProxyError as error:
             log.warning("session %s cannot be tracked: %s", log_id(session_id), error.message)
-            return None
+            return error
         log.info("session %s begins", log_id(session_id))
         return epoch
 

@@ -387,7 +387,11 @@ class RedisCalls:
                 again, await self.batch(op, [command(*calls[i]) for i in again]), strict=True
             ):
                 replies[i] = reply
-        _raise_refusal(replies)
+        for reply in replies:
+            if isinstance(reply, ResponseError):  # a refusal (Redis full: OOM) is a failure like any other
+                if self.metrics is not None:
+                    self.metrics.store_error(op)
+                raise StoreUnavailable(f"the session store refused a call ({op}): {reply}")
         return replies
 
     async def append(self, session_id: str, field: bytes, blob: bytes, args: tuple[str | bytes, ...]) -> Any:
