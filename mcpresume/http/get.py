@@ -1,16 +1,17 @@
 """The GET executor: carries out what ``core/get.py`` decides (a relay, a rejection, a view from the
 window, the standalone stream joined or opened), fetching what the plan needs first.
 
-``Openings`` holds the session's standalone GETs being opened here: a second cursor-less GET waits for the
-one being opened and joins its stream instead of opening another (one upstream GET per session), and a
-POST of the session waits (``ORDER_WAIT`` at most) until that GET is written to its upstream connection, so
-the upstream sees the session's requests in the order they reached the proxy (invariant #12).
+``Openings`` holds, by session, the standalone GETs being opened here (a second cursor-less GET waits for the
+one being opened and joins its stream instead of opening another: one upstream GET per session) and the GETs
+not yet placed (``Ahead``, from the moment one reaches the proxy): a POST of the session waits for those, each
+``ORDER_WAIT`` at most, so the upstream sees the session's requests in the order they reached the proxy
+(invariant #12). A GET is placed once it has what it came for: the upstream's answer head to the GET it
+opened (the upstream has the stream then), a live stream joined, a view from the window, or a refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import replace
 from typing import Final, assert_never
@@ -49,30 +50,82 @@ from mcpresume.streams.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.proxy")
 
-# How long a POST of a session waits for the session's standalone GET, being opened upstream (a new
-# connection: a few milliseconds), to be sent first: the upstream sees them in the order they reached the
-# proxy (servers that send requests on the standalone stream need it open before the call that triggers
-# them), and a GET that cannot connect holds the session's calls no longer than this.
+# How long, at most from its arrival, a GET of a session holds the session's POSTs that come after it, until
+# it is placed (a standalone GET opened upstream: a few milliseconds, the store's calls, a new connection and
+# the upstream's answer head): the upstream sees them in the order they reached the proxy (servers that send
+# requests on the standalone stream need it open before the call that triggers them), and a GET that cannot
+# connect, whose head does not come, or that another replica serves, holds the session's calls no longer.
+#
+# From its arrival: a POST that came after the GET can reach the upstream before the GET has even asked the
+# store what it is (a shared store's round trips). Until its answer head: written is not enough, the GET goes
+# out on a new connection and the POST on an open one, and the upstream often reads the POST first (the
+# suite's TypeScript fixture server lost 9 elicitations in 100 so). The head says the upstream has taken it
+# (the SDKs' servers register the stream before they answer).
 ORDER_WAIT: Final = 1.0
 
 
+class Ahead:
+    """A GET of a session, from its arrival until it is placed (``settle``) or ``ORDER_WAIT`` has passed: the
+    session's POSTs that come meanwhile wait for it (``Openings.after_gets``). Holds nothing once ended (a
+    standalone view's handler keeps it for the stream's life)."""
+
+    __slots__ = ("_by_session", "_placed", "_session_id", "_timer")
+
+    def __init__(self, by_session: dict[str, set[asyncio.Future[bool]]], session_id: str | None) -> None:
+        self._by_session = by_session
+        self._session_id = session_id
+        # True once placed; False when ORDER_WAIT passed first. None: ended (or no session: nothing waits).
+        self._placed: asyncio.Future[bool] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        if session_id is not None:
+            loop = asyncio.get_running_loop()
+            self._placed = loop.create_future()
+            by_session.setdefault(session_id, set()).add(self._placed)
+            self._timer = loop.call_later(ORDER_WAIT, self._end, False)
+
+    def settle(self) -> None:
+        """Placed: the POSTs that came after it may go (called again: nothing)."""
+        self._end(True)
+
+    def _end(self, placed: bool) -> None:
+        future, timer, self._placed, self._timer = self._placed, self._timer, None, None
+        if future is None or timer is None or self._session_id is None:
+            return
+        timer.cancel()
+        future.set_result(placed)
+        ahead = self._by_session[self._session_id]
+        ahead.discard(future)
+        if not ahead:
+            del self._by_session[self._session_id]  # no set kept per session: only while GETs are ahead
+
+
 class Openings:
-    """The standalone GETs being opened here, by session."""
+    """The standalone GETs being opened here, and the GETs not yet placed, by session."""
 
     def __init__(self) -> None:
         # Being opened: a second cursor-less GET waits for it and joins its stream.
         self.opening: dict[str, asyncio.Future[None]] = {}
-        # Of those, the ones not yet written to their upstream connection: a POST of the session waits.
-        self.sending: dict[str, asyncio.Future[None]] = {}
+        # The GETs not yet placed (each an Ahead's future): a POST of the session waits for them.
+        self._ahead: dict[str, set[asyncio.Future[bool]]] = {}
 
-    async def after_sent(self, session_id: str) -> None:
-        """Wait (ORDER_WAIT at most) until the session's standalone GET being opened, if any, is sent."""
-        sending = self.sending.get(session_id)
-        if sending is None or sending.done():
+    def arrive(self, request: web.Request) -> Ahead:
+        """A GET reached the proxy: called before anything is awaited for it, so that every POST of its
+        session that comes after it waits for it."""
+        return Ahead(self._ahead, request.headers.get(SESSION_HEADER))
+
+    async def after_gets(self, session_id: str) -> None:
+        """Wait until the session's GETs not yet placed are placed, each ORDER_WAIT at most after it came."""
+        ahead = self._ahead.get(session_id)
+        if not ahead:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(ORDER_WAIT):
-                await asyncio.shield(sending)
+        done, _ = await asyncio.wait(list(ahead))  # never cancels them: other POSTs may wait too
+        if not all(placed.result() for placed in done):
+            log.info(
+                "session %s: a GET of the session was not placed within %s s (the upstream's answer head to "
+                "the standalone GET it opens); a request that came after it goes ahead of it",
+                log_id(session_id),
+                ORDER_WAIT,
+            )
 
 
 class Gets:
@@ -81,9 +134,11 @@ class Gets:
         self.pumps = pumps
         self.openings = openings
 
-    async def serve(self, request: web.Request, routed: Routed) -> web.StreamResponse:
+    async def serve(self, request: web.Request, routed: Routed, ahead: Ahead) -> web.StreamResponse:
         """Decided by ``core.get.plan_get`` (its tables), carried out here: fetch what it needs, then do it.
-        ``routed``: what routing read already (the session's access record, for a re-attach)."""
+        ``routed``: what routing read already (the session's access record, for a re-attach); ``ahead``:
+        this GET as the session's POSTs wait for it (``Openings.arrive``), settled here where it is placed
+        and the answer goes on (a stream); the caller settles it when this returns or raises."""
         ctx = self.ctx
         session_id = request.headers.get(SESSION_HEADER)
         cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
@@ -109,6 +164,7 @@ class Gets:
         del facts  # planned: not held by the frame of a view that stays open
         match step:
             case Relay():
+                ahead.settle()  # no session (or none in its revision): its POSTs do not wait for it
                 return await passthrough(ctx, request, None)
             case Reject(error=error):
                 return ctx.reject(request, error, None)
@@ -122,8 +178,9 @@ class Gets:
                     log.info(
                         "session %s: standalone stream %d ended; a new one", log_id(session_id), replaced
                     )
-                return await self._standalone(request, session_id, granted)
+                return await self._standalone(request, session_id, granted, ahead)
             case ServeWindow():
+                ahead.settle()  # a view from the window: nothing of it reaches the upstream
                 assert session_id is not None and cursor_header is not None
                 log.info(
                     "session %s re-attaches to stream %d after %d",
@@ -145,7 +202,7 @@ class Gets:
                 assert_never(step)
 
     async def _standalone(
-        self, request: web.Request, session_id: str, granted: SessionAccess
+        self, request: web.Request, session_id: str, granted: SessionAccess, ahead: Ahead
     ) -> web.StreamResponse:
         """GET without a cursor: the standalone stream, live events only (no history is replayed)."""
         refused = await reserve_view(self.ctx, request, session_id)
@@ -153,7 +210,7 @@ class Gets:
             return refused  # before any upstream GET is opened for it
         try:
             # Planned in a call that returns: a held view keeps no frame of the opening.
-            plan = await self._standalone_plan(request, session_id, granted)
+            plan = await self._standalone_plan(request, session_id, granted, ahead)
             if isinstance(plan, ViewPlan):
                 return await serve_view(self.ctx, request, session_id, plan)
             return await relay(self.ctx, request, plan)  # the upstream's answer when it opened no stream
@@ -161,10 +218,11 @@ class Gets:
             await release_view(self.ctx, session_id)
 
     async def _standalone_plan(
-        self, request: web.Request, session_id: str, granted: SessionAccess
+        self, request: web.Request, session_id: str, granted: SessionAccess, ahead: Ahead
     ) -> ViewPlan | UpstreamAnswer:
         """Join the session's live standalone stream at its head, or open it (one upstream GET per session,
-        and its pump); the upstream's response when that GET did not open an SSE stream."""
+        and its pump); the upstream's response when that GET did not open an SSE stream. ``ahead`` is
+        settled once joined, or once the upstream answered the GET's head."""
         ctx, openings = self.ctx, self.openings
         while True:  # join, wait or open: core.get.plan_standalone decides, each time the store is read
             live = await ctx.store.standalone_stream(session_id)
@@ -176,6 +234,7 @@ class Gets:
             match planned:
                 case Join(stream=stream, head=head, primed=primed):
                     # One upstream GET per session: a second client view joins the live stream at its head.
+                    ahead.settle()
                     preface = b""
                     if primed:
                         cursor = encode_cursor(granted.epoch, stream, head)
@@ -193,22 +252,12 @@ class Gets:
         loop = asyncio.get_running_loop()
         opened_here: asyncio.Future[None] = loop.create_future()
         openings.opening[session_id] = opened_here
-        sent: asyncio.Future[None] = loop.create_future()
-        openings.sending[session_id] = sent
-
-        def on_sent() -> None:  # the GET is written: the session's POSTs may go
-            if not sent.done():
-                sent.set_result(None)
-            if openings.sending.get(session_id) is sent:
-                del openings.sending[session_id]
-
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
             with ctx.drain.upstream_wait(standalone=True):
-                upstream = answer = await ctx.upstream.open_get(
-                    request.path_qs, upstream_headers(request), on_sent
-                )
+                upstream = answer = await ctx.upstream.open_get(request.path_qs, upstream_headers(request))
+            ahead.settle()  # the head came: the upstream has the stream before the session's next call
             if answer.status == 404 and trusted(ctx, request, granted):
                 # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes,
                 # told so by the proxy's own 404 (with its reason), as for any session it no longer tracks.
@@ -248,7 +297,6 @@ class Gets:
                 upstream.release()
             raise
         finally:
-            on_sent()  # sent, or it never will be: nothing waits for it any more
             del openings.opening[session_id]
             opened_here.set_result(None)  # waiters look again: they join this stream, or try themselves
         return answer if plan is None else plan

@@ -134,10 +134,17 @@ class Proxy:
                 routed = await self.routing.route(request, body, post.request_id)
                 response = routed.answer if routed.answer is not None else await self.posts.serve(post)
             elif method == "GET":
-                routed = await self.routing.route(request, b"")
-                response = (
-                    routed.answer if routed.answer is not None else await self.gets.serve(request, routed)
-                )
+                # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
+                ahead = self.gets.openings.arrive(request)
+                try:
+                    routed = await self.routing.route(request, b"")
+                    response = (
+                        routed.answer
+                        if routed.answer is not None
+                        else await self.gets.serve(request, routed, ahead)
+                    )
+                finally:
+                    ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)
             elif method == "DELETE":
                 routed = await self.routing.route(request, b"")
                 response = routed.answer if routed.answer is not None else await serve_delete(ctx, request)

@@ -136,7 +136,7 @@ class Sender:
         keys = message.request_keys if session_id is not None else ()
         epoch = None if granted is None else granted.epoch
         if session_id is not None:
-            await self.openings.after_sent(session_id)
+            await self.openings.after_gets(session_id)
         try:
             upstream = await ctx.upstream.request(
                 "POST", request.path_qs, upstream_headers(request), post.body, decoded=True

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final, cast
 
 import h11
@@ -66,7 +66,6 @@ class HeldGet(asyncio.Protocol):
         "_ended",
         "_error",
         "_head",
-        "_on_sent",
         "_paused",
         "_request",
         "_transport",
@@ -76,13 +75,7 @@ class HeldGet(asyncio.Protocol):
         "status",
     )
 
-    def __init__(
-        self,
-        host: str,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        on_sent: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, host: str, target: str, headers: Sequence[tuple[str, str]]) -> None:
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         fields = [("Host", host)]
         fields += [(n, v) for n, v in headers if n.lower() not in ("accept-encoding", "connection", "host")]
@@ -98,7 +91,6 @@ class HeldGet(asyncio.Protocol):
             self._conn.send(event) or b"" for event in (request, h11.EndOfMessage())
         )
         self._transport: asyncio.Transport | None = None
-        self._on_sent = on_sent  # called once the request is written (then let go)
         self._head: asyncio.Future[None] | None = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Future[bytes] | None = None
         self._chunks: list[bytes] = []
@@ -177,9 +169,6 @@ class HeldGet(asyncio.Protocol):
         if self._request is not None:
             self._transport.write(self._request)
             self._request = None
-        on_sent, self._on_sent = self._on_sent, None
-        if on_sent is not None:
-            on_sent()
 
     def data_received(self, data: bytes) -> None:
         try:

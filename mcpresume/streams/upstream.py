@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 import aiohappyeyeballs
@@ -170,16 +170,13 @@ class Upstream:
             raise bad_encoding(encoding)
         return response
 
-    async def open_get(
-        self, path_qs: str, headers: Sequence[tuple[str, str]], on_sent: Callable[[], None] | None = None
-    ) -> HeldGet:
+    async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
         connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
         answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
-        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``on_sent``
-        is called once the request is written to the connection."""
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
         try:
-            held = HeldGet(self._authority, path_qs, headers, on_sent)
+            held = HeldGet(self._authority, path_qs, headers)
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(

@@ -20,15 +20,22 @@ reads ``Host`` alone, as the TypeScript SDK's does, the kind a proxy that rewrit
 
 It lives under tests/ and not in `mcpresume.examples`: it exists only for the conformance test and is no
 example of using the proxy. ``python -m tests.support.conformance_upstream --port 3001`` serves it alone,
-for running the suite by hand.
+for running the suite by hand; `upstream_process` starts it so for a test, in a process of its own. Run in
+the proxy's own event loop it would hide races a real upstream shows: the loop takes the proxy's writes and
+the upstream's reads in one order, where a server of its own reads each connection when its data arrives
+(the standalone GET on a new connection and the call after it on an open one: read in either order).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import sys
 import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Literal
 
 import mcp_types as types
@@ -50,6 +57,7 @@ __all__ = [
     "ServerRequests",
     "build_conformance_app",
     "build_conformance_server",
+    "upstream_process",
 ]
 
 ServerRequests = Literal["call", "standalone"]
@@ -536,11 +544,51 @@ def build_conformance_app(
     return app if host_check == "sdk" else HostOnlyCheck(app)
 
 
+_READY = "conformance upstream at "
+
+# How long the upstream's process may take to print its URL: an interpreter importing the SDK, Starlette
+# and uvicorn (about a second), on a loaded machine.
+START_TIMEOUT = 60.0
+
+# The repository's root: the process runs ``-m tests.support.conformance_upstream`` from there.
+_ROOT = Path(__file__).resolve().parents[2]
+
+
 async def _serve(port: int, server_requests: ServerRequests, host_check: HostCheck) -> None:
     app = build_conformance_app(server_requests=server_requests, host_check=host_check)
     async with RunningUpstream(app, port=port) as upstream:
-        print(f"conformance upstream at {upstream.url}", flush=True)
+        print(f"{_READY}{upstream.url}", flush=True)
         await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def upstream_process(
+    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk"
+) -> AsyncIterator[str]:
+    """The conformance upstream served by a Python process of its own, on a free port; yields its MCP
+    endpoint's URL, and kills the process on exit (see the module docstring for why not in the test's
+    loop)."""
+    args = ["--port", "0", "--server-requests", server_requests, "--host-check", host_check]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.conformance_upstream",
+        *args,
+        cwd=_ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(START_TIMEOUT):
+            line = (await proc.stdout.readline()).decode(errors="replace").strip()
+        if not line.startswith(_READY):
+            raise RuntimeError(f"the conformance upstream did not start (exit {await proc.wait()}): {line!r}")
+        yield line.removeprefix(_READY)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 def main() -> None:
