@@ -268,8 +268,8 @@ def _spec(mode: dict[str, Any], call_mode: str, answer: str) -> dict[str, Any]:
 def _timeout(spec: dict[str, Any]) -> float:
     if spec["mode"] == "serial":
         # a call of a slow path takes a few ms; 50 ms each is far past anything measured
-        return 60 + (spec["calls"] + spec["warmup_calls"]) * 0.05
-    return 60 + spec["duration"] + spec["warmup"]
+        return 60.0 + (int(spec["calls"]) + int(spec["warmup_calls"])) * 0.05
+    return 60.0 + float(spec["duration"]) + float(spec["warmup"])
 
 
 def run(

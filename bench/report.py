@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import calls as calls_scenario
+from bench.callee import ANSWERS
 from bench.procs import ROOT
 
 KiB = 1024
@@ -567,7 +568,7 @@ def calls_table(calls: dict[str, Any]) -> str:
     saturation, serial, fixed = (results.get(m, {}) for m in calls_scenario.CALL_MODES)
     rate = calls["settings"]["rate"]["rate"]
     rows = []
-    for answer in calls_scenario.ANSWERS:
+    for answer in ANSWERS:
         for name in calls["targets"]:
             sat = saturation.get(answer, {}).get(name)
             floor = saturation.get(answer, {}).get("floor")
