@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import calls, report
 from bench.procs import (
     LOOPBACK,
     PYTHON,
@@ -31,6 +31,7 @@ from bench.procs import (
     Child,
     Processes,
     child_setup,
+    children,
     cpu_seconds,
     raise_fd_limit,
     rss_kib,
@@ -60,6 +61,13 @@ TARGETS = {
     "redis_added_latency_p99_1k_over_memory_ms": 0.5,  # the Redis store's added p99 <= the memory's + 0.5
     "redis_resume_p99_ms": 5.0,
     "redis_memory_per_payload": 1.5,  # Redis used_memory growth / window payload held
+    # Short calls (issue 31), each against paths measured in the same run (bench/calls.py):
+    "calls_sse_vs_floor": 1.0,  # calls/s, SSE answers (with and without ids): mcpresume >= the floor proxy
+    "calls_json_vs_floor": 1.0,  # calls/s, JSON answer
+    "calls_redis_vs_memory": 0.6,  # calls/s, the Redis store >= 0.6x the memory store
+    "calls_serial_added_p50_vs_floor": 1.0,  # one call at a time: p50 above nginx's <= the floor's above it
+    "calls_cpu_vs_floor": 1.2,  # CPU per call at saturation <= 1.2x the floor proxy's
+    "calls_load_headroom": calls.HEADROOM,  # the load generator drives direct >= 5x mcpresume's calls/s
 }
 
 # One stream of 256 B events in each framing but the canonical one (which every other scenario uses).
@@ -106,7 +114,7 @@ MODES: dict[str, dict[str, Any]] = {
 # 9,500 open GET streams (more than max_connections' default 4096; the cap is still fitted to the
 # descriptor limit, which the benchmark raises to the hard one).
 SESSIONS_CAP: dict[str, Any] = {"max_sessions": 200_000, "max_connections": 30_000}  # settings: Any
-SCENARIOS = ("throughput", "latency", "resume", "memory", "sessions", "redis")
+SCENARIOS = ("throughput", "latency", "resume", "memory", "sessions", "redis", "calls")
 REDIS_TP_CONFIGS = [(1, 256), (100, 256), (1, 4096)]
 
 
@@ -564,16 +572,8 @@ def _cpu(child: Child) -> float | None:
         if child.name.startswith("mcpresume"):
             return cpu_seconds(child.pid)
         if child.name == "nginx":
-            return sum(cpu_seconds(pid) for pid in [child.pid, *_children(child.pid)])
+            return sum(cpu_seconds(pid) for pid in [child.pid, *children(child.pid)])
     return None
-
-
-def _children(pid: int) -> list[int]:
-    return [
-        int(found)
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for found in (task / "children").read_text().split()
-    ]
 
 
 def _median_or_none(values: list[float | None]) -> float | None:
@@ -666,6 +666,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(FRAMINGS),
         help="profile only one stream of 256 B events in this upstream framing (collapsed stacks)",
     )
+    parser.add_argument(
+        "--profile-calls",
+        choices=calls.ANSWERS,
+        help="cProfile the proxy under the calls scenario's saturation load, these answers only",
+    )
+    parser.add_argument(
+        "--profile-store", choices=["memory", "redis"], default="memory", help="with --profile-calls"
+    )
     parser.add_argument("--no-nginx", action="store_true", help="skip the nginx comparison")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results directory")
     parser.add_argument(
@@ -701,6 +709,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: dict[str, Any] = {"mode": mode_name, "machine": machine, "targets": TARGETS}
     try:
+        if args.profile_calls:
+            store = None
+            if args.profile_store == "redis":
+                redis = procs.start_redis()
+                if redis is None:
+                    raise SystemExit("redis-server is not installed")
+                store = f"redis://{LOOPBACK}:{redis.port}/0"
+            path = calls.profile(procs, args.output, args.profile_seconds, args.profile_calls, store)
+            log(f"calls profile -> {path}")
+            return 0
         upstream = procs.start_upstream()
         if args.profile:
             sources = report.snapshot_sources()  # the code the profiled proxy runs
@@ -712,10 +730,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(f"profile summary -> {summary}")
             return 0
-        nginx = None if args.no_nginx else procs.start_nginx(upstream)
-        if nginx is None and not args.no_nginx:
+        streams = scenarios & {"throughput", "latency", "resume"}
+        nginx = None if args.no_nginx or not streams else procs.start_nginx(upstream)
+        if nginx is None and streams and not args.no_nginx:
             log("nginx not found: the nginx comparison is skipped (apt-get install nginx-light)")
-        if scenarios & {"throughput", "latency", "resume"}:
+        if streams:
             proxy = procs.start_mcpresume(upstream, name="mcpresume", **SESSIONS_CAP)
             targets = {"direct": upstream, **({"nginx": nginx} if nginx else {}), "mcpresume": proxy}
             if "throughput" in scenarios:
@@ -732,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"held sessions: ratio {results['held_sessions']['ratio']:.2f}")
         if "redis" in scenarios:
             results["redis"] = redis_store(procs, mode, upstream)
+        if "calls" in scenarios:
+            results["calls"] = calls.run(procs, mode_name, nginx=not args.no_nginx)
         results["elapsed_s"] = time.monotonic() - started
         (args.output / "latest.json").write_text(json.dumps(results, indent=1))
         path = report.write(results, args.output)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.procs as procs_mod
-from bench.__main__ import MODES, SESSIONS_CAP, _children, run_client, throughput_spec
+from bench.__main__ import MODES, SESSIONS_CAP, run_client, throughput_spec
 from bench.upstream import FRAMINGS
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 upstream, name=f"mcpresume-{index}", root=directory, **SESSIONS_CAP
             )
         pids = {
-            name: [child.pid, *(_children(child.pid) if name == "nginx" else [])]
+            name: [child.pid, *(procs_mod.children(child.pid) if name == "nginx" else [])]
             for name, child in targets.items()
         }
         names = list(targets)

@@ -83,6 +83,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (nginx's worker), from /proc/<pid>/task/*/children."""
+    return [
+        int(found)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for found in (task / "children").read_text().split()
+    ]
+
+
 @dataclass
 class Child:
     name: str
@@ -163,17 +172,27 @@ class Processes:
         self.children.append(child)
         return child
 
-    def start_upstream(self) -> Child:
-        child = self._spawn("upstream", [PYTHON, "-m", "bench.upstream", "--port", "0"], 0, stdout_ready=True)
+    def start_upstream(self, module: str = "bench.upstream", name: str = "upstream") -> Child:
+        """``module``: ``bench.upstream`` (streams), or ``bench.callee`` (short calls)."""
+        return self._start_ready(name, [PYTHON, "-m", module, "--port", "0"])
+
+    def start_floor(self, upstream: Child) -> Child:
+        """The floor proxy (``bench.floorproxy``, the thinnest aiohttp reverse proxy) before ``upstream``."""
+        argv = [PYTHON, "-m", "bench.floorproxy", "--upstream", upstream.url, "--port", "0"]
+        return self._start_ready("floor", argv)
+
+    def _start_ready(self, name: str, argv: list[str]) -> Child:
+        """A child that prints ``READY <port>`` once it listens."""
+        child = self._spawn(name, argv, 0, stdout_ready=True)
         assert child.proc.stdout is not None
         line = b""
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not line.startswith(b"READY"):
             line = child.proc.stdout.readline()
             if not line and child.proc.poll() is not None:
-                raise RuntimeError(f"upstream exited: {child.log_tail()}")
+                raise RuntimeError(f"{name} exited: {child.log_tail()}")
         if not line.startswith(b"READY"):
-            raise TimeoutError("upstream did not start")
+            raise TimeoutError(f"{name} did not start")
         child.port = int(line.split()[1])
         child.proc.stdout.close()
         wait_port(child.port, 10, child.proc)
@@ -194,16 +213,23 @@ class Processes:
         return child
 
     def start_mcpresume(
-        self, upstream: Child, name: str = "mcpresume", *, root: Path = ROOT, **settings: object
+        self,
+        upstream: Child,
+        name: str = "mcpresume",
+        *,
+        root: Path = ROOT,
+        python_args: tuple[str, ...] = (),
+        **settings: object,
     ) -> Child:
         """``advertise=True``: pass ``--advertise-url`` (this proxy's own URL), as a shared store needs.
         ``root``: the directory whose ``mcpresume/`` runs (cwd and PYTHONPATH; ``tree``), this checkout's
-        by default."""
+        by default. ``python_args``: the interpreter's own, before ``-m mcpresume`` (``-m cProfile -o F``)."""
         port = free_port()
         if settings.pop("advertise", False):
             settings["advertise_url"] = f"http://{LOOPBACK}:{port}/mcp"
         argv = [
             PYTHON,
+            *python_args,
             "-m",
             "mcpresume",
             "serve",
@@ -224,12 +250,13 @@ class Processes:
         wait_port(port, 30, child.proc)
         return child
 
-    def start_nginx(self, upstream: Child, workers: int = 1) -> Child | None:
+    def start_nginx(self, upstream: Child, workers: int = 1, name: str = "nginx") -> Child | None:
+        """``name``: the child's, and its directory's (pid file, logs, temp files) in the run's temp dir."""
         binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if binary is None:
             return None
         port = free_port()
-        conf_dir = self.tmp / "nginx"
+        conf_dir = self.tmp / name
         conf_dir.mkdir(exist_ok=True)
         for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (conf_dir / sub).mkdir(exist_ok=True)
@@ -242,9 +269,7 @@ class Processes:
                 upstream_port=upstream.port,
             )
         )
-        child = self._spawn(
-            "nginx", [binary, "-p", str(conf_dir), "-c", str(conf), "-g", "daemon off;"], port
-        )
+        child = self._spawn(name, [binary, "-p", str(conf_dir), "-c", str(conf), "-g", "daemon off;"], port)
         wait_port(port, 15, child.proc)
         return child
 

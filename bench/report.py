@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench import calls as calls_scenario
+from bench.callee import ANSWERS
 from bench.procs import ROOT
 
 KiB = 1024
@@ -221,6 +223,13 @@ def targets_table(results: dict[str, Any]) -> tuple[list[list[str]], dict[str, b
             ]
         )
     _redis_targets(results, t, rows, verdicts)
+    if "calls" in results:
+        for row in calls_scenario.targets(results["calls"], t):
+            verdicts[row["key"]] = row["ok"]
+            measured = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            if row.get("worst") and row["detail"].count("x") > 1:
+                measured += f" (worst: {row['worst']}; {row['detail']})"
+            rows.append([row["label"], row["goal"], measured, _status(row["ok"])])
     return rows, verdicts
 
 
@@ -541,9 +550,118 @@ def write(results: dict[str, Any], out: Path) -> Path:
         ]
     else:
         parts += [str(redis or "not run"), ""]
+    if "calls" in results:
+        parts += calls_section(results["calls"])
     path = out / "latest.md"
     path.write_text("\n".join(parts))
     return path
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def calls_table(calls: dict[str, Any]) -> str:
+    """One row per answer kind and path; calls/s and CPU per call at saturation (and their ratios to the
+    floor proxy's and nginx's), one call at a time, and the fixed rate."""
+    results = calls["results"]
+    saturation, serial, fixed = (results.get(m, {}) for m in calls_scenario.CALL_MODES)
+    rate = calls["settings"]["rate"]["rate"]
+    rows = []
+    for answer in ANSWERS:
+        for name in calls["targets"]:
+            sat = saturation.get(answer, {}).get(name)
+            floor = saturation.get(answer, {}).get("floor")
+            nginx = saturation.get(answer, {}).get("nginx")
+            one = serial.get(answer, {}).get(name)
+            one_nginx = serial.get(answer, {}).get("nginx")
+            paced = fixed.get(answer, {}).get(name)
+
+            def ratio(mine: dict[str, Any] | None, base: dict[str, Any] | None, key: str) -> str:
+                if not mine or not base or mine.get(key) is None or not base.get(key):
+                    return ""
+                return f"{mine[key] / base[key]:.2f}"
+
+            def lat(row: dict[str, Any] | None, p: str) -> str:
+                if not row or p not in row["latency_ms"]:
+                    return "n/a"
+                # an open-loop rate the path could not keep up with: its latencies are its queue
+                mark = " (behind)" if p == "p50" and calls_scenario.behind(row) else ""
+                return _ms(row["latency_ms"][p]) + mark
+
+            added = ""
+            if one and one_nginx and "p50" in one["latency_ms"] and "p50" in one_nginx["latency_ms"]:
+                added = _ms(one["latency_ms"]["p50"] - one_nginx["latency_ms"]["p50"])
+            errors = sum(row["errors"] for row in (sat, one, paced) if row)
+            rows.append(
+                [
+                    answer,
+                    name,
+                    _cell(sat["rate"], ",.0f") if sat else "n/a",
+                    ratio(sat, floor, "rate"),
+                    ratio(sat, nginx, "rate"),
+                    _cell(sat["cpu_us"], ".0f") if sat else "n/a",
+                    ratio(sat, floor, "cpu_us"),
+                    lat(one, "p50"),
+                    lat(one, "p99"),
+                    added if name != "nginx" else "",
+                    lat(paced, "p50"),
+                    lat(paced, "p99"),
+                    _cell(paced["cpu_us"], ".0f") if paced else "n/a",
+                    f"{errors:,}",
+                ]
+            )
+    header = [
+        "answer",
+        "path",
+        "calls/s",
+        "vs floor",
+        "vs nginx",
+        "CPU us/call",
+        "CPU vs floor",
+        "one at a time p50",
+        "p99",
+        "p50 over nginx",
+        f"{rate:,} calls/s p50",
+        "p99",
+        "CPU us/call",
+        "errors",
+    ]
+    return _table(header, rows)
+
+
+def calls_section(calls: dict[str, Any]) -> list[str]:
+    settings, reps = calls["settings"], calls["reps"]
+    sat = calls["results"].get("saturation", {})
+    direct = [row["direct"] for row in sat.values() if "direct" in row]
+    load = [row["load_cpu_us"] for row in direct if row.get("load_cpu_us") is not None]
+    upstream = [row["cpu_us"] for row in direct if row.get("cpu_us") is not None]
+    parts = [
+        "## Calls",
+        "",
+        f"Short `tools/call` requests, each answered at once by the upstream (`bench.callee`) as SSE with "
+        "`id:` lines (a priming event and the response), SSE without (the response event) or JSON. "
+        f"Saturation: {calls['connections']} keep-alive connections over {calls['sessions']} sessions, one "
+        f"call in flight on each, {settings['saturation']['duration']} s counted after "
+        f"{settings['saturation']['warmup']} s, median of {reps['saturation']} interleaved run(s); CPU = "
+        "the path's process (nginx: master and worker), user + system, per call. One at a time: "
+        f"{settings['serial']['calls']:,} calls on one connection after "
+        f"{settings['serial']['warmup_calls']}, {reps['serial']} run(s) pooled. Fixed rate: "
+        f"{settings['rate']['rate']:,} calls/s open loop over the saturation layout, "
+        f"{settings['rate']['duration']} s counted, {reps['rate']} run(s) pooled, timed from each call's due "
+        "time ('behind': the path could not keep that rate, its latency is its queue). "
+        "Latencies in ms; floor = the thinnest aiohttp reverse proxy (`bench.floorproxy`).",
+        "",
+        calls_table(calls),
+        "",
+    ]
+    if load and upstream:
+        parts += [
+            f"The load generator (`bench/callgen.c`) took {min(load):.0f}-{max(load):.0f} us of CPU per call "
+            f"driving the upstream directly, the upstream {min(upstream):.0f}-{max(upstream):.0f} us.",
+            "",
+        ]
+    return parts
 
 
 # -- plots -----------------------------------------------------------------------------------------------
