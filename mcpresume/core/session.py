@@ -41,7 +41,7 @@ store implement "wait for news after what I last read" without a lost wake-up.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, assert_never
 
@@ -496,8 +496,8 @@ class SessionState:
         # standalone stream must still expire).
         self.version += 1
         evicted = self.window.add(segment, now)
-        if evicted:
-            self._forget_gone_streams()
+        if evicted.streams:
+            self._forget_gone_streams(evicted.streams)
         return evicted
 
     def end_stream(self, stream: int, now: float) -> None:
@@ -518,7 +518,7 @@ class SessionState:
         if self.standalone == stream:
             self.standalone = None
         self.version += 1
-        self._forget_gone_streams()
+        self._forget_gone_streams((stream,))
 
     def group_streams(self, streams: Sequence[int]) -> None:
         """Record that one client view follows ``streams`` together (with the groups they are in already)."""
@@ -547,17 +547,22 @@ class SessionState:
         """An eviction outside an append: readers must look again, and emptied streams are forgotten."""
         if evicted:
             self.version += 1
-            self._forget_gone_streams()
+            if evicted.streams:
+                self._forget_gone_streams(evicted.streams)
         return evicted
 
-    def _forget_gone_streams(self) -> None:
-        window = self.window
+    def _forget_gone_streams(self, candidates: Iterable[int]) -> None:
+        """Forget the ended streams among ``candidates`` that hold no event any more: only a stream that
+        just ended or just lost events can have become so (never a walk over every stream: a session keeps
+        a hundred ended streams of short calls while their events stay in the window)."""
+        window, streams = self.window, self.streams
         # Eviction takes a stream's events oldest first, so its last one is the last to go.
         # (A stream that never had an event, ``last_seq < first_seq``, is gone as soon as it ends.)
         gone = [
             n
-            for n, s in self.streams.items()
-            if _GOES_WHEN_EMPTIED[s.live]
+            for n in sorted(candidates)
+            if (s := streams.get(n)) is not None
+            and _GOES_WHEN_EMPTIED[s.live]
             and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
         ]
         if not gone:

@@ -146,6 +146,10 @@ class Evicted:
     counts: dict[EvictReason, list[int]] = field(default_factory=dict)
     # Of those, the events no client ever received: the number an operator must watch.
     undelivered: list[int] = field(default_factory=lambda: [0, 0])
+    # The streams that lost events (None: none, or not told: the Redis store's counts): the only ones an
+    # eviction can have emptied (``SessionState._forget_gone_streams``). Bookkeeping, not what was evicted:
+    # two passes that evicted the same are equal.
+    streams: set[int] | None = field(default=None, compare=False, repr=False)
 
     def merge(self, other: Evicted) -> None:
         for reason, (count, size) in other.counts.items():
@@ -154,6 +158,8 @@ class Evicted:
             tally[1] += size
         self.undelivered[0] += other.undelivered[0]
         self.undelivered[1] += other.undelivered[1]
+        if other.streams:
+            self.streams = other.streams if self.streams is None else self.streams | other.streams
 
     def __bool__(self) -> bool:
         return bool(self.counts)
@@ -304,6 +310,10 @@ class Window:
         if self._evicted_through is None:
             self._evicted_through = {}
         self._evicted_through[stream] = first + take - 1
+        if evicted.streams is None:
+            evicted.streams = {stream}
+        else:
+            evicted.streams.add(stream)
         self._events -= take
         self.bytes -= size
 
