@@ -105,7 +105,18 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
+# The attributes every log record has: any other one came from ``extra=`` (an access line's fields).
+_RECORD_ATTRIBUTES: frozenset[str] = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the fields a line was logged with
+    (``extra=``) as fields of their own."""
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -114,9 +125,12 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        for name, value in record.__dict__.items():
+            if name not in _RECORD_ATTRIBUTES and name not in line:
+                line[name] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
+        return json.dumps(line, default=str)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ is the one way a refusal is made (a JSON-RPC error body with the stable reason, 
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,28 @@ log = logging.getLogger("mcpresume.proxy")
 # later, its client gone, is counted with it: ``Proxy.handle``).
 ARRIVED: Final = web.RequestKey("mcpresume_arrived", float)
 ANSWERED: Final = web.RequestKey("mcpresume_answered", int)
+
+
+class Action(enum.StrEnum):
+    """What the proxy did with a request, as its access line says (``http/access.py``). Marked on the request
+    where it happens (``DID``); a request marked nothing was forwarded (the MCP endpoint) or relayed."""
+
+    FORWARDED = "forwarded"  # sent upstream; the proxy made its answer a stream of the session (or kept it)
+    RELAYED = "relayed"  # passed through as it came, its answer relayed as it came (no session kept)
+    REATTACHED = "reattached"  # a view of a stream the session holds: a cursor's, or a re-sent request id's
+    JOINED = "joined"  # a view of the session's live standalone stream, opened upstream by another GET
+    REFUSED = "refused"  # answered by the proxy itself with an error (its data.reason)
+    HOPPED = "hopped"  # forwarded to the replica that owns the session (several replicas)
+
+
+# What a request carries for its access line: what the proxy did (unless refused before anything else), the
+# data.reason it was refused with, and the replica's URL it was forwarded to.
+DID: Final = web.RequestKey("mcpresume_did", Action)
+REFUSED: Final = web.RequestKey("mcpresume_refused", str)
+HOPPED_TO: Final = web.RequestKey("mcpresume_hopped_to", str)
+# The answer prepared for a request (with the access log on): the size of its head, for a handler cancelled
+# after it, whose answer is not returned.
+PREPARED: Final = web.RequestKey("mcpresume_prepared", web.StreamResponse)
 
 
 @dataclass
@@ -91,6 +114,7 @@ class ProxyContext:
     def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
         """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""
         session = request.headers.get(SESSION_HEADER)
+        request[REFUSED] = error.reason
         log.warning(
             "%s %s -> %d %s: %s%s",
             request.method,

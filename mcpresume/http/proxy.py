@@ -58,7 +58,8 @@ from mcpresume.core.headers import (
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
-from mcpresume.http.context import ANSWERED, ARRIVED, ProxyContext
+from mcpresume.http.access import AccessLog
+from mcpresume.http.context import ANSWERED, ARRIVED, PREPARED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
 from mcpresume.http.get import Gets, Openings
@@ -108,6 +109,7 @@ class Proxy:
         self.routing = Routing(ctx, self.pumps)  # several replicas: forward, refuse, or take over
         self.gets = Gets(ctx, self.pumps, openings)
         self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
+        self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
@@ -119,6 +121,7 @@ class Proxy:
                 status=503 if ctx.drain.started else 204, headers={REPLICA_HEADER: settings.replica}
             )
         request[ARRIVED] = asyncio.get_running_loop().time()
+        methods: tuple[str, ...] = ()  # a POST's JSON-RPC methods, for its access line
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
@@ -130,7 +133,9 @@ class Proxy:
                 raise StoreUnavailable("the session store has not answered since this replica started")
             elif method == "POST":
                 body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-                post = Post(request, body, parse_client_body(body), request.headers.get(SESSION_HEADER))
+                message = parse_client_body(body)
+                methods = message.methods
+                post = Post(request, body, message, request.headers.get(SESSION_HEADER))
                 routed = await self.routing.route(request, body, post.request_id)
                 response = routed.answer if routed.answer is not None else await self.posts.serve(post)
             elif method == "GET":
@@ -146,15 +151,29 @@ class Proxy:
         except ProxyError as error:
             response = ctx.reject(request, error, None)
         except BaseException as exc:  # counted when it ends, as every request: once (the client left, say)
-            ctx.metrics.requests.labels(request.method, str(unreturned_status(request, exc))).inc()
+            self._ended(request, unreturned_status(request, exc), None, methods)
             raise
-        ctx.metrics.requests.labels(request.method, str(response.status)).inc()
+        self._ended(request, response.status, response, methods)
         return response
+
+    def _ended(
+        self,
+        request: web.Request,
+        status: int,
+        response: web.StreamResponse | None,
+        methods: tuple[str, ...],
+    ) -> None:
+        """A request ended (``response``: the answer its handler returned; None: it did not return): the one
+        place it is counted and its access line written."""
+        self.ctx.metrics.requests.labels(request.method, str(status)).inc()
+        self.access.ended(request, status, response, methods, asyncio.get_running_loop().time())
 
     async def prepared(self, request: web.Request, response: web.StreamResponse) -> None:
         """The application's ``on_response_prepare``: the status a request was answered is known from here
         (its handler may yet be cancelled)."""
         request[ANSWERED] = response.status
+        if self.access.on():  # its head's size, should the handler not return it (its client left)
+            request[PREPARED] = response
 
     async def _other_path(self, request: web.Request) -> web.StreamResponse:
         """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the

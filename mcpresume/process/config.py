@@ -126,6 +126,7 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(10.0, ge=0, description="seconds to let POST streams finish on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
+    access_log: bool = Field(True, description="one line per request (logger mcpresume.access, at info)")
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
