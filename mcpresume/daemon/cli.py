@@ -1,4 +1,4 @@
-"""The command line: ``mcpresume serve``, ``mcpresume demo``, ``mcpresume --version``.
+"""The command line: ``mcpresume serve``, ``check-config``, ``demo``, ``--version``.
 
 Every setting is a flag with the setting's name in dashes (``--window-events``); only the flags given on
 the command line are passed on, so the precedence CLI > env > file > defaults holds.
@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run the proxy in front of an upstream MCP server",
         description="Run the proxy in front of an upstream MCP server (--upstream).",
     )
+    check = commands.add_parser(
+        "check-config",
+        help="check the settings, and reach the upstream and the store; exit 0 or 2",
+        description="Load the settings as serve would (the same flags, environment and file), then reach the"
+        " upstream (any HTTP answer) and the store (Redis: a write). One line per problem; exit 0 when there"
+        " is none, else 2.",
+    )
     demo = commands.add_parser(
         "demo",
         help="run a bundled example upstream behind the proxy and show resumption",
@@ -58,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--once", action="store_true", help="exit after the demo instead of serving until Ctrl-C"
     )
-    for sub, names in ((serve, tuple(Settings.model_fields)), (demo, DEMO_SETTINGS)):
+    every = tuple(Settings.model_fields)
+    for sub, names in ((serve, every), (check, every), (demo, DEMO_SETTINGS)):
         sub.add_argument(
             "--config", metavar="FILE", help="TOML settings file [default: none; env MCPRESUME_CONFIG]"
         )
@@ -142,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config_file = args.pop("config", None)
     once = args.pop("once", False)
+    if command == "check-config":
+        return check_config(args, config_file)
     try:
         settings = load_settings(args, config_file)
         if command == "serve" and settings.upstream is None:
@@ -171,6 +181,28 @@ def main(argv: list[str] | None = None) -> int:
     except ListenError as exc:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
+
+
+def check_config(args: dict[str, Any], config_file: str | None) -> int:
+    """``mcpresume check-config``: each problem one line on stderr, exit 2; else one line on stdout, 0."""
+    from mcpresume.daemon.check import check
+
+    try:
+        settings = load_settings(args, config_file)
+    except SettingsError as exc:
+        problems = exc.problems
+    else:
+        configure_logging("error", settings.log_format)  # the lines below say it all
+        problems = asyncio.run(check(settings))
+    for problem in problems:
+        print(f"mcpresume: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    from mcpresume.daemon.check import without_password
+
+    store = "memory" if settings.store == "memory" else f"{without_password(settings.store)} takes writes"
+    print(f"mcpresume: configuration ok: the upstream {settings.upstream} answers; store {store}")
+    return 0
 
 
 # The top-level modules of the demo extra's packages (pyproject.toml: demo = ["mcp", "uvicorn"]) and of

@@ -201,7 +201,12 @@ class Settings(BaseSettings):
 
 
 class SettingsError(Exception):
-    """A setting is invalid: the message is one line naming the setting and the problem."""
+    """A setting is invalid: the message is one line naming the setting and the problem; ``problems``, one
+    line per problem (``mcpresume check-config`` prints them so)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 # Listen-on-everything addresses: valid for ``host``, never an address another replica can connect to.
@@ -230,12 +235,13 @@ def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settin
     try:
         return FileSettings(**cli)
     except ValidationError as exc:
-        raise SettingsError(_one_line(exc)) from None
+        problems = _problems(exc)
+        raise SettingsError("; ".join(problems), problems) from None
     except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file
         raise SettingsError(f"config: {exc}") from None
 
 
-def _one_line(exc: ValidationError) -> str:
+def _problems(exc: ValidationError) -> list[str]:
     problems = []
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"]) or "settings"
@@ -243,4 +249,4 @@ def _one_line(exc: ValidationError) -> str:
         if error["type"] == "extra_forbidden":
             message = "unknown setting"
         problems.append(f"{name}: {message} (got {error.get('input')!r})")
-    return "; ".join(problems)
+    return problems
