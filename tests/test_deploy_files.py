@@ -56,10 +56,15 @@ def _admin_paths() -> set[str]:
 
 
 def _exported_metric_names() -> set[str]:
-    """Names as Prometheus sees them: prometheus_client adds ``_total`` to a Counter's name."""
+    """Names as Prometheus sees them: prometheus_client adds ``_total`` to a Counter's name, ``_info`` to an
+    Info's. The proxy's
+    own (``mcpresume_*``): the process collector's standard ``process_*`` ones are every Python exporter's,
+    shown by the dashboards made for them (this one graphs the memory, with the version)."""
     names = set()
     for family in Metrics().registry.collect():
-        names.add(family.name + "_total" if family.type == "counter" else family.name)
+        if family.name.startswith("mcpresume_"):
+            suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+            names.add(family.name + suffix)
     return names
 
 

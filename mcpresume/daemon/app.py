@@ -284,6 +284,8 @@ def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Applica
 
     async def readyz(_: web.Request) -> web.Response:
         ok = ready() and not ctx.drain.started and not ctx.awaiting_store and await ctx.store.ready()
+        if ok and ctx.settings.ready_on_upstream:  # a sidecar's: its pod leaves the balancer with it
+            ok = await ctx.upstream.answers(ctx.settings.connect_timeout)
         return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
 
     admin = web.Application()

@@ -127,6 +127,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
     access_log: bool = Field(True, description="one line per request (logger mcpresume.access, at info)")
+    ready_on_upstream: bool = Field(
+        False,
+        description="/readyz also needs the upstream to answer HTTP (a sidecar's pod then leaves the "
+        "balancer while its upstream is down)",
+    )
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -158,6 +158,21 @@ class Upstream:
             raise bad_encoding(encoding)
         return response
 
+    async def answers(self, within: float) -> bool:
+        """Whether the upstream answers HTTP at its MCP endpoint within ``within`` seconds, any status (an
+        MCP endpoint answers a bare GET with 400, 405 or 406): ``/readyz`` with ``ready_on_upstream``."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        try:
+            async with asyncio.timeout(within):
+                # A connection of its own (closed after): one kept alive from before would answer for a
+                # listener that is gone.
+                headers = {"Accept": "application/json, text/event-stream", "Connection": "close"}
+                response = await self._session.get(self.url, headers=headers, allow_redirects=False)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+        response.close()  # the head is enough: an SSE answer would never end
+        return True
+
     async def open_get(
         self, path_qs: str, headers: Sequence[tuple[str, str]], on_sent: Callable[[], None] | None = None
     ) -> HeldGet:
