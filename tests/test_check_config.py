@@ -87,3 +87,13 @@ def test_check_config_takes_every_flag_serve_takes(command: str) -> None:
 
     parser = _parser()
     assert parser.parse_args([command, "--window-events", "3"]).window_events == "3"
+
+
+async def test_an_environment_variable_that_matches_no_setting_is_a_problem(example_upstream: str) -> None:
+    env = _env() | {"MCPRESUME_UPSTREM": example_upstream}
+    code, out, err = await check_config("--upstream", example_upstream, env=env)
+    assert code == 2 and out == []
+    assert err == [
+        "mcpresume: environment: MCPRESUME_UPSTREM matches no setting and is ignored; did you mean "
+        "MCPRESUME_UPSTREAM?"
+    ]

@@ -12,13 +12,14 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from mcpresume import __version__
-from mcpresume.process.config import Settings, SettingsError, load_settings
+from mcpresume.process.config import Settings, SettingsError, load_settings, unknown_variables
 
 log = logging.getLogger("mcpresume")
 
@@ -83,8 +84,21 @@ def _parser() -> argparse.ArgumentParser:
                     help=help_text,
                 )
             else:
-                sub.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=help_text)
+                sub.add_argument(
+                    flag,
+                    dest=name,
+                    default=argparse.SUPPRESS,
+                    metavar=_metavar(field.annotation),
+                    help=help_text,
+                )
     return parser
+
+
+def _metavar(annotation: Any) -> str:
+    """What a flag takes: a Literal setting's choices (``{text,json}``), else VALUE."""
+    if get_origin(annotation) is Literal:
+        return "{" + ",".join(str(choice) for choice in get_args(annotation)) + "}"
+    return "VALUE"
 
 
 def _default_and_env(name: str) -> str:
@@ -160,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    for line in unknown_variables(os.environ):
+        log.warning("%s", line)
     _use_uvloop()
     if command == "serve":
         return asyncio.run(serve(settings))
@@ -194,6 +210,7 @@ def check_config(args: dict[str, Any], config_file: str | None) -> int:
     else:
         configure_logging("error", settings.log_format)  # the lines below say it all
         problems = asyncio.run(check(settings))
+    problems = problems + unknown_variables(os.environ)
     for problem in problems:
         print(f"mcpresume: {problem}", file=sys.stderr)
     if problems:
@@ -251,4 +268,5 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     log.info("draining (up to %.0f s)", settings.drain_timeout)
     await proxy.stop()
+    log.info("stopped")
     return 0

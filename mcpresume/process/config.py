@@ -7,8 +7,10 @@ documents every setting; keep it in step with this class.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -242,8 +244,28 @@ def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settin
     except ValidationError as exc:
         problems = _problems(exc)
         raise SettingsError("; ".join(problems), problems) from None
-    except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file
-        raise SettingsError(f"config: {exc}") from None
+    except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file: which file says where
+        raise SettingsError(f"config: {path}: {exc}" if path else f"config: {exc}") from None
+
+
+# The variables of the prefix that name no setting but mean something.
+OTHER_VARIABLES: frozenset[str] = frozenset({"MCPRESUME_CONFIG"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``MCPRESUME_*`` environment variable that matches no setting (a typo is otherwise
+    ignored in silence), with the closest name there is."""
+    known = {f"MCPRESUME_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    lines = []
+    for variable in sorted(environ):
+        name = variable.upper()  # the variables are read case-insensitively
+        if not name.startswith("MCPRESUME_") or name in known:
+            continue
+        # Compared without the prefix, which every name shares: it would make any two look alike.
+        closest = difflib.get_close_matches(name[10:], sorted(k[10:] for k in known), n=1, cutoff=0.6)
+        hint = f"; did you mean MCPRESUME_{closest[0]}?" if closest else ""
+        lines.append(f"environment: {variable} matches no setting and is ignored{hint}")
+    return lines
 
 
 def _problems(exc: ValidationError) -> list[str]:
