@@ -724,3 +724,16 @@ class SessionState:
         """No POST stream being pumped: the session may expire ``session_ttl`` after its last client
         activity (``last_active``; a process holding a view of it touches it, see process/local.py)."""
         return self.live_post_streams() == 0
+
+    def claim_counts(self) -> tuple[int, int, int]:
+        """The request ids remembered, by what they hold: (in flight, answered without a stream, on a
+        stream). For the session inspector."""
+        in_flight = answered = streamed = 0
+        for held in self._requests.values():
+            if held is ClaimState.PENDING:
+                in_flight += 1
+            elif held is ClaimState.ANSWERED:
+                answered += 1
+            else:
+                streamed += 1
+        return in_flight, answered, streamed

@@ -55,6 +55,7 @@ SCRIPTS: Final = (
     "read",
     "release",
     "retire",
+    "summary",
     "takeover",
     "touch",
     "view",
