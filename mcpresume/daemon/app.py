@@ -20,6 +20,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from mcpresume.core.errors import StoreUnavailable
 from mcpresume.core.window import WindowLimits
+from mcpresume.daemon.inspector import add_inspector
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.http.proxy import Proxy
@@ -292,6 +293,8 @@ def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Applica
     admin.router.add_get("/metrics", metrics)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
+    if ctx is not None:  # (the tests build it without one to list its paths)
+        add_inspector(admin, ctx)
     return admin
 
 

@@ -24,6 +24,9 @@ from mcpresume.process.config import Settings, SettingsError, load_settings, unk
 log = logging.getLogger("mcpresume")
 
 
+# Where ``mcpresume sessions`` reads the inspector: the admin listener's defaults.
+DEFAULT_ADMIN_URL = "http://127.0.0.1:9464"
+
 # The settings ``mcpresume demo`` uses (it runs its own upstream; the rest keep their defaults).
 DEMO_SETTINGS = (
     "host",
@@ -57,6 +60,26 @@ def _parser() -> argparse.ArgumentParser:
         " upstream (any HTTP answer) and the store (Redis: a write). One line per problem; exit 0 when there"
         " is none, else 2.",
     )
+    sessions = commands.add_parser(
+        "sessions",
+        help="list the sessions, or show one, through the admin port's session inspector",
+        description="Read the session inspector of a running proxy (its inspect_token set): the sessions"
+        " (a page), or one by its id or its 10-character hash (the one in the logs).",
+    )
+    sessions.add_argument("ref", nargs="?", metavar="SESSION", help="a session id or its 10-character hash")
+    sessions.add_argument(
+        "--admin-url",
+        default=os.environ.get("MCPRESUME_ADMIN_URL", DEFAULT_ADMIN_URL),
+        help=f"the admin listener [default: {DEFAULT_ADMIN_URL}; env MCPRESUME_ADMIN_URL]",
+    )
+    sessions.add_argument(
+        "--token",
+        default=os.environ.get("MCPRESUME_INSPECT_TOKEN", ""),
+        help="the proxy's inspect_token [env MCPRESUME_INSPECT_TOKEN]",
+    )
+    sessions.add_argument("--offset", type=int, default=0, help="the page's first session [default: 0]")
+    sessions.add_argument("--limit", type=int, default=50, help="sessions per page [default: 50]")
+    sessions.add_argument("--json", action="store_true", help="the inspector's JSON as it answered")
     demo = commands.add_parser(
         "demo",
         help="run a bundled example upstream behind the proxy and show resumption",
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     once = args.pop("once", False)
     if command == "check-config":
         return check_config(args, config_file)
+    if command == "sessions":
+        return show_sessions(args)
     try:
         settings = load_settings(args, config_file)
         if command == "serve" and settings.upstream is None:
@@ -197,6 +222,29 @@ def main(argv: list[str] | None = None) -> int:
     except ListenError as exc:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
+
+
+def show_sessions(args: dict[str, Any]) -> int:
+    """``mcpresume sessions [SESSION]``: 0 with what the inspector answered; 1 for an unknown session; 2
+    when it cannot be read (unreachable, off, or the token refused)."""
+    import aiohttp
+
+    from mcpresume.daemon.inspector import read, table
+
+    ref = args["ref"]
+    try:
+        status, body = asyncio.run(read(args["admin_url"], args["token"], ref, args["offset"], args["limit"]))
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        print(f"mcpresume: cannot read the inspector at {args['admin_url']}: {exc}", file=sys.stderr)
+        return 2
+    if status != 200:
+        print(f"mcpresume: {body.get('error', status)}", file=sys.stderr)
+        return 1 if status == 404 and ref else 2
+    if args["json"] or ref:
+        print(json.dumps(body, indent=2))
+    else:
+        print("\n".join(table(body)))
+    return 0
 
 
 def check_config(args: dict[str, Any], config_file: str | None) -> int:

@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
     access_log: bool = Field(True, description="one line per request (logger mcpresume.access, at info)")
+    inspect_token: str = Field(
+        "",
+        description="a token that turns the session inspector on (GET /sessions on the admin port, "
+        "Authorization: Bearer TOKEN; empty: off)",
+    )
     ready_on_upstream: bool = Field(
         False,
         description="/readyz also needs the upstream to answer HTTP (a sidecar's pod then leaves the "
@@ -249,7 +254,7 @@ def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settin
 
 
 # The variables of the prefix that name no setting but mean something.
-OTHER_VARIABLES: frozenset[str] = frozenset({"MCPRESUME_CONFIG"})
+OTHER_VARIABLES: frozenset[str] = frozenset({"MCPRESUME_CONFIG", "MCPRESUME_ADMIN_URL"})
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
