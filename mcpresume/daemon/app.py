@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
+from mcpresume import __version__
 from mcpresume.core.errors import StoreUnavailable
 from mcpresume.core.window import WindowLimits
 from mcpresume.daemon.inspector import add_inspector
@@ -28,6 +29,7 @@ from mcpresume.process.config import Settings, check_advertise_url
 from mcpresume.process.drain import DRAIN_GRACE
 from mcpresume.process.logs import log_id
 from mcpresume.process.metrics import CONTENT_TYPE_LATEST, Metrics
+from mcpresume.process.tracing import Tracing
 from mcpresume.replicas.hop import Hop, owner_head_timeout
 from mcpresume.replicas.lease import DuplicateReplica, Lease
 from mcpresume.store import SessionStore
@@ -112,6 +114,7 @@ def build_app(
         first_byte_timeout=settings.first_byte_timeout,
     )
     ctx = ProxyContext(settings, store, metrics, upstream, clock, owns_store=owns_store)
+    ctx.tracing = upstream.tracing = Tracing(settings.replica, __version__)
     store.set_news(ctx.local.changed)
     check_advertise_url(settings.store, settings.advertise_url)
     if settings.advertise_url is not None:  # several replicas over one store: owner routing
@@ -126,6 +129,7 @@ def build_app(
             drain=ctx.drain,
         )
         hop = ctx.hop
+        hop.tracing = ctx.tracing
         probe_wait = max(settings.connect_timeout, settings.owner_lease_ttl / 2)
         ctx.lease = Lease(
             store,

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from mcpresume.core.headers import SESSION_HEADER
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.http.context import ARRIVED, DID, HOPPED_TO, PREPARED, REFUSED, Action
 from mcpresume.process.logs import log_id
 
@@ -71,19 +71,28 @@ class AccessLog:
         response: web.StreamResponse | None,
         methods: tuple[str, ...],
         now: float,
-    ) -> None:
+        *,
+        want: bool = False,
+    ) -> dict[str, Any] | None:
         """The line of ``request``, ended at ``now`` (the loop's clock) with ``status``; ``response``: the
-        answer its handler returned (None: it did not return; what it prepared, if anything, is PREPARED)."""
-        if not self.on():
-            return
+        answer its handler returned (None: it did not return; what it prepared, if anything, is PREPARED).
+        Returns its fields, when it is written or ``want`` (the request's span needs them too)."""
+        on = self.on()
+        if not on and not want:
+            return None
         if response is None or response.prepared:  # PREPARED is set: let go of it here (an answer that did
             # not end refers to its request), and the answer's head is known (a cancelled handler's)
-            response = request.pop(PREPARED, None)
+            prepared = request.pop(PREPARED, None)
+            response = prepared if response is None else response
         fields = self.fields(request, status, response, methods, now)
-        # Made and handled directly: the logger's own search of the caller's frame costs more than the rest.
-        log.handle(
-            log.makeRecord(log.name, logging.INFO, __file__, 0, AccessLine(fields), (), None, None, fields)
-        )
+        if on:
+            # Made and handled directly: the logger's search of the caller's frame costs more than the rest.
+            log.handle(
+                log.makeRecord(
+                    log.name, logging.INFO, __file__, 0, AccessLine(fields), (), None, None, fields
+                )
+            )
+        return fields
 
     def on(self) -> bool:
         """Whether lines are written: the setting, and the logger's level."""
@@ -145,3 +154,26 @@ def _head_bytes(request: web.Request, response: web.StreamResponse) -> int:
     for name, value in response.headers.items():
         size += len(name) + len(value) + 4  # "name: value\r\n"
     return size
+
+
+def span_attributes(request: web.Request, fields: Mapping[str, Any]) -> dict[str, str | int]:
+    """What a request's span says once it ended (``process/tracing.py``), from its access line's fields:
+    the MCP method(s), the session's hash, what the proxy did, a cursor's outcome, the replica hopped to."""
+    attributes: dict[str, str | int] = {
+        "http.response.status_code": fields["status"],
+        "mcpresume.action": fields["action"],
+    }
+    if fields["rpc"] is not None:
+        attributes["mcp.method.name"] = fields["rpc"]
+    if fields["session"] is not None:
+        attributes["mcpresume.session"] = fields["session"]
+    if fields["reason"] is not None:
+        attributes["error.type"] = fields["reason"]
+    if fields["hop"] is not None:
+        attributes["mcpresume.hop"] = fields["hop"]
+    if LAST_EVENT_ID_HEADER in request.headers:  # a resume: re-attached, or the reason it was refused
+        outcome = (
+            "reattach" if fields["action"] == Action.REATTACHED else fields["reason"] or fields["action"]
+        )
+        attributes["mcpresume.resume.outcome"] = outcome
+    return attributes

@@ -8,6 +8,7 @@ is the one way a refusal is made (a JSON-RPC error body with the stable reason, 
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from mcpresume.process.drain import Drain
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.logs import log_id
 from mcpresume.process.metrics import Metrics
+from mcpresume.process.tracing import NO_TRACING, Tracing
 from mcpresume.replicas.hop import Hop
 from mcpresume.replicas.lease import Lease
 from mcpresume.store import SessionStore
@@ -77,6 +79,7 @@ class ProxyContext:
     hop: Hop | None = None
     lease: Lease | None = None
     drain: Drain = field(default_factory=Drain)  # how this replica stops (process/drain.py)
+    tracing: Tracing = NO_TRACING  # OpenTelemetry, when the OTEL_* variables ask for it (process/tracing.py)
     # The store has not answered since start-up (a sidecar's Redis not up yet): until it does, and the lease
     # and the orphans' adoption are done (``daemon/app.py``), requests on the MCP endpoint get 503
     # ``store_unavailable`` and ``/readyz`` 503.
@@ -105,6 +108,8 @@ class ProxyContext:
         await self.upstream.close()
         if self.owns_store:
             await self.store.close()
+        if self.tracing.enabled:  # the last spans exported (a blocking call: off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     async def drop_session(self, session_id: str, epoch: str | None = None) -> None:
         """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""

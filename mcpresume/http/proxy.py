@@ -58,7 +58,7 @@ from mcpresume.core.headers import (
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
-from mcpresume.http.access import AccessLog
+from mcpresume.http.access import AccessLog, span_attributes
 from mcpresume.http.context import ANSWERED, ARRIVED, PREPARED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
@@ -67,6 +67,7 @@ from mcpresume.http.incoming import Post
 from mcpresume.http.post import Posts
 from mcpresume.http.route import Routing
 from mcpresume.http.send import Sender
+from mcpresume.process.tracing import Span
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")
@@ -122,6 +123,7 @@ class Proxy:
             )
         request[ARRIVED] = asyncio.get_running_loop().time()
         methods: tuple[str, ...] = ()  # a POST's JSON-RPC methods, for its access line
+        span = self._span(request) if ctx.tracing.enabled else None
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
@@ -151,9 +153,9 @@ class Proxy:
         except ProxyError as error:
             response = ctx.reject(request, error, None)
         except BaseException as exc:  # counted when it ends, as every request: once (the client left, say)
-            self._ended(request, unreturned_status(request, exc), None, methods)
+            self._ended(request, unreturned_status(request, exc), None, methods, span)
             raise
-        self._ended(request, response.status, response, methods)
+        self._ended(request, response.status, response, methods, span)
         return response
 
     def _ended(
@@ -162,11 +164,29 @@ class Proxy:
         status: int,
         response: web.StreamResponse | None,
         methods: tuple[str, ...],
+        span: Span | None,
     ) -> None:
         """A request ended (``response``: the answer its handler returned; None: it did not return): the one
-        place it is counted and its access line written."""
+        place it is counted, its access line written and its span ended."""
         self.ctx.metrics.requests.labels(request.method, str(status)).inc()
-        self.access.ended(request, status, response, methods, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        fields = self.access.ended(request, status, response, methods, now, want=span is not None)
+        if span is not None and fields is not None:
+            span.end(span_attributes(request, fields), fields["reason"])
+
+    def _span(self, request: web.Request) -> Span | None:
+        """The request's span: named by its method, and the MCP endpoint's path (any other path is the
+        client's to choose: not in a name, which must stay few)."""
+        path = request.path
+        name = f"{request.method} {path}" if path == self.ctx.upstream.mcp_path else request.method
+        attributes: dict[str, str | int] = {
+            "http.request.method": request.method,
+            "url.path": path[:200],
+            "mcpresume.replica": self.settings.replica,
+        }
+        if request.remote:
+            attributes["client.address"] = request.remote
+        return self.ctx.tracing.start(name, request.headers, attributes)
 
     async def prepared(self, request: web.Request, response: web.StreamResponse) -> None:
         """The application's ``on_response_prepare``: the status a request was answered is known from here

@@ -23,6 +23,7 @@ from mcpresume.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from mcpresume.process.tracing import NO_TRACING
 from mcpresume.streams.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
@@ -91,6 +92,8 @@ class Upstream:
         self._port = self.url.port or (443 if self.url.scheme == "https" else 80)
         self._authority = self.url.host_port_subcomponent or self._host
         self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
+        # The application's (``process/tracing.py``): every request sent carries the current trace context.
+        self.tracing = NO_TRACING
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -128,6 +131,7 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
+        headers = self.tracing.inject(headers)
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
@@ -182,7 +186,7 @@ class Upstream:
         ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``on_sent``
         is called once the request is written to the connection."""
         try:
-            held = HeldGet(self._authority, path_qs, headers, on_sent)
+            held = HeldGet(self._authority, path_qs, self.tracing.inject(headers), on_sent)
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(
