@@ -176,3 +176,24 @@ async def test_a_request_routed_to_the_owner_replica_says_hopped_and_where(
     assert hopped.hop == a.url and served.hop is None  # type: ignore[attr-defined]
     assert served.session == hopped.session == log_id(client.session_id)  # type: ignore[attr-defined]
     assert f"hop={a.url}" in hopped.getMessage()
+
+
+async def test_a_second_standalone_get_joins_the_first_ones_stream(
+    example_upstream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, ACCESS)
+    async with running_proxy(example_upstream) as proxy, aiohttp.ClientSession() as http:
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        headers = client.headers(Accept="text/event-stream")
+        first = await http.get(client.url, headers=headers)
+        await until(lambda: proxy.ctx.local.attached(client.session_id) == 1, what="the first GET's view")
+        second = await http.get(client.url, headers=headers)
+        await until(lambda: proxy.ctx.local.attached(client.session_id) == 2, what="the second GET's view")
+        assert first.status == second.status == 200
+        second.close()
+        await until(lambda: len(_lines(caplog)) == 3, what="the second GET's line")
+        first.close()
+        await until(lambda: len(_lines(caplog)) == 4, what="the first GET's line")
+    joined, opened = _lines(caplog)[2:]
+    assert (joined.action, opened.action) == ("joined", "forwarded")  # type: ignore[attr-defined]
