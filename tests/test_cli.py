@@ -247,3 +247,62 @@ def test_demo_help_lists_only_what_the_demo_uses() -> None:
     assert flags == {"--help", "--once", "--config"} | {"--" + n.replace("_", "-") for n in DEMO_SETTINGS}
     assert "--upstream" not in text  # the demo runs its own
     assert "pip install 'mcpresume[demo]'" in text
+
+
+def test_a_toml_syntax_error_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "broken.toml"
+    config.write_text("window_events = = 3\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, str(config))
+    assert str(info.value).startswith(f"config: {config}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_environment_variables_that_match_no_setting_are_named_with_the_closest_setting() -> None:
+    from mcpresume.process.config import unknown_variables
+
+    environ = {
+        "MCPRESUME_WINDOW_EVENT": "3",  # a typo
+        "MCPRESUME_LOGFORMAT": "json",
+        "MCPRESUME_ZZZ": "1",  # nothing close
+        "MCPRESUME_PORT": "1",  # a setting
+        "mcpresume_host": "::",  # a setting too: the variables are read case-insensitively
+        "MCPRESUME_CONFIG": "/etc/m.toml",  # the file, not a setting
+        "HOME": "/root",
+    }
+    assert unknown_variables(environ) == [
+        "environment: MCPRESUME_LOGFORMAT matches no setting and is ignored; did you mean "
+        "MCPRESUME_LOG_FORMAT?",
+        "environment: MCPRESUME_WINDOW_EVENT matches no setting and is ignored; did you mean "
+        "MCPRESUME_WINDOW_EVENTS?",
+        "environment: MCPRESUME_ZZZ matches no setting and is ignored",
+    ]
+
+
+def test_help_shows_the_choices_of_a_setting_that_has_them() -> None:
+    text = _help("serve")
+    assert "--log-format {text,json}" in text
+    assert "--log-level {debug,info,warning,error}" in text
+    assert "--overflow {evict,pause}" in text
+    assert "--window-events VALUE" in text
+
+
+def test_the_demo_transcript_is_not_interleaved_with_log_lines() -> None:
+    """Its stdout and stderr together, as a terminal shows them: the transcript whole, then the log lines."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mcpresume", "demo", "--once", "--port", "0", "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
+    )
+    lines = done.stdout.splitlines()
+    logged = [i for i, line in enumerate(lines) if re.match(r"^\d{4}-\d\d-\d\d \S+ (INFO|WARNING) ", line)]
+    first = lines.index("== 1. The official MCP SDK client, through the proxy ==")
+    heading = lines.index("== What the proxy logged meanwhile (the access log: one line per request) ==")
+    counters = lines.index("== Metric counters ==")
+    assert first < counters < heading
+    assert logged and all(i > heading for i in logged)  # none inside the transcript
+    assert any("mcpresume.access" in lines[i] and "reattached" in lines[i] for i in logged)

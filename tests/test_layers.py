@@ -1,9 +1,10 @@
 """The house by layers: ``pyproject.toml``'s import contracts hold, checked by import-linter itself.
 
 The contracts (``[tool.importlinter]``): daemon > http > replicas | streams > process > store > core, every
-package of the tree named in them; the core imports no framework and no I/O; prometheus and pydantic each
-in one module; no circle among the modules of any package. The second and third tests show the check is not
-vacuous: a copy of the package with one import that runs back up, or one that closes a circle, fails it.
+package of the tree named in them; the core imports no framework and no I/O; prometheus, pydantic and
+opentelemetry each in one module; no circle among the modules of any package. The other tests show the
+check is not vacuous: a copy of the package with one import that runs back up, closes a circle, or imports
+opentelemetry elsewhere, fails it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
 def test_the_import_contracts_hold() -> None:
     result = _lint(REPO_ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "6 kept, 0 broken" in result.stdout
+    assert "7 kept, 0 broken" in result.stdout
 
 
 def test_an_import_that_runs_back_up_breaks_the_layers(tmp_path: Path) -> None:
@@ -68,3 +69,10 @@ def test_a_circle_breaks_the_contract_even_through_a_type_only_import(tmp_path: 
     result = _lint(root)
     assert result.returncode == 1
     assert "No circle" in result.stdout and "BROKEN" in result.stdout
+
+
+def test_opentelemetry_outside_process_tracing_breaks_its_contract(tmp_path: Path) -> None:
+    root = _copy_with(tmp_path, "streams.upstream", "import opentelemetry.trace  # noqa")
+    result = _lint(root)
+    assert result.returncode == 1
+    assert "OpenTelemetry (the otel extra) in one place" in result.stdout and "BROKEN" in result.stdout

@@ -74,13 +74,16 @@ async def test_sigterm_drains_and_exits_zero(example_upstream: str) -> None:
         "--log-format",
         "json",
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # A typo of MCPRESUME_WINDOW_EVENTS: warned about at start, with the name it was meant to be.
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "MCPRESUME_WINDOW_EVENT": "3"},
     )
     assert process.stderr is not None
     async with asyncio.timeout(30):
         line = await process.stderr.readline()
+        before = [line]
         while b"mcpresume 0" not in line:  # the start-up line
             line = await process.stderr.readline()
+            before.append(line)
         assert orjson.loads(line)["level"] == "info"
         async with aiohttp.ClientSession() as http:
             client = ScriptedClient(http, f"http://127.0.0.1:{port}/mcp")
@@ -89,6 +92,23 @@ async def test_sigterm_drains_and_exits_zero(example_upstream: str) -> None:
         _, err = await process.communicate()
     assert process.returncode == 0
     assert b"draining" in err
+    warned = [orjson.loads(line) for line in before if b"MCPRESUME_WINDOW_EVENT" in line]
+    assert [(w["level"], w["msg"]) for w in warned] == [
+        (
+            "warning",
+            "environment: MCPRESUME_WINDOW_EVENT matches no setting and is ignored; did you mean "
+            "MCPRESUME_WINDOW_EVENTS?",
+        )
+    ]
+    lines = [orjson.loads(line) for line in err.splitlines()]
+    assert lines[-1]["msg"] == "stopped"  # the last line says the process is done
+    # The access lines of the two requests, their fields as fields of the JSON objects.
+    access = [line for line in lines if line["logger"] == "mcpresume.access"]
+    assert [(a["method"], a["status"], a["rpc"], a["action"]) for a in access] == [
+        ("POST", 200, "initialize", "forwarded"),
+        ("POST", 202, "notifications/initialized", "forwarded"),
+    ]
+    assert access[0]["session"] == access[1]["session"] and len(access[0]["session"]) == 10
 
 
 async def test_drain_ends_standalone_views_at_once_and_cleanly_while_calls_finish(

@@ -12,6 +12,7 @@ import operator
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +262,10 @@ class RedisAgainstMemory(RuleBasedStateMachine):
                 assert ra.body().replace(self.epochs[0].encode(), b"E") == rb.body().replace(
                     self.epochs[1].encode(), b"E"
                 )
+        # The session inspector's look (lua/summary.lua and its twin): the same, the epoch aside.
+        sa, sb = self.run(self.both("summary", self.sid))
+        assert (sa.epoch, sb.epoch) == self.epochs
+        assert replace(sa, epoch="E") == replace(sb, epoch="E")
 
 
 def test_the_redis_store_answers_as_the_memory_store_does(redis_db: str) -> None:

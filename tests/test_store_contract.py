@@ -948,3 +948,51 @@ async def test_a_retired_session_takes_no_new_request_and_still_reads(store: Ses
     assert result is not None and [e.seq for e in result.events] == [1, 2]
     view = await store.view(sid, opened.number)
     assert view is not None and view.epoch == epoch
+
+
+# -- the session inspector's look ------------------------------------------------------------------------
+
+
+async def test_a_session_summary_shows_its_shape_and_changes_nothing(store: SessionStore) -> None:
+    from mcpresume.core.session import StreamPhase
+    from mcpresume.store import StreamSummary
+
+    sid = new_session_id()
+    assert await store.summary(sid) is None
+    epoch = await store.create_session(sid, now=5.0, owner="pod-a")
+    assert await store.claim(sid, ["n:1", "n:2", "n:3"]) is not None
+    post = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=6.0)
+    get = await store.open_stream(sid, StreamOrigin.GET, [], now=6.0)
+    assert post is not None and get is not None
+    await store.append(sid, post.number, [msg(), msg(), response(1)], now=7.0)
+    await store.end_stream(sid, post.number, now=7.0)
+    await store.settle(sid, ["n:2"])  # answered with JSON; n:3 still in flight
+    await store.mark_delivered(sid, [post.number], post.priming_seq + 1)
+    before = await store.view(sid, post.number)
+    summary = await store.summary(sid)
+    assert summary is not None
+    assert (summary.epoch, summary.owner, summary.fence, summary.last_active) == (epoch, "pod-a", 0, 7.0)
+    assert not summary.retired
+    assert (summary.in_flight, summary.answered, summary.streamed) == (1, 1, 1)
+    last = get.priming_seq + 3  # the GET's priming event came between the POST's and its three
+    assert summary.streams == (
+        StreamSummary(
+            post.number, StreamPhase.ENDED, last, StreamOrigin.POST, post.priming_seq, post.priming_seq + 1
+        ),
+        StreamSummary(get.number, StreamPhase.LIVE, get.priming_seq, StreamOrigin.GET, get.priming_seq, 0),
+    )
+    # The window: both priming events and the three of the POST stream.
+    assert summary.window_events == 5 and summary.window_bytes > 0
+    assert summary.oldest == (post.number, post.priming_seq)
+    assert summary.newest == (post.number, last)
+    assert await store.view(sid, post.number) == before  # the look changed nothing
+
+
+async def test_session_ids_come_in_pages(store: SessionStore) -> None:
+    ids = [new_session_id() for _ in range(5)]
+    for index, sid in enumerate(ids):
+        await store.create_session(sid, now=float(index))
+    pages = [await store.session_ids(offset, 2) for offset in (0, 2, 4, 6)]
+    assert [len(page) for page in pages] == [2, 2, 1, 0]
+    assert [sid for page in pages for sid in page] == ids  # oldest first, each once
+    assert await store.session_ids(0, 0) == []

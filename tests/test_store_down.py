@@ -168,6 +168,8 @@ async def test_a_replica_started_before_its_redis_serves_not_ready_then_becomes_
         "the session store answers: ready",
         "session ",  # ... begins
         "draining",
+        "INFO mcpresume.access: ",  # a line per request
+        "INFO mcpresume: stopped",  # the last line
     )
     assert [line for line in lines if not any(k in line for k in known)] == []  # no traceback, nothing else
     assert sum("the session store answers: ready" in line for line in lines) == 1

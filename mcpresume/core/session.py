@@ -830,3 +830,16 @@ class SessionState:
         """No POST stream being pumped: the session may expire ``session_ttl`` after its last client
         activity (``last_active``; a process holding a view of it touches it, see process/local.py)."""
         return self.live_post_streams() == 0
+
+    def claim_counts(self) -> tuple[int, int, int]:
+        """The request ids remembered, by what they hold: (in flight, over without a stream: answered with
+        JSON, cancelled, or their outcome unknown; on a stream). For the session inspector."""
+        in_flight = concluded = streamed = 0
+        for claimed in self._requests.values():
+            if claimed.holder is ClaimState.PENDING:
+                in_flight += 1
+            elif isinstance(claimed.holder, ClaimState):
+                concluded += 1
+            else:
+                streamed += 1
+        return in_flight, concluded, streamed

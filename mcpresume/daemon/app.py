@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
+from mcpresume import __version__
 from mcpresume.core.errors import StoreUnavailable
 from mcpresume.core.window import WindowLimits
+from mcpresume.daemon.inspector import add_inspector
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.http.proxy import Proxy
@@ -27,6 +29,7 @@ from mcpresume.process.config import Settings, check_advertise_url
 from mcpresume.process.drain import DRAIN_GRACE
 from mcpresume.process.logs import log_id
 from mcpresume.process.metrics import CONTENT_TYPE_LATEST, Metrics
+from mcpresume.process.tracing import Tracing
 from mcpresume.replicas.hop import Hop, owner_head_timeout
 from mcpresume.replicas.lease import DuplicateReplica, Lease
 from mcpresume.store import SessionStore
@@ -111,6 +114,7 @@ def build_app(
         first_byte_timeout=settings.first_byte_timeout,
     )
     ctx = ProxyContext(settings, store, metrics, upstream, clock, owns_store=owns_store)
+    ctx.tracing = upstream.tracing = Tracing(settings.replica, __version__)
     store.set_news(ctx.local.changed)
     check_advertise_url(settings.store, settings.advertise_url)
     if settings.advertise_url is not None:  # several replicas over one store: owner routing
@@ -125,6 +129,7 @@ def build_app(
             drain=ctx.drain,
         )
         hop = ctx.hop
+        hop.tracing = ctx.tracing
         probe_wait = max(settings.connect_timeout, settings.owner_lease_ttl / 2)
         ctx.lease = Lease(
             store,
@@ -287,12 +292,16 @@ def build_admin_app(ctx: ProxyContext, ready: Callable[[], bool]) -> web.Applica
 
     async def readyz(_: web.Request) -> web.Response:
         ok = ready() and not ctx.drain.started and not ctx.awaiting_store and await ctx.store.ready()
+        if ok and ctx.settings.ready_on_upstream:  # a sidecar's: its pod leaves the balancer with it
+            ok = await ctx.upstream.answers(ctx.settings.connect_timeout)
         return web.json_response({"status": "ready" if ok else "not ready"}, status=200 if ok else 503)
 
     admin = web.Application()
     admin.router.add_get("/metrics", metrics)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
+    if ctx is not None:  # (the tests build it without one to list its paths)
+        add_inspector(admin, ctx)
     return admin
 
 

@@ -1,4 +1,4 @@
-"""The command line: ``mcpresume serve``, ``mcpresume demo``, ``mcpresume --version``.
+"""The command line: ``mcpresume serve``, ``check-config``, ``demo``, ``--version``.
 
 Every setting is a flag with the setting's name in dashes (``--window-events``); only the flags given on
 the command line are passed on, so the precedence CLI > env > file > defaults holds.
@@ -12,16 +12,20 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from mcpresume import __version__
-from mcpresume.process.config import Settings, SettingsError, load_settings
+from mcpresume.process.config import Settings, SettingsError, load_settings, unknown_variables
 
 log = logging.getLogger("mcpresume")
 
+
+# Where ``mcpresume sessions`` reads the inspector: the admin listener's defaults.
+DEFAULT_ADMIN_URL = "http://127.0.0.1:9464"
 
 # The settings ``mcpresume demo`` uses (it runs its own upstream; the rest keep their defaults).
 DEMO_SETTINGS = (
@@ -49,6 +53,33 @@ def _parser() -> argparse.ArgumentParser:
         help="run the proxy in front of an upstream MCP server",
         description="Run the proxy in front of an upstream MCP server (--upstream).",
     )
+    check = commands.add_parser(
+        "check-config",
+        help="check the settings, and reach the upstream and the store; exit 0 or 2",
+        description="Load the settings as serve would (the same flags, environment and file), then reach the"
+        " upstream (any HTTP answer) and the store (Redis: a write). One line per problem; exit 0 when there"
+        " is none, else 2.",
+    )
+    sessions = commands.add_parser(
+        "sessions",
+        help="list the sessions, or show one, through the admin port's session inspector",
+        description="Read the session inspector of a running proxy (its inspect_token set): the sessions"
+        " (a page), or one by its id or its 10-character hash (the one in the logs).",
+    )
+    sessions.add_argument("ref", nargs="?", metavar="SESSION", help="a session id or its 10-character hash")
+    sessions.add_argument(
+        "--admin-url",
+        default=os.environ.get("MCPRESUME_ADMIN_URL", DEFAULT_ADMIN_URL),
+        help=f"the admin listener [default: {DEFAULT_ADMIN_URL}; env MCPRESUME_ADMIN_URL]",
+    )
+    sessions.add_argument(
+        "--token",
+        default=os.environ.get("MCPRESUME_INSPECT_TOKEN", ""),
+        help="the proxy's inspect_token [env MCPRESUME_INSPECT_TOKEN]",
+    )
+    sessions.add_argument("--offset", type=int, default=0, help="the page's first session [default: 0]")
+    sessions.add_argument("--limit", type=int, default=50, help="sessions per page [default: 50]")
+    sessions.add_argument("--json", action="store_true", help="the inspector's JSON as it answered")
     demo = commands.add_parser(
         "demo",
         help="run a bundled example upstream behind the proxy and show resumption",
@@ -58,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--once", action="store_true", help="exit after the demo instead of serving until Ctrl-C"
     )
-    for sub, names in ((serve, tuple(Settings.model_fields)), (demo, DEMO_SETTINGS)):
+    every = tuple(Settings.model_fields)
+    for sub, names in ((serve, every), (check, every), (demo, DEMO_SETTINGS)):
         sub.add_argument(
             "--config", metavar="FILE", help="TOML settings file [default: none; env MCPRESUME_CONFIG]"
         )
@@ -75,8 +107,21 @@ def _parser() -> argparse.ArgumentParser:
                     help=help_text,
                 )
             else:
-                sub.add_argument(flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=help_text)
+                sub.add_argument(
+                    flag,
+                    dest=name,
+                    default=argparse.SUPPRESS,
+                    metavar=_metavar(field.annotation),
+                    help=help_text,
+                )
     return parser
+
+
+def _metavar(annotation: Any) -> str:
+    """What a flag takes: a Literal setting's choices (``{text,json}``), else VALUE."""
+    if get_origin(annotation) is Literal:
+        return "{" + ",".join(str(choice) for choice in get_args(annotation)) + "}"
+    return "VALUE"
 
 
 def _default_and_env(name: str) -> str:
@@ -105,7 +150,18 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
+# The attributes every log record has: any other one came from ``extra=`` (an access line's fields).
+_RECORD_ATTRIBUTES: frozenset[str] = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the fields a line was logged with
+    (``extra=``) as fields of their own."""
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -114,9 +170,12 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        for name, value in record.__dict__.items():
+            if name not in _RECORD_ATTRIBUTES and name not in line:
+                line[name] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
+        return json.dumps(line, default=str)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config_file = args.pop("config", None)
     once = args.pop("once", False)
+    if command == "check-config":
+        return check_config(args, config_file)
+    if command == "sessions":
+        return show_sessions(args)
     try:
         settings = load_settings(args, config_file)
         if command == "serve" and settings.upstream is None:
@@ -136,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    for line in unknown_variables(os.environ):
+        log.warning("%s", line)
     _use_uvloop()
     if command == "serve":
         return asyncio.run(serve(settings))
@@ -157,6 +222,52 @@ def main(argv: list[str] | None = None) -> int:
     except ListenError as exc:
         print(f"mcpresume: {exc}", file=sys.stderr)
         return 2
+
+
+def show_sessions(args: dict[str, Any]) -> int:
+    """``mcpresume sessions [SESSION]``: 0 with what the inspector answered; 1 for an unknown session; 2
+    when it cannot be read (unreachable, off, or the token refused)."""
+    import aiohttp
+
+    from mcpresume.daemon.inspector import read, table
+
+    ref = args["ref"]
+    try:
+        status, body = asyncio.run(read(args["admin_url"], args["token"], ref, args["offset"], args["limit"]))
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        print(f"mcpresume: cannot read the inspector at {args['admin_url']}: {exc}", file=sys.stderr)
+        return 2
+    if status != 200:
+        print(f"mcpresume: {body.get('error', status)}", file=sys.stderr)
+        return 1 if status == 404 and ref else 2
+    if args["json"] or ref:
+        print(json.dumps(body, indent=2))
+    else:
+        print("\n".join(table(body)))
+    return 0
+
+
+def check_config(args: dict[str, Any], config_file: str | None) -> int:
+    """``mcpresume check-config``: each problem one line on stderr, exit 2; else one line on stdout, 0."""
+    from mcpresume.daemon.check import check
+
+    try:
+        settings = load_settings(args, config_file)
+    except SettingsError as exc:
+        problems = exc.problems
+    else:
+        configure_logging("error", settings.log_format)  # the lines below say it all
+        problems = asyncio.run(check(settings))
+    problems = problems + unknown_variables(os.environ)
+    for problem in problems:
+        print(f"mcpresume: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    from mcpresume.daemon.check import without_password
+
+    store = "memory" if settings.store == "memory" else f"{without_password(settings.store)} takes writes"
+    print(f"mcpresume: configuration ok: the upstream {settings.upstream} answers; store {store}")
+    return 0
 
 
 # The top-level modules of the demo extra's packages (pyproject.toml: demo = ["mcp", "uvicorn"]) and of
@@ -205,4 +316,5 @@ async def serve(settings: Settings) -> int:
     await stop.wait()
     log.info("draining (up to %.0f s)", settings.drain_timeout)
     await proxy.stop()
+    log.info("stopped")
     return 0

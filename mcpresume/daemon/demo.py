@@ -9,8 +9,9 @@ anything itself), puts the proxy in front of it, and then, as a client would:
 3. tries a cursor whose events were evicted from the window: 409 ``cursor_out_of_window``;
 4. tries an unknown session: 404 ``unknown_session`` (the client must re-initialize);
 
-and prints a transcript of each exchange, the decision taken and the metric counters. Then it keeps both
-running for the user's own client until Ctrl-C (``--once`` exits instead).
+and prints a transcript of each exchange, the decision taken and the metric counters, then what the proxy
+logged meanwhile (held until then: interleaved, its lines would break the exchanges apart). Then it keeps
+both running for the user's own client until Ctrl-C (``--once`` exits instead).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -37,6 +39,40 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+# The most log records held while the transcript runs (the demo makes a few dozen requests).
+HELD_RECORDS: Final = 10_000
+
+
+class _Held(logging.Handler):
+    """Log records kept, the newest HELD_RECORDS, to be written later by the handlers they were meant for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: deque[logging.LogRecord] = deque(maxlen=HELD_RECORDS)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _logs_after_the_transcript() -> Iterator[None]:
+    """The log lines written while the transcript runs held, and written after it under a heading."""
+    root = logging.getLogger()
+    handlers, held = root.handlers[:], _Held()
+    root.handlers[:] = [held]
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        if held.records:
+            say()
+            say("== What the proxy logged meanwhile (the access log: one line per request) ==")
+            for record in held.records:
+                for handler in handlers:
+                    if record.levelno >= handler.level:
+                        handler.handle(record)
+
+
 async def run_demo(settings: Settings, *, once: bool = False) -> int:
     # The bundled upstream and the SDK client log every request at INFO; the transcript says it better.
     for name in ("mcp", "httpx2", "httpx", "uvicorn", "sse_starlette"):
@@ -47,14 +83,15 @@ async def run_demo(settings: Settings, *, once: bool = False) -> int:
             say(f"example upstream (official MCP SDK server, no event store): {upstream_url}")
             say(f"mcpresume proxy in front of it:                           {proxy.url}")
             say()
-            await _sdk_call(proxy.url)
-            async with aiohttp.ClientSession() as http:
-                client = ScriptedClient(http, proxy.url)
-                await client.initialize()
-                await _drop_and_reattach(client)
-                await _evicted_cursor(client, settings.window_events)
-                await _unknown_session(client)
-            await _print_counters(proxy)
+            with _logs_after_the_transcript():
+                await _sdk_call(proxy.url)
+                async with aiohttp.ClientSession() as http:
+                    client = ScriptedClient(http, proxy.url)
+                    await client.initialize()
+                    await _drop_and_reattach(client)
+                    await _evicted_cursor(client, settings.window_events)
+                    await _unknown_session(client)
+                await _print_counters(proxy)
             say()
             say(f"Point your own MCP client at {proxy.url}")
             if proxy.admin_url:

@@ -8,6 +8,8 @@ is the one way a refusal is made (a JSON-RPC error body with the stable reason, 
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from mcpresume.process.drain import Drain
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.logs import log_id
 from mcpresume.process.metrics import Metrics
+from mcpresume.process.tracing import NO_TRACING, Tracing
 from mcpresume.replicas.hop import Hop
 from mcpresume.replicas.lease import Lease
 from mcpresume.store import SessionStore
@@ -36,6 +39,28 @@ log = logging.getLogger("mcpresume.proxy")
 # later, its client gone, is counted with it: ``Proxy.handle``).
 ARRIVED: Final = web.RequestKey("mcpresume_arrived", float)
 ANSWERED: Final = web.RequestKey("mcpresume_answered", int)
+
+
+class Action(enum.StrEnum):
+    """What the proxy did with a request, as its access line says (``http/access.py``). Marked on the request
+    where it happens (``DID``); a request marked nothing was forwarded (the MCP endpoint) or relayed."""
+
+    FORWARDED = "forwarded"  # sent upstream; the proxy made its answer a stream of the session (or kept it)
+    RELAYED = "relayed"  # passed through as it came, its answer relayed as it came (no session kept)
+    REATTACHED = "reattached"  # a view of a stream the session holds: a cursor's, or a re-sent request id's
+    JOINED = "joined"  # a view of the session's live standalone stream, opened upstream by another GET
+    REFUSED = "refused"  # answered by the proxy itself with an error (its data.reason)
+    HOPPED = "hopped"  # forwarded to the replica that owns the session (several replicas)
+
+
+# What a request carries for its access line: what the proxy did (unless refused before anything else), the
+# data.reason it was refused with, and the replica's URL it was forwarded to.
+DID: Final = web.RequestKey("mcpresume_did", Action)
+REFUSED: Final = web.RequestKey("mcpresume_refused", str)
+HOPPED_TO: Final = web.RequestKey("mcpresume_hopped_to", str)
+# The answer prepared for a request (with the access log on): the size of its head, for a handler cancelled
+# after it, whose answer is not returned.
+PREPARED: Final = web.RequestKey("mcpresume_prepared", web.StreamResponse)
 
 
 @dataclass
@@ -54,6 +79,7 @@ class ProxyContext:
     hop: Hop | None = None
     lease: Lease | None = None
     drain: Drain = field(default_factory=Drain)  # how this replica stops (process/drain.py)
+    tracing: Tracing = NO_TRACING  # OpenTelemetry, when the OTEL_* variables ask for it (process/tracing.py)
     # The store has not answered since start-up (a sidecar's Redis not up yet): until it does, and the lease
     # and the orphans' adoption are done (``daemon/app.py``), requests on the MCP endpoint get 503
     # ``store_unavailable`` and ``/readyz`` 503.
@@ -82,6 +108,8 @@ class ProxyContext:
         await self.upstream.close()
         if self.owns_store:
             await self.store.close()
+        if self.tracing.enabled:  # the last spans exported (a blocking call: off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     async def drop_session(self, session_id: str, epoch: str | None = None) -> None:
         """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
@@ -91,6 +119,7 @@ class ProxyContext:
     def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
         """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""
         session = request.headers.get(SESSION_HEADER)
+        request[REFUSED] = error.reason
         log.warning(
             "%s %s -> %d %s: %s%s",
             request.method,

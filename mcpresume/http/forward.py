@@ -24,7 +24,7 @@ from mcpresume.core.errors import (
     UpstreamUnreachable,
 )
 from mcpresume.core.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.view import ClientWriter, Stalled
 from mcpresume.process.drain import Interrupted, end_for_drain
 from mcpresume.streams.heldget import HeldGet, NotHTTP11
@@ -118,6 +118,7 @@ async def passthrough(
     ctx: ProxyContext, request: web.Request, body: bytes | StreamedBody | None
 ) -> web.StreamResponse:
     """Forward as is and stream the answer back; a client disconnect cancels the upstream request."""
+    request[DID] = Action.RELAYED
     headers = upstream_headers(request)
     if isinstance(body, StreamedBody) and request.content_length is not None:
         headers.append(("Content-Length", str(request.content_length)))

@@ -36,7 +36,7 @@ from mcpresume.core.get import (
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.session import SessionAccess, StreamOrigin
 from mcpresume.core.sse import encode_frame, priming_block
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize, remember_version, trusted
 from mcpresume.http.forward import SSE, passthrough, relay, upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, client_sse_headers, primes_of, pump_record, stateless
@@ -235,6 +235,7 @@ class Gets:
                 case Join(stream=stream, head=head, primed=primed):
                     # One upstream GET per session: a second client view joins the live stream at its head.
                     ahead.settle()
+                    request[DID] = Action.JOINED
                     preface = b""
                     if primed:
                         cursor = encode_cursor(granted.epoch, stream, head)

@@ -33,7 +33,7 @@ from mcpresume.core.post import (
     tail_kind,
 )
 from mcpresume.core.session import SessionAccess
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize
 from mcpresume.http.forward import passthrough, relay
 from mcpresume.http.incoming import SSE_HEADERS, Post, stateless
@@ -104,6 +104,7 @@ class Posts:
             case AttachOriginal(stream=stream, after=after):  # a re-sent request id: never forwarded twice
                 assert session_id is not None
                 ctx.metrics.duplicate_requests.inc()
+                request[DID] = Action.REATTACHED
                 return await attach_view(ctx, request, session_id, ViewPlan((stream,), after, SSE_HEADERS))
             case FollowResent(tail=tail, streams=streams):
                 assert session_id is not None

@@ -58,7 +58,8 @@ from mcpresume.core.headers import (
     valid_session_id,
 )
 from mcpresume.core.jsonrpc import parse_client_body
-from mcpresume.http.context import ANSWERED, ARRIVED, ProxyContext
+from mcpresume.http.access import AccessLog, span_attributes
+from mcpresume.http.context import ANSWERED, ARRIVED, PREPARED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
 from mcpresume.http.get import Gets, Openings
@@ -66,6 +67,7 @@ from mcpresume.http.incoming import Post
 from mcpresume.http.post import Posts
 from mcpresume.http.route import Routing
 from mcpresume.http.send import Sender
+from mcpresume.process.tracing import Span
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")
@@ -108,6 +110,7 @@ class Proxy:
         self.routing = Routing(ctx, self.pumps)  # several replicas: forward, refuse, or take over
         self.gets = Gets(ctx, self.pumps, openings)
         self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
+        self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
@@ -119,6 +122,8 @@ class Proxy:
                 status=503 if ctx.drain.started else 204, headers={REPLICA_HEADER: settings.replica}
             )
         request[ARRIVED] = asyncio.get_running_loop().time()
+        methods: tuple[str, ...] = ()  # a POST's JSON-RPC methods, for its access line
+        span = self._span(request) if ctx.tracing.enabled else None
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
@@ -130,7 +135,9 @@ class Proxy:
                 raise StoreUnavailable("the session store has not answered since this replica started")
             elif method == "POST":
                 body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-                post = Post(request, body, parse_client_body(body), request.headers.get(SESSION_HEADER))
+                message = parse_client_body(body)
+                methods = message.methods
+                post = Post(request, body, message, request.headers.get(SESSION_HEADER))
                 routed = await self.routing.route(request, body, post.request_id)
                 response = routed.answer if routed.answer is not None else await self.posts.serve(post)
             elif method == "GET":
@@ -153,15 +160,47 @@ class Proxy:
         except ProxyError as error:
             response = ctx.reject(request, error, None)
         except BaseException as exc:  # counted when it ends, as every request: once (the client left, say)
-            ctx.metrics.requests.labels(request.method, str(unreturned_status(request, exc))).inc()
+            self._ended(request, unreturned_status(request, exc), None, methods, span)
             raise
-        ctx.metrics.requests.labels(request.method, str(response.status)).inc()
+        self._ended(request, response.status, response, methods, span)
         return response
+
+    def _ended(
+        self,
+        request: web.Request,
+        status: int,
+        response: web.StreamResponse | None,
+        methods: tuple[str, ...],
+        span: Span | None,
+    ) -> None:
+        """A request ended (``response``: the answer its handler returned; None: it did not return): the one
+        place it is counted, its access line written and its span ended."""
+        self.ctx.metrics.requests.labels(request.method, str(status)).inc()
+        now = asyncio.get_running_loop().time()
+        fields = self.access.ended(request, status, response, methods, now, want=span is not None)
+        if span is not None and fields is not None:
+            span.end(span_attributes(request, fields), fields["reason"])
+
+    def _span(self, request: web.Request) -> Span | None:
+        """The request's span: named by its method, and the MCP endpoint's path (any other path is the
+        client's to choose: not in a name, which must stay few)."""
+        path = request.path
+        name = f"{request.method} {path}" if path == self.ctx.upstream.mcp_path else request.method
+        attributes: dict[str, str | int] = {
+            "http.request.method": request.method,
+            "url.path": path[:200],
+            "mcpresume.replica": self.settings.replica,
+        }
+        if request.remote:
+            attributes["client.address"] = request.remote
+        return self.ctx.tracing.start(name, request.headers, attributes)
 
     async def prepared(self, request: web.Request, response: web.StreamResponse) -> None:
         """The application's ``on_response_prepare``: the status a request was answered is known from here
         (its handler may yet be cancelled)."""
         request[ANSWERED] = response.status
+        if self.access.on():  # its head's size, should the handler not return it (its client left)
+            request[PREPARED] = response
 
     async def _other_path(self, request: web.Request) -> web.StreamResponse:
         """Any path but the MCP endpoint: passed through as is. An MCP ``initialize`` here means the

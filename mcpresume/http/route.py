@@ -31,7 +31,7 @@ from mcpresume.core.credentials import Access, access
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.core.session import SessionAccess
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, HOPPED_TO, Action, ProxyContext
 from mcpresume.http.credentials import presented, upstream_knows
 from mcpresume.process.logs import log_id
 from mcpresume.replicas.hop import plan
@@ -82,6 +82,7 @@ class Routing:
             )
         match decision:
             case Forward(url=url):
+                request[DID], request[HOPPED_TO] = Action.HOPPED, url
                 with ctx.drain.upstream_wait(standalone=request.method == "GET"):
                     return Routed(await hop.forward(request, body, url, request_id))
             case Refuse(error=error):

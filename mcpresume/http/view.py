@@ -31,7 +31,7 @@ from aiohttp.http_writer import StreamWriter
 from mcpresume.core.errors import StoreUnavailable, TooManyAttachments
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.resume import REATTACH
-from mcpresume.http.context import ARRIVED, ProxyContext
+from mcpresume.http.context import ARRIVED, DID, Action, ProxyContext
 from mcpresume.process.drain import View, end_for_drain
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.logs import log_id
@@ -289,6 +289,8 @@ async def reserve_view(
     admitted = ctx.local.attach(session_id, limit)
     if resuming(request):  # the re-attach's outcome is known now
         ctx.metrics.resumptions.labels(REATTACH if admitted else TooManyAttachments.reason).inc()
+        if admitted:
+            request[DID] = Action.REATTACHED
     if admitted:
         await ctx.store.touch((session_id,), ctx.clock())
         return None

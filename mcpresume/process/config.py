@@ -7,8 +7,10 @@ documents every setting; keep it in step with this class.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -138,6 +140,17 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(10.0, ge=0, description="seconds to let POST streams finish on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["text", "json"] = Field("text", description="log line format")
+    access_log: bool = Field(True, description="one line per request (logger mcpresume.access, at info)")
+    inspect_token: str = Field(
+        "",
+        description="a token that turns the session inspector on (GET /sessions on the admin port, "
+        "Authorization: Bearer TOKEN; empty: off)",
+    )
+    ready_on_upstream: bool = Field(
+        False,
+        description="/readyz also needs the upstream to answer HTTP (a sidecar's pod then leaves the "
+        "balancer while its upstream is down)",
+    )
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -212,7 +225,12 @@ class Settings(BaseSettings):
 
 
 class SettingsError(Exception):
-    """A setting is invalid: the message is one line naming the setting and the problem."""
+    """A setting is invalid: the message is one line naming the setting and the problem; ``problems``, one
+    line per problem (``mcpresume check-config`` prints them so)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 # Listen-on-everything addresses: valid for ``host``, never an address another replica can connect to.
@@ -241,12 +259,33 @@ def load_settings(cli: dict[str, Any], config_file: str | None = None) -> Settin
     try:
         return FileSettings(**cli)
     except ValidationError as exc:
-        raise SettingsError(_one_line(exc)) from None
-    except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file
-        raise SettingsError(f"config: {exc}") from None
+        problems = _problems(exc)
+        raise SettingsError("; ".join(problems), problems) from None
+    except (ValueError, OSError) as exc:  # a TOML syntax error, an unreadable file: which file says where
+        raise SettingsError(f"config: {path}: {exc}" if path else f"config: {exc}") from None
 
 
-def _one_line(exc: ValidationError) -> str:
+# The variables of the prefix that name no setting but mean something.
+OTHER_VARIABLES: frozenset[str] = frozenset({"MCPRESUME_CONFIG", "MCPRESUME_ADMIN_URL"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``MCPRESUME_*`` environment variable that matches no setting (a typo is otherwise
+    ignored in silence), with the closest name there is."""
+    known = {f"MCPRESUME_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    lines = []
+    for variable in sorted(environ):
+        name = variable.upper()  # the variables are read case-insensitively
+        if not name.startswith("MCPRESUME_") or name in known:
+            continue
+        # Compared without the prefix, which every name shares: it would make any two look alike.
+        closest = difflib.get_close_matches(name[10:], sorted(k[10:] for k in known), n=1, cutoff=0.6)
+        hint = f"; did you mean MCPRESUME_{closest[0]}?" if closest else ""
+        lines.append(f"environment: {variable} matches no setting and is ignored{hint}")
+    return lines
+
+
+def _problems(exc: ValidationError) -> list[str]:
     problems = []
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"]) or "settings"
@@ -254,4 +293,4 @@ def _one_line(exc: ValidationError) -> str:
         if error["type"] == "extra_forbidden":
             message = "unknown setting"
         problems.append(f"{name}: {message} (got {error.get('input')!r})")
-    return "; ".join(problems)
+    return problems

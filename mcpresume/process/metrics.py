@@ -1,16 +1,28 @@
 """Prometheus metrics: the only module that imports prometheus_client.
 
 Everything is registered on a ``CollectorRegistry`` built at start-up and passed down (never the global
-registry), so several proxies can live in one process (tests) and nothing leaks between them.
+registry), so several proxies can live in one process (tests) and nothing leaks between them. Besides the
+proxy's own: ``mcpresume_build_info{version}`` (always 1: which version runs where) and the standard
+``process_*`` metrics of prometheus_client's process collector (CPU, memory, descriptors, start time).
+
+No ``*_created`` series: prometheus_client adds one to every counter and histogram (their creation time, a
+gauge nobody graphs, doubling the series count); the registry is rendered without them
+(``WithoutCreated``), this registry only (``disable_created_metrics`` would change every registry of the
+process).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
+from mcpresume import __version__
 from mcpresume.core.errors import TooManyAttachments
 from mcpresume.core.pump import Abandon
 from mcpresume.core.resume import OUTCOMES
@@ -24,10 +36,27 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 TAKEOVER_OUTCOMES: Final = ("taken", "nothing_left", "owner_alive", "too_soon")
 
 
+class WithoutCreated(Collector):
+    """A registry's metrics as it collects them, less every ``*_created`` sample."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():  # fresh Metric objects at each collection: changed in place
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._exposed = WithoutCreated(r)
+        Info("mcpresume_build", "The version of mcpresume running (the value is always 1).", registry=r).info(
+            {"version": __version__}
+        )
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.requests = Counter(
             "mcpresume_requests",
             "Client requests, by method and the status they were answered (499: the client left, or the "
@@ -231,4 +260,4 @@ class Metrics:
         self.window_bytes.set(stats.window_bytes)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)

@@ -37,6 +37,7 @@ from mcpresume.core.headers import (
 from mcpresume.core.route import HopOutcome, Kind, Route, Serve, kind_of, route
 from mcpresume.process.drain import Drain, Interrupted, end_for_drain
 from mcpresume.process.metrics import Metrics
+from mcpresume.process.tracing import NO_TRACING
 from mcpresume.store import Registry
 
 log = logging.getLogger("mcpresume.hop")
@@ -152,6 +153,9 @@ class Hop:
         self.keepalive_timeout = keepalive_timeout
         self._session: aiohttp.ClientSession | None = None
         self._outcomes = {o: metrics.forwarded_requests.labels(o.value) for o in HopOutcome}
+        self.tracing = (
+            NO_TRACING  # the application's (``process/tracing.py``): the request's context goes along
+        )
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -205,7 +209,7 @@ class Hop:
                 answer = await self._session.request(
                     request.method,
                     target,
-                    headers=hop_headers(request, self.replica_id),
+                    headers=self.tracing.inject(hop_headers(request, self.replica_id)),
                     data=body,
                     allow_redirects=False,
                     skip_auto_headers=_NO_AUTO_HEADERS,

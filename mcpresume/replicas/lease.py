@@ -112,7 +112,7 @@ class Lease:
         if await self.probe(entry.url) == self.replica_id:
             raise DuplicateReplica(
                 f"replica id {self.replica_id!r} is already served by a live process at {entry.url}; "
-                "give every replica its own replica_id (MCPRESUME_REPLICA)"
+                "give every replica its own replica_id (MCPRESUME_REPLICA_ID)"
             )
 
     async def start(self) -> None:

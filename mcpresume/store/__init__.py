@@ -4,11 +4,11 @@ implementations.
 The store holds sessions and their epochs, the sequence, streams and their states, the window, request-id
 claims, stream groups and what a resume decision needs: plain data in and out, ``None`` for "session
 gone", wall-clock ``now`` passed in by the caller. The port comes in the parts its callers need:
-``Sessions``, ``Claims``, ``Streams``, ``Registry`` (replicas and owners) and the store's own
-``Lifecycle``; ``SessionStore`` is all of them. What only one process knows (the views it serves, their
-readers, who waits for news) is in ``mcpresume.process.local``; the two meet in an append's ``Guard``
-(``core/flow.py``). ``memory.MemoryStore`` is the embedded default. Every implementation must pass
-``tests/test_store_contract.py``.
+``Sessions``, ``Claims``, ``Streams``, ``Registry`` (replicas and owners), ``Inspection`` (the session
+inspector's look) and the store's own ``Lifecycle``; ``SessionStore`` is all of them. What only one process
+knows (the views it serves, their readers, who waits for news) is in ``mcpresume.process.local``; the two
+meet in an append's ``Guard`` (``core/flow.py``). ``memory.MemoryStore`` is the embedded default. Every
+implementation must pass ``tests/test_store_contract.py``.
 
 News: ``read`` returns the session's ``version``, and the store calls the callback given to ``set_news``
 with the session's new version after every change a reader may wait for (``GONE`` when the session
@@ -32,6 +32,7 @@ from mcpresume.core.session import (
     ReadResult,
     SessionAccess,
     StreamOrigin,
+    StreamPhase,
 )
 from mcpresume.core.sse import SSERun
 from mcpresume.core.window import Evicted
@@ -75,6 +76,38 @@ class StoreStats:
     sessions: int
     window_events: int
     window_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSummary:
+    """One stream of a session, as the session inspector shows it (``Inspection.summary``). A stream gone
+    (ended, its events all out of the window) is only its number and last seq."""
+
+    number: int
+    phase: StreamPhase
+    last_seq: int
+    origin: StreamOrigin | None = None  # None: gone
+    first_seq: int | None = None
+    delivered: int | None = None  # the highest seq some client was sent
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """What the session inspector shows of a session: its shape, never an event's body or a credential."""
+
+    epoch: str
+    owner: str  # the replica whose upstream holds it ("": one replica)
+    fence: int
+    last_active: float  # the wall clock of its last activity
+    retired: bool  # its upstream does not know it (a takeover's): new requests find it unknown
+    window_events: int
+    window_bytes: int
+    oldest: tuple[int, int] | None  # (stream, seq) of the oldest event retained
+    newest: tuple[int, int] | None
+    streams: tuple[StreamSummary, ...]  # by number
+    in_flight: int  # request ids claimed and not answered yet
+    answered: int  # request ids answered without a stream (a JSON answer)
+    streamed: int  # request ids whose answer is a stream
 
 
 class StoreMetrics(Protocol):
@@ -320,6 +353,19 @@ class Registry(Protocol):
         ...
 
 
-class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Protocol):
+class Inspection(Protocol):
+    """What the session inspector reads (the admin port, ``inspect_token``): a look that changes nothing (no
+    expiry, no activity, no news)."""
+
+    async def session_ids(self, offset: int, limit: int) -> list[str]:
+        """A page of the session ids tracked, oldest first."""
+        ...
+
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        """The session's shape as the store holds it (None: unknown)."""
+        ...
+
+
+class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Inspection, Protocol):
     """The whole port, as a backend implements it and the daemon holds it; each caller is given the part it
     needs (``Streams`` a pump, ``Registry`` a lease)."""

@@ -56,6 +56,7 @@ SCRIPTS: Final = (
     "read",
     "release",
     "retire",
+    "summary",
     "takeover",
     "touch",
     "view",

@@ -35,10 +35,19 @@ from mcpresume.core.session import (
     SessionAccess,
     SessionState,
     StreamOrigin,
+    StreamPhase,
 )
 from mcpresume.core.sse import SSERun
 from mcpresume.core.window import Evicted, WindowLimits
-from mcpresume.store import GONE, Fenced, OpenedStream, ReplicaEntry, StoreStats
+from mcpresume.store import (
+    GONE,
+    Fenced,
+    OpenedStream,
+    ReplicaEntry,
+    SessionSummary,
+    StoreStats,
+    StreamSummary,
+)
 
 T = TypeVar("T")
 
@@ -522,6 +531,46 @@ class MemoryStore:
             sessions=len(self._sessions),
             window_events=sum(len(s.window) for s in sessions),
             window_bytes=self._total_bytes,
+        )
+
+    # -- the session inspector (``Inspection``): a look that changes nothing ---------------------------------
+
+    async def session_ids(self, offset: int, limit: int) -> list[str]:
+        return list(itertools.islice(self._sessions, max(0, offset), max(0, offset) + max(0, limit)))
+
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        window = session.window
+        oldest, newest = window.oldest, window.newest
+        streams = [
+            StreamSummary(
+                number,
+                StreamPhase.LIVE if state.live else StreamPhase.ENDED,
+                state.last_seq,
+                state.origin,
+                state.first_seq,
+                state.delivered,
+            )
+            for number, state in session.streams.items()
+        ]
+        streams += [StreamSummary(number, StreamPhase.GONE, last_seq) for number, last_seq in session.gone]
+        in_flight, answered, streamed = session.claim_counts()
+        return SessionSummary(
+            epoch=session.epoch,
+            owner=self._owners.get(session_id, ""),
+            fence=self._fences.get(session_id, 0),
+            last_active=session.last_active,
+            retired=session.retired,
+            window_events=len(window),
+            window_bytes=window.bytes,
+            oldest=(oldest.stream, oldest.seq) if oldest else None,
+            newest=(newest.stream, newest.seq) if newest else None,
+            streams=tuple(sorted(streams, key=lambda s: s.number)),
+            in_flight=in_flight,
+            answered=answered,
+            streamed=streamed,
         )
 
 

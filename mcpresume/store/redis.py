@@ -70,10 +70,20 @@ from mcpresume.core.session import (
     ReadResult,
     SessionAccess,
     StreamOrigin,
+    StreamPhase,
 )
 from mcpresume.core.sse import SSERun, priming_block
 from mcpresume.core.window import Evicted, EvictReason, Segment, WindowLimits
-from mcpresume.store import GONE, Fenced, OpenedStream, ReplicaEntry, StoreMetrics, StoreStats
+from mcpresume.store import (
+    GONE,
+    Fenced,
+    OpenedStream,
+    ReplicaEntry,
+    SessionSummary,
+    StoreMetrics,
+    StoreStats,
+    StreamSummary,
+)
 from mcpresume.store.calls import RedisCalls, session_keys
 from mcpresume.store.copies import Copies, LastAppend, split
 from mcpresume.store.marks import Marks
@@ -633,6 +643,51 @@ class RedisStore:
         if dropped or gone:
             await self._call("reap", self._client.zrem(INDEX, *dropped, *gone))
         return dropped, evicted
+
+    # -- the session inspector (``Inspection``): a look that changes nothing ---------------------------------
+
+    async def session_ids(self, offset: int, limit: int) -> list[str]:
+        if limit <= 0:
+            return []
+        start = max(0, offset)
+        ids = await self._call("session_ids", self._client.zrange(INDEX, start, start + limit - 1))
+        return [_text(i) or "" for i in ids]
+
+    async def summary(self, session_id: str) -> SessionSummary | None:
+        self._marks.flush(session_id)  # this process's delivery marks first: "delivered" as it knows it
+        raw = await self._redis.script("summary", "summary", session_id)
+        if raw is None:
+            return None
+        facts = orjson.loads(raw)
+        streams = [
+            StreamSummary(
+                int(number),
+                StreamPhase.LIVE if live else StreamPhase.ENDED,
+                int(last_seq),
+                StreamOrigin(origin),
+                int(first_seq),
+                int(delivered),
+            )
+            for number, origin, live, first_seq, last_seq, delivered in facts["st"] or ()  # {}: cjson's []
+        ]
+        streams += [StreamSummary(int(n), StreamPhase.GONE, int(last)) for n, last in facts["gone"] or ()]
+        oldest, newest = facts.get("oldest"), facts.get("newest")
+        in_flight, answered, streamed = facts["rq"]
+        return SessionSummary(
+            epoch=facts["epoch"],
+            owner=facts["own"],
+            fence=int(facts["fen"]),
+            last_active=float(facts["la"]),
+            retired=bool(facts["rt"]),
+            window_events=int(facts["ne"]),
+            window_bytes=int(facts["nb"]),
+            oldest=(int(oldest[0]), int(oldest[1])) if oldest else None,
+            newest=(int(newest[0]), int(newest[1])) if newest else None,
+            streams=tuple(sorted(streams, key=lambda s: s.number)),
+            in_flight=int(in_flight),
+            answered=int(answered),
+            streamed=int(streamed),
+        )
 
     async def session_count(self) -> int:
         return int(await self._call("session_count", self._client.zcard(INDEX)))

@@ -23,6 +23,7 @@ from mcpresume.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from mcpresume.process.tracing import NO_TRACING
 from mcpresume.streams.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
@@ -91,6 +92,8 @@ class Upstream:
         self._port = self.url.port or (443 if self.url.scheme == "https" else 80)
         self._authority = self.url.host_port_subcomponent or self._host
         self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
+        # The application's (``process/tracing.py``): every request sent carries the current trace context.
+        self.tracing = NO_TRACING
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -133,6 +136,7 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
+        headers = self.tracing.inject(headers)
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
@@ -170,13 +174,28 @@ class Upstream:
             raise bad_encoding(encoding)
         return response
 
+    async def answers(self, within: float) -> bool:
+        """Whether the upstream answers HTTP at its MCP endpoint within ``within`` seconds, any status (an
+        MCP endpoint answers a bare GET with 400, 405 or 406): ``/readyz`` with ``ready_on_upstream``."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        try:
+            async with asyncio.timeout(within):
+                # A connection of its own (closed after): one kept alive from before would answer for a
+                # listener that is gone.
+                headers = {"Accept": "application/json, text/event-stream", "Connection": "close"}
+                response = await self._session.get(self.url, headers=headers, allow_redirects=False)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+        response.close()  # the head is enough: an SSE answer would never end
+        return True
+
     async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
         connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
         answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
         ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
         try:
-            held = HeldGet(self._authority, path_qs, headers)
+            held = HeldGet(self._authority, path_qs, self.tracing.inject(headers))
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(
