@@ -25,6 +25,7 @@ from mcpresume.daemon.inspector import add_inspector
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.listener import CappedSite, ConnectionCap, connection_budget
 from mcpresume.http.proxy import Proxy
+from mcpresume.http.route import probe_timeout
 from mcpresume.process.config import Settings, check_advertise_url
 from mcpresume.process.drain import DRAIN_GRACE
 from mcpresume.process.logs import log_id
@@ -130,7 +131,7 @@ def build_app(
         )
         hop = ctx.hop
         hop.tracing = ctx.tracing
-        probe_wait = max(settings.connect_timeout, settings.owner_lease_ttl / 2)
+        probe_wait = probe_timeout(settings)
         ctx.lease = Lease(
             store,
             settings.replica,

@@ -33,6 +33,7 @@ from mcpresume.core.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.core.session import SessionAccess
 from mcpresume.http.context import DID, HOPPED_TO, Action, ProxyContext
 from mcpresume.http.credentials import presented, upstream_knows
+from mcpresume.process.config import Settings
 from mcpresume.process.logs import log_id
 from mcpresume.replicas.hop import plan
 from mcpresume.streams.starter import PumpStarter
@@ -117,7 +118,11 @@ class Routing:
     async def _take_over(self, owner: str) -> str | None:
         ctx, lease, hop = self.ctx, self.ctx.lease, self.ctx.hop
         entry = await ctx.store.replica_entry(owner)
-        if entry is not None and hop is not None and await hop.probe(entry.url, probe_timeout(ctx)) == owner:
+        if (
+            entry is not None
+            and hop is not None
+            and await hop.probe(entry.url, probe_timeout(ctx.settings)) == owner
+        ):
             ctx.metrics.takeovers.labels("owner_alive").inc()
             if owner not in self._alive:
                 self._alive.add(owner)
@@ -154,12 +159,11 @@ class Routing:
         return None
 
 
-def probe_timeout(ctx: ProxyContext) -> float:
+def probe_timeout(settings: Settings) -> float:
     """How long a liveness check of another replica waits for its answer: half a lease (a replica whose
     loop stalls longer than that would lose its lease to a pause of that length anyway), at least the
     connect timeout."""
-    ttl = ctx.settings.owner_lease_ttl
-    return max(ctx.settings.connect_timeout, ttl / 2)
+    return max(settings.connect_timeout, settings.owner_lease_ttl / 2)
 
 
 def _verify(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:
