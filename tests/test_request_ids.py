@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -29,9 +27,11 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support import playbook as pb
+from tests.support.conformance import Unavailable
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 from tests.support.sdk import HANDSHAKE_VERSION, result_text, sdk_session
+from tests.support.ts_sdk import with_script
 
 STORES = ["memory", "redis"]
 
@@ -115,31 +115,7 @@ async def test_an_sdk_client_reconnecting_to_its_session_gets_its_own_answers(
         assert sample(proxy.ctx.metrics, "mcpresume_duplicate_requests_total") == 0
 
 
-TS_SDK_VERSION = "1.32.2"  # npm @modelcontextprotocol/sdk, installed outside the repository
 TS_CLIENT = Path(__file__).parent / "support" / "ts_sdk_client.mjs"
-
-
-def ts_sdk() -> tuple[str, Path]:
-    """Node and the installed TypeScript SDK's directory (``${XDG_CACHE_HOME:-~/.cache}/mcpresume/
-    ts-sdk-<version>``, installed with npm when missing, as the conformance runner is); skipped without
-    Node."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node not found on PATH: the TypeScript SDK client needs Node")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    base = cache / "mcpresume" / f"ts-sdk-{TS_SDK_VERSION}"
-    package = base / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
-    npm = shutil.which("npm")
-    if not package.exists() and npm is not None:
-        install = ["install", "--prefix", str(base), "--no-audit", "--no-fund", "--loglevel=error"]
-        subprocess.run(
-            [npm, *install, f"@modelcontextprotocol/sdk@{TS_SDK_VERSION}"],
-            check=False,
-            timeout=600,
-            stdin=subprocess.DEVNULL,
-        )
-    assert package.exists(), f"run: npm install --prefix {base} @modelcontextprotocol/sdk@{TS_SDK_VERSION}"
-    return node, base
 
 
 async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_gets_its_own_answers(
@@ -149,9 +125,12 @@ async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_gets_i
     initialize and numbers its requests from 0 again, so its echo takes the id of the first run's initialize
     and its ``add(40, 2)`` the id of the first run's echo. Through the proxy each must reach the upstream, as
     directly. (Before: the echo got the initialize result, the add run 1's echo.)"""
-    node, base = ts_sdk()
-    script = base / TS_CLIENT.name  # beside its node_modules, where node resolves the SDK from
-    shutil.copyfile(TS_CLIENT, script)
+    try:
+        node, script = with_script(TS_CLIENT)  # beside its node_modules, where node resolves the SDK from
+    except Unavailable as exc:
+        if exc.skip:
+            pytest.skip(str(exc))
+        raise
     async with running_proxy(example_upstream, **store) as proxy:
         client = await asyncio.create_subprocess_exec(
             node, str(script), proxy.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE

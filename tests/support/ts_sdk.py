@@ -3,7 +3,7 @@ its own: for what the Python SDK's server does differently (it never answers a c
 
 The SDK is installed outside the repository, pinned, like the conformance runner
 (``tests/support/conformance.py``): ``npm install --prefix <dir> @modelcontextprotocol/sdk@<SDK_VERSION>``,
-done by `find_sdk` when it is missing and npm is on PATH. ``<dir>`` is ``$MCPRESUME_TS_SDK_DIR``, else
+done by `installed_sdk` when it is missing and npm is on PATH. ``<dir>`` is ``$MCPRESUME_TS_SDK_DIR``, else
 ``${XDG_CACHE_HOME:-~/.cache}/mcpresume/ts-sdk-<SDK_VERSION>``. The server's script,
 ``ts_sdk_server.mjs`` beside this module, is copied there (Node resolves its imports from its own
 directory) and run with ``node``; it prints its URL. A test skips only when Node is missing or too old.
@@ -42,9 +42,10 @@ def sdk_dir() -> Path:
     return cache / "mcpresume" / f"ts-sdk-{SDK_VERSION}"
 
 
-def find_sdk() -> tuple[str, Path]:
-    """``(node, the server script in the SDK's directory)``, installing the SDK first when it is missing;
-    `Unavailable` (``skip=True`` only when Node is missing or too old)."""
+def installed_sdk() -> tuple[str, Path]:
+    """``(node, the SDK's directory)``, installing the SDK first when it is missing; `Unavailable`
+    (``skip=True`` only when Node is missing or too old). A script run from that directory resolves the SDK
+    (``with_script``)."""
     node = shutil.which("node")
     if node is None:
         raise Unavailable("node not found on PATH: the TypeScript SDK server needs Node >= 18", skip=True)
@@ -82,9 +83,16 @@ def find_sdk() -> tuple[str, Path]:
         raise Unavailable(
             f"{base} holds the TypeScript SDK {installed}, not {SDK_VERSION}; run: {install}", skip=False
         )
-    script = base / SCRIPT.name
-    if not script.exists() or script.read_bytes() != SCRIPT.read_bytes():
-        shutil.copyfile(SCRIPT, script)
+    return node, base
+
+
+def with_script(source: Path) -> tuple[str, Path]:
+    """``(node, a copy of the script ``source`` in the SDK's directory)``: ``installed_sdk``, then the copy
+    (made again when it differs)."""
+    node, base = installed_sdk()
+    script = base / source.name
+    if not script.exists() or script.read_bytes() != source.read_bytes():
+        shutil.copyfile(source, script)
     return node, script
 
 
@@ -101,7 +109,7 @@ class TsServer:
 @contextlib.asynccontextmanager
 async def ts_sdk_server() -> AsyncIterator[TsServer]:
     """The TypeScript SDK server (``ts_sdk_server.mjs``) on a free loopback port, stopped at the end."""
-    node, script = find_sdk()
+    node, script = with_script(SCRIPT)
     process = await asyncio.create_subprocess_exec(
         node, str(script), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE
     )
