@@ -275,7 +275,7 @@ class RedisCalls:
                 self._on_message(message.get("data"))
         finally:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8
 
     def _on_message(self, data: object) -> None:
         if not isinstance(data, bytes) or self._news is None:
