@@ -481,9 +481,10 @@ class Checker:
         ``unknown_session``: the session was gone; ``upstream_stream_lost``: the execution was lost;
         ``store_unavailable``: a store fault near; ``owner_unreachable``, ``owner_lost``, ``misrouted_hop``:
         a replica fault near; ``upstream_unreachable``, ``upstream_timeout``: an upstream fault near (a
-        restart; in the sidecar layout also a pod's kill). Any other reason (a cursor rejection of a cursor
-        the proxy issued, a limit this load never reaches, ``shutting_down`` from a proxy never asked to
-        stop) is never true in a campaign."""
+        restart; in the sidecar layout also a pod's kill), or a proxy's pause (every deadline a frozen
+        process held on its upstream has passed when it wakes, whatever the upstream did). Any other reason
+        (a cursor rejection of a cursor the proxy issued, a limit this load never reaches, ``shutting_down``
+        from a proxy never asked to stop) is never true in a campaign."""
         world = self.world
         if reason == "unknown_session":
             if world.session_gone(sid, t):
@@ -517,7 +518,7 @@ class Checker:
             self.flag(Kind.UNTRUTHFUL_ERROR, t, f"{what}: no replica fault near", call)
             return False
         if reason in ("upstream_unreachable", "upstream_timeout"):
-            upstream_faults = {FaultKind.RESTART_UPSTREAM}
+            upstream_faults = {FaultKind.RESTART_UPSTREAM, FaultKind.PAUSE_PROXY}
             if world.layout == "sidecar":
                 upstream_faults.add(FaultKind.KILL_POD)
             if world.near(upstream_faults, t):

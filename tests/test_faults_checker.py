@@ -278,6 +278,20 @@ def test_owner_lost_with_only_a_store_fault_near_is_untruthful() -> None:
     assert "no replica fault near" in only(story.verdict(), Kind.UNTRUTHFUL_ERROR)
 
 
+def test_upstream_unreachable_is_true_near_an_upstream_restart_or_a_proxy_pause_and_untruthful_far() -> None:
+    # A paused proxy wakes with every deadline it held on its upstream passed (seen in a campaign on a
+    # loaded machine: a POST of the paused replica answered 502 upstream_unreachable as it woke).
+    for kind in (FaultKind.RESTART_UPSTREAM, FaultKind.PAUSE_PROXY):
+        near = Story().fault(5, 8, kind)
+        near.call("c1", 6, result=None).http(8, 502, "upstream_unreachable", "c1")
+        near.error(8, "c1", "upstream_unreachable")
+        assert near.verdict().violations == [], kind
+    far = Story().fault(5, 8, FaultKind.PAUSE_PROXY)
+    far.call("c1", 60, result=None).http(61, 502, "upstream_unreachable", "c1")
+    far.error(61, "c1", "upstream_unreachable")
+    assert "no upstream fault near" in only(far.verdict(), Kind.UNTRUTHFUL_ERROR)
+
+
 def test_a_cursor_rejection_is_untruthful_here() -> None:
     story = Story().call("c1", 6, result=None).http(7, 409, "cursor_ahead", "c1")
     story.error(7, "c1", "cursor_ahead")
