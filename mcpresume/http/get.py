@@ -19,7 +19,7 @@ from typing import Final, assert_never
 from aiohttp import web
 
 from mcpresume.core.cursor import encode_cursor
-from mcpresume.core.errors import SessionGone, UnknownSession
+from mcpresume.core.errors import SessionGone, UnknownSession, UpstreamSessionLost
 from mcpresume.core.get import (
     GetFacts,
     Join,
@@ -263,7 +263,7 @@ class Gets:
                 # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes,
                 # told so by the proxy's own 404 (with its reason), as for any session it no longer tracks.
                 await ctx.drop_session(session_id, granted.epoch)
-                raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
+                raise UpstreamSessionLost()
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_version(ctx, request, session_id, granted)

@@ -30,6 +30,7 @@ from mcpresume.core.errors import (
     UnknownSession,
     UpstreamBadResponse,
     UpstreamBadSessionId,
+    UpstreamSessionLost,
 )
 from mcpresume.core.headers import MAX_SESSION_ID_LEN, SESSION_HEADER, valid_session_id, visible_ascii
 from mcpresume.core.jsonrpc import error_response
@@ -167,7 +168,7 @@ class Sender:
             upstream.release()
             await ctx.drop_session(session_id, epoch)
             # The proxy's own 404, with its reason (not the upstream's body): it ended the session here.
-            return Forwarded.failed(UnknownSession(SessionGone.UPSTREAM_FORGOT))
+            return Forwarded.failed(UpstreamSessionLost())
         if claim_end is ClaimEnd.RELEASE:  # refused: the same id may be sent again
             await self._end_claim(claim_end, session_id, keys, epoch)
             return Forwarded.of(upstream)

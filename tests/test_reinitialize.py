@@ -1,0 +1,128 @@
+"""The session outlives its upstream (issue #33): an upstream that lost a session the proxy tracks.
+
+The upstream here is the official MCP SDK's server in a process of its own (``python -m
+mcpresume.examples.upstream``), killed with SIGKILL and started again on the same port: every session it
+held is gone, as after a crash, an OOM kill or a redeploy beside the sidecar.
+
+``upstream_session_lost = "end"`` (the default): the proxy ends the session, and the client is told so by
+the proxy's own 404, ``data.reason`` ``upstream_session_lost`` (never the upstream's body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import aiohttp
+import orjson
+import pytest
+
+from mcpresume.core.errors import SessionGone
+from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+
+TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class UpstreamProcess:
+    """The example upstream (official SDK server) as a process on a fixed port: killed -9, started again."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mcpresume.examples.upstream", "--port", str(self.port), "--any-host"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # printed once it listens
+        assert line.strip() == f"example MCP upstream: {self.url}", line
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, every session of the process lost."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@contextmanager
+def upstream_process() -> Iterator[UpstreamProcess]:
+    upstream = UpstreamProcess(free_port())
+    upstream.start()
+    try:
+        yield upstream
+    finally:
+        upstream.stop()
+
+
+@asynccontextmanager
+async def restarted(upstream: UpstreamProcess) -> AsyncIterator[None]:
+    """Kill the upstream -9 and start it again on its port (off the loop: the start reads a pipe)."""
+    await asyncio.to_thread(upstream.kill)
+    await asyncio.to_thread(upstream.start)
+    yield
+
+
+async def call(http: aiohttp.ClientSession, client: ScriptedClient) -> aiohttp.ClientResponse:
+    _, body = client.tool_call("add", {"a": 1, "b": 2})
+    return await http.post(client.url, data=body, headers=client.headers())
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_end_an_upstream_restarted_under_a_session_is_the_proxys_404_upstream_session_lost(
+    method: str,
+) -> None:
+    """``end``: after a kill -9 and restart of the SDK server, the next request of the session (a call, or
+    the standalone GET) gets the proxy's own 404 with ``data.reason`` ``upstream_session_lost``; the session
+    is no longer tracked, and a new one begins as usual."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url) as proxy, aiohttp.ClientSession() as http:
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                async with await call(http, client) as response:
+                    assert response.status == 200
+                    messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                    assert messages[-1]["result"]["content"][0]["text"] == "3"
+                async with restarted(upstream):
+                    pass
+                request = (
+                    await call(http, client)
+                    if method == "POST"
+                    else await http.get(client.url, headers=client.headers(Accept="text/event-stream"))
+                )
+                async with request as response:
+                    assert response.status == 404
+                    error = await error_of(response)
+                assert error["data"]["reason"] == "upstream_session_lost"
+                assert error["message"] == SessionGone.UPSTREAM_FORGOT.value
+                assert not await proxy.ctx.store.has_session(client.session_id)
+                again = ScriptedClient(http, proxy.url)  # the client re-initializes: a new session
+                await again.initialize()
+                async with await call(http, again) as response:
+                    assert response.status == 200
