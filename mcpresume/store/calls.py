@@ -54,6 +54,7 @@ SCRIPTS: Final = (
     "open",
     "orphans",
     "read",
+    "recipe",
     "release",
     "retire",
     "summary",

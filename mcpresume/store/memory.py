@@ -129,6 +129,7 @@ class MemoryStore:
         self._replicas: dict[str, ReplicaEntry] = {}
         self._owners: dict[str, str] = {}  # session id -> owner, when not this store's only replica ("")
         self._fences: dict[str, int] = {}  # session id -> its fence, once it changed owner (else 0)
+        self._recipes: dict[str, tuple[str, bytes]] = {}  # session id -> (its epoch, its recipe)
 
     async def start(self) -> None:
         return None
@@ -211,6 +212,7 @@ class MemoryStore:
             self._trim_order.forget(session_id)
         self._owners.pop(session_id, None)
         self._fences.pop(session_id, None)
+        self._recipes.pop(session_id, None)
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._news(session_id, GONE)
@@ -289,6 +291,17 @@ class MemoryStore:
 
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
+
+    async def recipe(self, session_id: str, epoch: str) -> bytes | None:
+        kept = self._recipes.get(session_id)
+        return kept[1] if kept is not None and kept[0] == epoch else None
+
+    async def keep_recipe(self, session_id: str, epoch: str, expected: bytes | None, recipe: bytes) -> bool:
+        # Twin: lua/recipe.lua
+        if self._incarnation(session_id, epoch) is None or await self.recipe(session_id, epoch) != expected:
+            return False
+        self._recipes[session_id] = (epoch, recipe)
+        return True
 
     def session(self, session_id: str) -> SessionState | None:
         """The live state of a session, to inspect (never to change: every change goes through the port's

@@ -116,6 +116,7 @@ _READS_UNCHANGED: Final = frozenset(
         "cancel_requests",
         "abandon",
         "accept_credential",
+        "keep_recipe",
     }
 )
 
@@ -309,6 +310,17 @@ class RedisStore:
 
     async def has_session(self, session_id: str) -> bool:
         return bool(await self._call("has_session", self._client.exists(session_keys(session_id)[0])))
+
+    async def recipe(self, session_id: str, epoch: str) -> bytes | None:
+        held, recipe = await self._call(
+            "recipe", self._client.hmget(session_keys(session_id)[0], "epoch", "rcp")
+        )
+        return recipe if recipe is not None and _text(held) == epoch else None
+
+    async def keep_recipe(self, session_id: str, epoch: str, expected: bytes | None, recipe: bytes) -> bool:
+        held = b"" if expected is None else b"=" + expected
+        kept = await self._script("keep_recipe", "recipe", session_id, epoch, held, recipe)
+        return bool(kept)
 
     async def delete_session(self, session_id: str, epoch: str | None = None) -> bool:
         deleted = await self._script("delete_session", "delete", session_id, epoch or "")
