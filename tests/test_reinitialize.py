@@ -23,6 +23,8 @@ import orjson
 import pytest
 
 from mcpresume.core.errors import SessionGone
+from mcpresume.core.reinit import Recipe
+from mcpresume.daemon.demo import PROTOCOL_VERSION
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 
 TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
@@ -126,3 +128,52 @@ async def test_end_an_upstream_restarted_under_a_session_is_the_proxys_404_upstr
                 await again.initialize()
                 async with await call(http, again) as response:
                     assert response.status == 200
+
+
+async def request(
+    http: aiohttp.ClientSession, client: ScriptedClient, method: str, params: dict[str, object]
+) -> int:
+    """One request of the session to its answer's end; the HTTP status."""
+    body = orjson.dumps({"jsonrpc": "2.0", "id": client._id(), "method": method, "params": params})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        await response.read()
+        return response.status
+
+
+@pytest.mark.parametrize("setting", ["end", "reinitialize"])
+async def test_reinitialize_records_the_initialize_and_the_shaping_requests_and_end_records_nothing(
+    setting: str,
+) -> None:
+    """``reinitialize``: the session's recipe holds the client's initialize params, the last level, the
+    subscriptions left after an unsubscribe, and the standalone GET; other requests add nothing. ``end``:
+    the store keeps no recipe (nothing is parsed or written on the request path)."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost=setting) as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                for method, params in [
+                    ("logging/setLevel", {"level": "debug"}),
+                    ("resources/subscribe", {"uri": "file:///a"}),
+                    ("resources/subscribe", {"uri": "file:///b"}),
+                    ("logging/setLevel", {"level": "error"}),
+                    ("resources/unsubscribe", {"uri": "file:///a"}),
+                    ("tools/list", {}),
+                ]:
+                    assert await request(http, client, method, params) == 200
+                async with http.get(client.url, headers=client.headers(Accept="text/event-stream")) as get:
+                    assert get.status == 200
+                    granted = await proxy.ctx.store.access(client.session_id)
+                    assert granted is not None
+                    kept = await proxy.ctx.store.recipe(client.session_id, granted.epoch)
+        if setting == "end":
+            assert kept is None
+            return
+        assert kept is not None
+        recipe = Recipe.decode(kept)
+        assert recipe.params["clientInfo"] == {"name": "mcpresume-demo", "version": "1"}
+        assert recipe.params["protocolVersion"] == PROTOCOL_VERSION
+        assert recipe.level == "error" and recipe.subscriptions == {"file:///b"} and recipe.standalone

@@ -36,6 +36,7 @@ from mcpresume.core.get import (
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.session import SessionAccess, StreamOrigin
 from mcpresume.core.sse import encode_frame, priming_block
+from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize, remember_version, trusted
 from mcpresume.http.forward import SSE, passthrough, relay, upstream_headers
@@ -280,6 +281,7 @@ class Gets:
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
+                await reinit.standalone_opened(ctx, session_id, granted.epoch)
             if opened is not None:
                 reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)

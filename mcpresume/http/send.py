@@ -46,6 +46,7 @@ from mcpresume.core.post import (
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
+from mcpresume.http import reinit
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
 from mcpresume.http.forward import upstream_headers
@@ -181,8 +182,10 @@ class Sender:
                 upstream.release()
                 return Forwarded.failed(begun)
             epoch = begun
+            await reinit.began(ctx, sid, epoch, post.body)
         elif granted is not None:
             await remember_version(ctx, request, sid, granted)
+            await reinit.shaped(ctx, sid, granted.epoch, message.methods, post.body)
         if outcome is Upstream.WRONG_TYPE:
             content_type = upstream.content_type
             upstream.release()
