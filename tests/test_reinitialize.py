@@ -17,16 +17,21 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 
 import aiohttp
 import orjson
 import pytest
 
 from mcpresume.core.errors import SessionGone
-from mcpresume.core.reinit import Recipe
+from mcpresume.core.reinit import Outcome, Recipe
+from mcpresume.daemon.app import RunningProxy
 from mcpresume.daemon.demo import PROTOCOL_VERSION
+from mcpresume.http.reinit import begin_again
+from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
 
+REINITS = "mcpresume_upstream_reinitializations_total"
 TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
 
 
@@ -177,3 +182,69 @@ async def test_reinitialize_records_the_initialize_and_the_shaping_requests_and_
         assert recipe.params["clientInfo"] == {"name": "mcpresume-demo", "version": "1"}
         assert recipe.params["protocolVersion"] == PROTOCOL_VERSION
         assert recipe.level == "error" and recipe.subscriptions == {"file:///b"} and recipe.standalone
+
+
+async def recorded_session(
+    http: aiohttp.ClientSession, proxy_url: str, proxy: RunningProxy
+) -> tuple[ScriptedClient, Recipe]:
+    client = ScriptedClient(http, proxy_url)
+    await client.initialize()
+    assert await request(http, client, "logging/setLevel", {"level": "debug"}) == 200
+    granted = await proxy.ctx.store.access(client.session_id)
+    assert granted is not None
+    kept = await proxy.ctx.store.recipe(client.session_id, granted.epoch)
+    assert kept is not None
+    return client, Recipe.decode(kept)
+
+
+async def test_begin_again_replays_the_recipe_into_a_restarted_sdk_server_and_counts_it() -> None:
+    """``http.reinit.begin_again`` after a kill -9 and restart: the SDK server gives a new session, which
+    serves a call at once (the handshake and the level were replayed); counted once, ``reinitialized``."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, recipe = await recorded_session(http, proxy.url, proxy)
+                async with restarted(upstream):
+                    pass
+                begun = await begin_again(proxy.ctx, "/mcp", [], recipe)
+                assert begun.outcome is Outcome.REINITIALIZED and begun.upstream_id is not None
+                assert begun.upstream_id != client.session_id  # the upstream's own, new
+                direct = ScriptedClient(http, upstream.url)
+                direct.session_id = begun.upstream_id
+                async with await call(http, direct) as response:
+                    assert response.status == 200
+                    messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                assert messages[-1]["result"]["content"][0]["text"] == "3"
+                count = sample(proxy.ctx.metrics, REINITS, outcome="reinitialized")
+                assert count == 1
+
+
+@pytest.mark.parametrize(
+    ("told", "outcome"),
+    [
+        ({"version": "2024-11-05"}, Outcome.VERSION_CHANGED),
+        ({"capabilities": {"tools": {"listChanged": True}, "sampling": {}}}, Outcome.FEWER_CAPABILITIES),
+    ],
+    ids=["another-version", "fewer-capabilities"],
+)
+async def test_begin_again_refuses_an_upstream_that_offers_other_terms_and_ends_its_session(
+    told: dict[str, object], outcome: Outcome
+) -> None:
+    """The client was told another version, or capabilities the new upstream does not offer: not begun
+    again (the session ends with a reason), and the upstream session begun for it is ended there."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                _, recipe = await recorded_session(http, proxy.url, proxy)
+                version, caps = told.get("version", PROTOCOL_VERSION), told.get("capabilities", {})
+                assert isinstance(version, str) and isinstance(caps, dict)
+                recipe = replace(recipe, version=version, capabilities=caps)
+                begun = await begin_again(proxy.ctx, "/mcp", [], recipe)
+                assert begun.outcome is outcome and begun.upstream_id is None
+                assert sample(proxy.ctx.metrics, REINITS, outcome=outcome.value) == 1

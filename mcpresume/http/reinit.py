@@ -11,14 +11,21 @@ error, which leaves the new upstream session as the old one was.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+import aiohttp
 import orjson
 
-from mcpresume.core.errors import ProxyError
-from mcpresume.core.reinit import SHAPING, Recipe, begin, fold, with_standalone
+from mcpresume.core.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpresume.core.jsonrpc import proxy_request_id
+from mcpresume.core.reinit import SHAPING, Outcome, Recipe, Step, begin, fold, judge, replay, with_standalone
+from mcpresume.core.sse import SSEParser
 from mcpresume.http.context import ProxyContext
 from mcpresume.process.logs import log_id
 
@@ -108,3 +115,138 @@ async def _keep(
     log.warning(
         "session %s: its recipe was not kept: %d writers in a row came first", log_id(session_id), ATTEMPTS
     )
+
+
+# -- beginning the session again upstream --------------------------------------------------------------------
+
+_NOT_CARRIED: Final = frozenset(
+    {"mcp-session-id", "mcp-protocol-version", "last-event-id", "content-type", "accept", "content-length"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """A re-initialization's end: its ``outcome``, and the upstream's new session id when it succeeded."""
+
+    outcome: Outcome
+    upstream_id: str | None = None
+    version: str | None = None
+
+
+async def begin_again(
+    ctx: ProxyContext, path_qs: str, credentials: Sequence[tuple[str, str]], recipe: Recipe
+) -> Begun:
+    """Begin the session again upstream from its recipe (``core.reinit.replay``): ``initialize`` with the
+    recorded params, ``notifications/initialized``, the shaping requests, each with ``credentials`` (the
+    triggering request's headers, never stored ones). The new upstream's answer is judged against what the
+    client was told (``core.reinit.judge``); a session it began that cannot serve the client is ended there
+    (DELETE). Counted (``mcpresume_upstream_reinitializations_total{outcome}``) and logged, one line."""
+    base = [(n, v) for n, v in credentials if n.lower() not in _NOT_CARRIED]
+    base += [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
+    begun = await _handshake(ctx, path_qs, base, recipe)
+    ctx.metrics.upstream_reinitializations.labels(begun.outcome.value).inc()
+    return begun
+
+
+async def _handshake(ctx: ProxyContext, path_qs: str, base: list[tuple[str, str]], recipe: Recipe) -> Begun:
+    steps = replay(recipe)
+    try:
+        status, upstream_id, result = await _send(ctx, path_qs, base, steps[0], "initialize")
+    except ProxyError as error:
+        log.warning("re-initialization failed: the upstream's initialize: %s", error.message)
+        return Begun(Outcome.REFUSED)
+    if not 200 <= status < 300 or upstream_id is None:
+        log.warning("re-initialization refused: the upstream answered initialize with %d", status)
+        return Begun(Outcome.REFUSED)
+    in_session = [*base, (SESSION_HEADER, upstream_id)]
+    outcome = judge(recipe, result)
+    if outcome is not Outcome.REINITIALIZED:
+        log.warning(
+            "re-initialization refused: %s (upstream session %s ended)", outcome.value, log_id(upstream_id)
+        )
+        await _end(ctx, path_qs, in_session)
+        return Begun(outcome)
+    version = result["protocolVersion"]
+    in_session.append((PROTOCOL_VERSION_HEADER, version))
+    for step in steps[1:]:
+        try:
+            status, _, _ = await _send(ctx, path_qs, in_session, step, step.method)
+        except ProxyError as error:
+            status = 0
+            log.warning("re-initialization: %s failed: %s", step.method, error.message)
+        if not 200 <= status < 300:
+            await _end(ctx, path_qs, in_session)
+            return Begun(Outcome.REFUSED)
+    return Begun(Outcome.REINITIALIZED, upstream_id, version)
+
+
+async def _send(
+    ctx: ProxyContext, path_qs: str, headers: list[tuple[str, str]], step: Step, purpose: str
+) -> tuple[int, str | None, Any]:
+    """One step sent; (status, the answer's session id, the JSON-RPC result of a request: None for a
+    notification or an error answer). A request's answer is read to its response (JSON, or an SSE stream),
+    within ``first_byte_timeout``, never more than ``max_event_bytes`` of it."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": step.method}
+    request_id = None
+    if not step.notification:
+        request_id = proxy_request_id(purpose.replace("/", "-"), secrets.token_hex(8))
+        message["id"] = request_id
+    if step.params is not None:
+        message["params"] = step.params
+    answer = await ctx.upstream.request("POST", path_qs, headers, orjson.dumps(message), decoded=True)
+    try:
+        session_id = answer.headers.get(SESSION_HEADER)
+        if request_id is None or not 200 <= answer.status < 300:
+            return answer.status, session_id, None
+        limit = ctx.settings.max_event_bytes
+        try:
+            async with asyncio.timeout(ctx.settings.first_byte_timeout):
+                result = await _result(answer, request_id, limit)
+        except TimeoutError:
+            raise UpstreamTimeout(f"the upstream did not answer {step.method} in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamUnreachable(
+                f"the upstream's answer to {step.method} failed: {type(exc).__name__}"
+            ) from None
+        return answer.status, session_id, result
+    finally:
+        answer.release()
+
+
+async def _result(answer: aiohttp.ClientResponse, request_id: str, limit: int) -> Any:
+    """The ``result`` of the response to ``request_id`` in a JSON or SSE answer (None: an error, or none)."""
+
+    def of(doc: Any) -> tuple[bool, Any]:
+        if isinstance(doc, dict) and doc.get("id") == request_id and "method" not in doc:
+            return True, doc.get("result")
+        return False, None
+
+    if answer.content_type == "text/event-stream":
+        parser = SSEParser(limit)
+        async for chunk in answer.content.iter_any():
+            for event in parser.feed(chunk):
+                if not event.data:
+                    continue
+                try:
+                    found, result = of(orjson.loads(event.data))
+                except orjson.JSONDecodeError:
+                    continue
+                if found:
+                    return result
+        return None
+    body = await answer.content.read(limit + 1)
+    if len(body) > limit:
+        return None
+    try:
+        return of(orjson.loads(body))[1]
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _end(ctx: ProxyContext, path_qs: str, headers: list[tuple[str, str]]) -> None:
+    """End an upstream session the client will not use (a judged-out or half-replayed re-initialization)."""
+    try:
+        ended = await ctx.upstream.request("DELETE", path_qs, headers, None, decoded=True)
+        ended.release()
+    except ProxyError as error:
+        log.warning("a re-initialized upstream session was not ended: %s", error.message)
