@@ -30,6 +30,7 @@ from mcpresume.daemon.demo import PROTOCOL_VERSION
 from mcpresume.http.reinit import begin_again
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.sdk import result_text, sdk_session
 
 REINITS = "mcpresume_upstream_reinitializations_total"
 TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
@@ -248,3 +249,59 @@ async def test_begin_again_refuses_an_upstream_that_offers_other_terms_and_ends_
                 begun = await begin_again(proxy.ctx, "/mcp", [], recipe)
                 assert begun.outcome is outcome and begun.upstream_id is None
                 assert sample(proxy.ctx.metrics, REINITS, outcome=outcome.value) == 1
+
+
+async def test_reinitialize_the_next_call_in_the_same_session_succeeds_after_a_kill_9() -> None:
+    """``reinitialize``, a raw client: the SDK server killed -9 and started again under the session; the
+    next call, same session id, is answered (begun again upstream, the call sent again: it never ran); the
+    client's id never changes; one re-initialization is counted, and a second call needs none."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, _ = await recorded_session(http, proxy.url, proxy)
+                async with restarted(upstream):
+                    pass
+                for _ in range(2):
+                    async with await call(http, client) as response:
+                        assert response.status == 200, await response.text()
+                        assert "Mcp-Session-Id" not in response.headers or (
+                            response.headers["Mcp-Session-Id"] == client.session_id
+                        )
+                        messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                    assert messages[-1]["result"]["content"][0]["text"] == "3"
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+                granted = await proxy.ctx.store.access(client.session_id)
+                assert granted is not None and granted.upstream_id not in (None, client.session_id)
+
+
+async def test_reinitialize_with_the_official_python_sdk_client() -> None:
+    """The official Python SDK client: a call, the SDK server killed -9 and restarted, the next call in the
+    same ``ClientSession`` succeeds."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy:
+                async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+                    assert result_text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+                    async with restarted(upstream):
+                        pass
+                    assert result_text(await session.call_tool("add", {"a": 2, "b": 2})) == "4"
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+
+
+async def test_end_the_official_python_sdk_clients_next_call_fails() -> None:
+    """``end`` (the default), the same kill -9: the SDK client's next call fails (404), as before."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url) as proxy:
+                async with sdk_session(
+                    proxy.url, read_timeout_seconds=30, terminate_on_close=False
+                ) as session:
+                    assert result_text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+                    async with restarted(upstream):
+                        pass
+                    with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a 404
+                        await session.call_tool("add", {"a": 2, "b": 2})
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 0

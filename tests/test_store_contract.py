@@ -1025,3 +1025,23 @@ async def test_a_recipe_is_kept_by_compare_and_set_per_incarnation_and_dropped_w
     assert await store.recipe(sid, again) is None
     assert not await store.keep_recipe(sid, again, b'{"d":4}', b'{"e":5}')  # gone: nothing written
     assert not await store.has_session(sid)
+
+
+async def test_the_upstreams_id_is_mapped_once_by_compare_and_set_and_read_with_the_access(
+    store: SessionStore,
+) -> None:
+    """One replica wins a re-initialization: the mapping moves only from what the caller saw; the access
+    record (read on every request anyway) carries it; another incarnation has none."""
+    sid = new_session_id()
+    epoch = await store.create_session(sid, now=0.0)
+    granted = await store.access(sid)
+    assert granted is not None and granted.upstream_id is None
+    assert await store.map_upstream(sid, epoch, None, "up-1")
+    assert not await store.map_upstream(sid, epoch, None, "up-2")  # another replica won first
+    granted = await store.access(sid)
+    assert granted is not None and granted.upstream_id == "up-1"
+    assert await store.map_upstream(sid, epoch, "up-1", "up-3")  # lost again later: from what it saw
+    assert not await store.map_upstream(sid, "x" * EPOCH_LEN, "up-3", "up-4")
+    again = await store.create_session(sid, now=1.0)
+    granted = await store.access(sid)
+    assert granted is not None and granted.epoch == again and granted.upstream_id is None

@@ -73,8 +73,9 @@ class UpstreamSessionLost(UnknownSession):
 
     reason = "upstream_session_lost"
 
-    def __init__(self) -> None:
+    def __init__(self, **facts: Any) -> None:
         super().__init__(SessionGone.UPSTREAM_FORGOT)
+        self.facts.update(facts)  # under "reinitialize": why it was not begun again (``outcome``)
 
 
 class MalformedCursor(ProxyError):

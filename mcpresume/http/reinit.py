@@ -15,18 +15,21 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import aiohttp
 import orjson
+from aiohttp import web
 
-from mcpresume.core.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from mcpresume.core.errors import ProxyError, UpstreamSessionLost, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import proxy_request_id
 from mcpresume.core.reinit import SHAPING, Outcome, Recipe, Step, begin, fold, judge, replay, with_standalone
+from mcpresume.core.session import SessionAccess
 from mcpresume.core.sse import SSEParser
 from mcpresume.http.context import ProxyContext
+from mcpresume.http.forward import upstream_headers
 from mcpresume.process.logs import log_id
 
 log = logging.getLogger("mcpresume.proxy")
@@ -250,3 +253,63 @@ async def _end(ctx: ProxyContext, path_qs: str, headers: list[tuple[str, str]]) 
         ended.release()
     except ProxyError as error:
         log.warning("a re-initialized upstream session was not ended: %s", error.message)
+
+
+# -- the recovery of a POST that met the upstream's 404 ------------------------------------------------------
+
+
+def learn(ctx: ProxyContext, session_id: str, granted: SessionAccess | None) -> None:
+    """A session begun again upstream (by any replica): its requests from here carry the upstream's id."""
+    if granted is not None and granted.upstream_id is not None:
+        ctx.upstream.aliases[session_id] = granted.upstream_id
+
+
+def forget(ctx: ProxyContext, session_id: str) -> None:
+    ctx.upstream.aliases.pop(session_id, None)
+
+
+async def recover(
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
+) -> SessionAccess | UpstreamSessionLost:
+    """The upstream answered 404 to a request of a session it served (it lost it): begin it again there
+    from its recipe with this request's credentials, and map the client's id to the upstream's new one by
+    compare-and-set (the replica that loses ends the upstream session it began, and uses the winner's).
+    The access the request is forwarded again with, or why the session ends instead."""
+    store = ctx.store
+    try:
+        kept = await store.recipe(session_id, granted.epoch)
+    except ProxyError as error:
+        log.warning("session %s: its recipe could not be read: %s", log_id(session_id), error.message)
+        return UpstreamSessionLost(outcome=Outcome.REFUSED.value)
+    if kept is None:  # begun before the setting, or its initialize was unreadable: nothing to begin from
+        return UpstreamSessionLost(outcome="no_recipe")
+    recipe = Recipe.decode(kept)
+    begun = await begin_again(ctx, request.path_qs, upstream_headers(request), recipe)
+    if begun.upstream_id is None:
+        log.warning("session %s: not begun again upstream: %s", log_id(session_id), begun.outcome.value)
+        return UpstreamSessionLost(outcome=begun.outcome.value)
+    upstream_id = begun.upstream_id
+    try:
+        won = await store.map_upstream(session_id, granted.epoch, granted.upstream_id, upstream_id)
+        if not won:  # another replica began it again first: its upstream session is the session's
+            await _end(ctx, request.path_qs, [*upstream_headers(request), (SESSION_HEADER, upstream_id)])
+            fresh = await store.access(session_id)
+            if fresh is None or fresh.epoch != granted.epoch or fresh.upstream_id is None:
+                return UpstreamSessionLost(outcome="ended_meanwhile")
+            upstream_id = fresh.upstream_id
+    except ProxyError as error:
+        log.warning(
+            "session %s: not mapped to its new upstream session: %s", log_id(session_id), error.message
+        )
+        return UpstreamSessionLost(outcome=Outcome.REFUSED.value)
+    ctx.upstream.aliases[session_id] = upstream_id
+    if won:
+        log.info(
+            "session %s: begun again upstream (its upstream lost it): upstream session %s; the client's id, "
+            "cursors and window unchanged",
+            log_id(session_id),
+            log_id(upstream_id),
+        )
+    return replace(
+        granted, upstream_id=upstream_id, protocol_version=begun.version or granted.protocol_version
+    )

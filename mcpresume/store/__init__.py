@@ -381,6 +381,13 @@ class Recipes(Protocol):
         any replica) wrote first, or the incarnation ended: the caller reads again and folds again."""
         ...
 
+    async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
+        """Compare and set the upstream's id of the session (``SessionAccess.upstream_id``), once it was
+        begun again upstream: only while it is still ``expected`` (None: the client's own), in incarnation
+        ``epoch``. False: another replica mapped it first (its upstream session is the session's: one
+        upstream session per client session), or the incarnation ended."""
+        ...
+
 
 class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Inspection, Recipes, Protocol):
     """The whole port, as a backend implements it and the daemon holds it; each caller is given the part it

@@ -60,6 +60,7 @@ SCRIPTS: Final = (
     "summary",
     "takeover",
     "touch",
+    "upstream",
     "view",
 )
 

@@ -117,6 +117,7 @@ _READS_UNCHANGED: Final = frozenset(
         "abandon",
         "accept_credential",
         "keep_recipe",
+        "map_upstream",
     }
 )
 
@@ -286,14 +287,18 @@ class RedisStore:
         return epoch
 
     async def access(self, session_id: str) -> SessionAccess | None:
-        epoch, cred, version = await self._call(
-            "access", self._client.hmget(session_keys(session_id)[0], "epoch", "cred", "pv")
+        epoch, cred, version, upstream_id = await self._call(
+            "access", self._client.hmget(session_keys(session_id)[0], "epoch", "cred", "pv", "uid")
         )
         if epoch is None:
             return None
         text = _text(cred) or ""
         credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
-        return SessionAccess(_text(epoch) or "", credentials, _text(version) or None)
+        return SessionAccess(_text(epoch) or "", credentials, _text(version) or None, _text(upstream_id))
+
+    async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
+        held = "" if expected is None else "=" + expected
+        return bool(await self._script("map_upstream", "upstream", session_id, epoch, held, upstream_id))
 
     async def accept_credential(
         self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
