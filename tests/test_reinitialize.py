@@ -29,7 +29,7 @@ from mcpresume.daemon.app import RunningProxy
 from mcpresume.daemon.demo import PROTOCOL_VERSION
 from mcpresume.http.reinit import begin_again
 from tests.support.metrics import sample
-from tests.support.proxy import ScriptedClient, collect, error_of, running_proxy
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
 from tests.support.sdk import result_text, sdk_session
 
 REINITS = "mcpresume_upstream_reinitializations_total"
@@ -305,3 +305,41 @@ async def test_end_the_official_python_sdk_clients_next_call_fails() -> None:
                     with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a 404
                         await session.call_tool("add", {"a": 2, "b": 2})
                 assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 0
+
+
+async def test_a_call_in_flight_at_the_kill_ends_with_the_synthesized_error_once_and_the_window_stays() -> (
+    None
+):
+    """``reinitialize``: a call in flight when the SDK server is killed -9 ends with ``upstream_stream_lost``,
+    once (its execution is lost: its stream is not resumed in the new upstream session); the next call is
+    answered; a re-attach with a cursor from before the kill still reads the window, the error included."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize", retry_ms=50) as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, _ = await recorded_session(http, proxy.url, proxy)
+                slow_id, slow = client.tool_call("count_slowly", {"n": 10000, "delay": 0.05})
+                inflight = await http.post(client.url, data=slow, headers=client.headers())
+                assert inflight.status == 200
+                events = aiter(sse_events(inflight))
+                first = None
+                while first is None:  # the first progress event: a cursor from before the kill
+                    event = await anext(events)
+                    first = event if event.data and b"progress" in event.data else None
+                cursor = first.id
+                assert cursor
+                async with restarted(upstream):
+                    pass
+                async with await call(http, client) as response:
+                    assert response.status == 200, await response.text()
+                    answered = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                assert answered[-1]["result"]["content"][0]["text"] == "3"
+                rest = [orjson.loads(e.data) async for e in events if e.data]
+                inflight.release()
+                ends = [m for m in rest if m.get("id") == slow_id]
+                assert len(ends) == 1 and ends[0]["error"]["data"]["reason"] == "upstream_stream_lost"
+                again = await reattach(http, client, proxy.url, cursor)
+                assert [m for m in again if m.get("id") == slow_id] == ends
+                assert not any("result" in m for m in again if m.get("id") == slow_id)

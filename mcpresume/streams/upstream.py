@@ -199,13 +199,17 @@ class Upstream:
         response.close()  # the head is enough: an SSE answer would never end
         return True
 
-    async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
+    async def open_get(
+        self, path_qs: str, headers: Sequence[tuple[str, str]], *, alias: bool = True
+    ) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
         connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
         answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
-        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``alias``:
+        False for a pump's resume, whose headers name the upstream session its stream was opened in."""
         try:
-            held = HeldGet(self._authority, path_qs, self.tracing.inject(self.aliased(headers)))
+            sent = self.aliased(headers) if alias else headers
+            held = HeldGet(self._authority, path_qs, self.tracing.inject(sent))
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(
