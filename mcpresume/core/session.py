@@ -261,6 +261,9 @@ class SessionAccess:
     epoch: str
     credentials: tuple[bytes, ...]  # digests (core/credentials.py); empty: the session began without any
     protocol_version: str | None  # the MCP-Protocol-Version its requests carried, if any (a ping says it)
+    # The upstream's own id of the session once it was begun again there (upstream_session_lost =
+    # "reinitialize"): requests carry it upstream instead of the client's. None: the client's own.
+    upstream_id: str | None = None
 
 
 class ClaimOutcome(enum.Enum):

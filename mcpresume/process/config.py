@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     upstream_resume_attempts: int = Field(
         5, ge=0, description="attempts to resume an upstream stream without progress before giving up"
     )
+    upstream_session_lost: Literal["end", "reinitialize"] = Field(
+        "end",
+        description="an upstream that lost a session (404 in it): end it (404 upstream_session_lost), or "
+        "keep what it takes to begin it again upstream (the initialize, the shaping requests)",
+    )
     credential_wait: float = Field(
         60.0,
         ge=0,

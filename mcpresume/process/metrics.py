@@ -67,6 +67,13 @@ class Metrics:
         self.upstream_errors = Counter(
             "mcpresume_upstream_errors", "Upstream failures, by reason.", ["reason"], registry=r
         )
+        self.upstream_reinitializations = Counter(
+            "mcpresume_upstream_reinitializations",
+            "Sessions begun again upstream after the upstream lost them (upstream_session_lost = "
+            "reinitialize), by outcome (core.reinit.Outcome).",
+            ["outcome"],
+            registry=r,
+        )
         self.open_streams = Gauge("mcpresume_open_streams", "Client SSE responses open now.", registry=r)
         self.client_connections = Gauge(
             "mcpresume_client_connections", "Client connections open now (max_connections).", registry=r

@@ -94,6 +94,16 @@ class Upstream:
         self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
         # The application's (``process/tracing.py``): every request sent carries the current trace context.
         self.tracing = NO_TRACING
+        # Sessions begun again upstream (upstream_session_lost = "reinitialize"): the client's session id
+        # -> the upstream's, which every request of the session carries instead (``aliased``). Empty unless
+        # the setting is on and an upstream lost a session.
+        self.aliases: dict[str, str] = {}
+
+    def aliased(self, headers: Sequence[tuple[str, str]]) -> Sequence[tuple[str, str]]:
+        """``headers`` with a re-initialized session's id swapped for the upstream's (as they are else)."""
+        if not self.aliases:
+            return headers
+        return [(n, self.aliases.get(v, v)) if n.lower() == "mcp-session-id" else (n, v) for n, v in headers]
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -136,7 +146,7 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
-        headers = self.tracing.inject(headers)
+        headers = self.tracing.inject(self.aliased(headers))
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
@@ -189,13 +199,17 @@ class Upstream:
         response.close()  # the head is enough: an SSE answer would never end
         return True
 
-    async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
+    async def open_get(
+        self, path_qs: str, headers: Sequence[tuple[str, str]], *, alias: bool = True
+    ) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
         connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
         answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
-        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``alias``:
+        False for a pump's resume, whose headers name the upstream session its stream was opened in."""
         try:
-            held = HeldGet(self._authority, path_qs, self.tracing.inject(headers))
+            sent = self.aliased(headers) if alias else headers
+            held = HeldGet(self._authority, path_qs, self.tracing.inject(sent))
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(
