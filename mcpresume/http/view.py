@@ -182,6 +182,11 @@ class ClientWriter:
         except TimeoutError:
             raise Stalled from None
 
+    def send_head(self) -> None:
+        """Send the response's head if aiohttp still holds it (a view's is held for its first write)."""
+        if isinstance(self.drainer, StreamWriter):
+            self.drainer.send_headers()
+
     async def _write_chunk(
         self, writer: StreamWriter, transport: asyncio.Transport, data: bytes, last: bool = False
     ) -> None:
@@ -279,6 +284,7 @@ async def follow(
                 return outcome
             version = result.version
             del result  # a parked view keeps no events alive: the window may evict them meanwhile
+            writer.send_head()  # a client waiting for events has its response's head meanwhile
             if not await local.news.wait(session_id, version, HEARTBEAT_SECONDS):
                 await writer.write(HEARTBEAT)
     except Stalled:
@@ -349,11 +355,18 @@ async def release_view(ctx: ProxyContext, session_id: str) -> None:
     await ctx.store.touch((session_id,), ctx.clock())
 
 
+class _ViewResponse(web.StreamResponse):
+    """A view's response: its head is held at ``prepare`` and goes out with the first write (a short
+    answer's head, events and end in one write), or before the view waits for events (``follow``)."""
+
+    _send_headers_immediately = False
+
+
 async def serve_view(
     ctx: ProxyContext, request: web.Request, session_id: str, plan: ViewPlan
 ) -> web.StreamResponse:
     """The SSE response of one view: headers, the preface, then ``follow`` until the stream completes."""
-    response = web.StreamResponse(status=200)
+    response = _ViewResponse(status=200)
     for name, value in plan.headers:
         response.headers.add(name, value)
     response.headers[SESSION_HEADER] = session_id
