@@ -355,9 +355,10 @@ async def release_view(ctx: ProxyContext, session_id: str) -> None:
     await ctx.store.touch((session_id,), ctx.clock())
 
 
-class _ViewResponse(web.StreamResponse):
-    """A view's response: its head is held at ``prepare`` and goes out with the first write (a short
-    answer's head, events and end in one write), or before the view waits for events (``follow``)."""
+class HeldHeadResponse(web.StreamResponse):
+    """A response whose head is held at ``prepare`` and goes out with the first write (a short answer's
+    head, body and end in one write). A view's: sent before it waits for events (``follow``); a relay's:
+    for a body of known length only (``forward.relay``)."""
 
     _send_headers_immediately = False
 
@@ -366,7 +367,7 @@ async def serve_view(
     ctx: ProxyContext, request: web.Request, session_id: str, plan: ViewPlan
 ) -> web.StreamResponse:
     """The SSE response of one view: headers, the preface, then ``follow`` until the stream completes."""
-    response = _ViewResponse(status=200)
+    response = HeldHeadResponse(status=200)
     for name, value in plan.headers:
         response.headers.add(name, value)
     response.headers[SESSION_HEADER] = session_id
