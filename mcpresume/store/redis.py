@@ -287,8 +287,9 @@ class RedisStore:
         return epoch
 
     async def access(self, session_id: str) -> SessionAccess | None:
-        epoch, cred, version, upstream_id = await self._call(
-            "access", self._client.hmget(session_keys(session_id)[0], "epoch", "cred", "pv", "uid")
+        # On every request of a session: through the link, as ``owner`` (not redis-py's ~115 us).
+        epoch, cred, version, upstream_id = await self._redis.hmget(
+            "access", session_keys(session_id)[0], (b"epoch", b"cred", b"pv", b"uid")
         )
         if epoch is None:
             return None
