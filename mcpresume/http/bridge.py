@@ -1,0 +1,374 @@
+"""The era bridge: core/bridge.py's decisions carried out for handshake-era clients of a modern-only upstream.
+
+With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``: a ``server/discover`` probe,
+then a handshake ``initialize`` probe, whose upstream session, if any, is ended at once) before the first
+``initialize`` it is sent, and again after an ``initialize`` the upstream refused. Only an upstream that
+refuses the handshake era (``MODERN_ONLY``) is bridged; any other is served as without the bridge.
+
+A bridged session is the proxy's own: the ``initialize`` is answered here (the session id minted here and
+kept in the store like any session), and every request of the session goes through ``Posts.serve`` as any
+request does (claimed exactly once per id, its SSE answer a stream of the session read by a pump into the
+window), only sent upstream as a 2026-07-28 request (``Post.bridged``: its headers; its body with the
+envelope in ``_meta``). An ``application/json`` answer becomes a one-event stream of the session
+(``retain``), resumable like any. DELETE ends the proxy's session (the upstream has none).
+
+What only this process knows: each bridged session's ``ClientFacts`` (the client's info and capabilities,
+its log level). A replica that takes a session over without them sends its requests with empty client
+capabilities (a gap listed in the README's "Protocol eras").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from mcpresume.core.bridge import (
+    ClientFacts,
+    Local,
+    Refuse,
+    envelope,
+    facts_of_initialize,
+    initialize_result,
+    treat,
+)
+from mcpresume.core.era import (
+    LATEST_HANDSHAKE,
+    MODERN_VERSION,
+    Era,
+    UpstreamEra,
+    discover_offers_modern,
+    initialize_refused,
+    upstream_era,
+)
+from mcpresume.core.errors import SERVER_ERROR, BadRequest, ProxyError, UnknownSession, UpstreamBadResponse
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpresume.core.jsonrpc import error_response
+from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind
+from mcpresume.http.context import ProxyContext
+from mcpresume.http.credentials import authorize, begins_with
+from mcpresume.http.forward import upstream_headers
+from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
+from mcpresume.http.view import ViewPlan, attach_view
+from mcpresume.process.logs import log_id
+
+log = logging.getLogger("mcpresume.bridge")
+
+JSON: Final = "application/json"
+PROBE_CLIENT: Final = {"name": "mcpresume-probe", "version": "1"}
+# The headers a bridged request is not sent with: the session is the proxy's, the version and the
+# length are the translated request's, a cursor means nothing to a modern upstream.
+_DROPPED: Final = frozenset(
+    h.lower() for h in (SESSION_HEADER, PROTOCOL_VERSION_HEADER, LAST_EVENT_ID_HEADER, "content-length")
+)
+
+
+class BatchNotBridged(BadRequest):
+    reason = "batch_not_bridged"
+
+
+ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
+
+
+class Bridge:
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        self.era = UpstreamEra.UNKNOWN
+        self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
+        self.facts: dict[str, ClientFacts] = {}  # this process's bridged sessions
+        self._probe_lock = asyncio.Lock()
+        self._told_modern = False  # the one log line on modern traffic passed through
+
+    @property
+    def on(self) -> bool:
+        return self.ctx.settings.bridge == "auto"
+
+    # -- the era ----------------------------------------------------------------------------------------
+
+    async def probe(self) -> UpstreamEra:
+        """Learn the upstream's era (``core.era``'s table), once at a time."""
+        async with self._probe_lock:
+            if self.era is not UpstreamEra.UNKNOWN:
+                return self.era
+            headers = [("Content-Type", JSON), ("Accept", f"{JSON}, text/event-stream")]
+            facts = ClientFacts(MODERN_VERSION, {}, PROBE_CLIENT)
+            discover = {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "server/discover",
+                "params": {"_meta": envelope(facts)},
+            }
+            modern_headers = [
+                *headers,
+                (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
+                ("Mcp-Method", "server/discover"),
+            ]
+            status, body = await self._ask(modern_headers, discover)
+            modern = discover_offers_modern(status, body)
+            refused: bool | None = None
+            if modern:
+                initialize = {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": LATEST_HANDSHAKE,
+                        "capabilities": {},
+                        "clientInfo": PROBE_CLIENT,
+                    },
+                }
+                status, answer = await self._ask(headers, initialize, end_session=True)
+                refused = initialize_refused(status, answer)
+            self.era = upstream_era(modern, refused)
+            if self.era is UpstreamEra.MODERN_ONLY:
+                assert isinstance(body, dict)
+                self.discover = body["result"]
+            log.info("the upstream's era: %s%s", self.era.value, self._era_note())
+            return self.era
+
+    def _era_note(self) -> str:
+        if self.era is UpstreamEra.MODERN_ONLY:
+            return (
+                " (it refuses the handshake era: handshake-era clients get the proxy's own sessions, bridged)"
+                if self.on
+                else " (it refuses the handshake era and bridge = off: handshake-era clients get its refusal)"
+            )
+        return ""
+
+    async def _ask(
+        self, headers: list[tuple[str, str]], message: dict[str, Any], *, end_session: bool = False
+    ) -> tuple[int, object]:
+        """One probe: the status and the JSON-RPC answer (of a JSON body, or an SSE one's last message)."""
+        path = self.ctx.upstream.mcp_path
+        try:
+            answer = await self.ctx.upstream.request(
+                "POST", path, headers, orjson.dumps(message), decoded=True
+            )
+        except ProxyError as error:
+            log.warning("the era probe (%s) failed: %s", message["method"], error.message)
+            return 599, None
+        try:
+            text = await answer.read()
+            session = answer.headers.get(SESSION_HEADER)
+        except aiohttp.ClientError:
+            return 599, None
+        finally:
+            answer.release()
+        if end_session and session is not None:  # a dual-era upstream began a session for the probe: end it
+            try:
+                ended = await self.ctx.upstream.request(
+                    "DELETE", path, [*headers, (SESSION_HEADER, session)], None
+                )
+                ended.release()
+            except ProxyError:
+                pass
+        return answer.status, _last_message(text)
+
+    def refused_initialize(self, status: int) -> None:
+        """An ``initialize`` served as without the bridge was refused (4xx): the upstream's era may have
+        changed; the next ``initialize`` probes it again."""
+        if self.on and 400 <= status < 500 and self.era is not UpstreamEra.MODERN_ONLY:
+            self.era = UpstreamEra.UNKNOWN
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    async def serve(self, post: Post, serve_post: ServePost) -> web.StreamResponse | None:
+        """The answer of a bridged POST; None for one served as without the bridge (counted either way)."""
+        request, message, session_id = post.request, post.message, post.session_id
+        if stateless(request, message):
+            self._count(Era.MODERN, "passed_through")
+            if not self._told_modern:
+                self._told_modern = True
+                log.info(
+                    "a 2026-07-28 request is passed through as is: that revision has no sessions and no "
+                    "resumption (closing its stream cancels it), so the proxy keeps nothing for it and "
+                    "resumes nothing; handshake-era clients get sessions and resumption"
+                )
+            return None
+        if not self.on:
+            self._count(
+                Era.HANDSHAKE, "resumable" if session_id or message.is_initialize else "passed_through"
+            )
+            return None
+        if message.is_initialize and session_id is None:
+            if self.era is UpstreamEra.UNKNOWN:
+                await self.probe()
+            if self.era is UpstreamEra.MODERN_ONLY:
+                self._count(Era.HANDSHAKE, "bridged")
+                return await self._initialize(post)
+            self._count(Era.HANDSHAKE, "resumable")
+            return None
+        if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
+            self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
+            return None
+        self._count(Era.HANDSHAKE, "bridged")
+        return await self._in_session(post, session_id, serve_post)
+
+    def _count(self, era: Era, treatment: str) -> None:
+        self.ctx.metrics.era_requests.labels(era.value, treatment).inc()
+
+    async def _initialize(self, post: Post) -> web.StreamResponse:
+        ctx, request = self.ctx, post.request
+        doc = orjson.loads(post.body)
+        if isinstance(doc, list):
+            return ctx.reject(request, BatchNotBridged("an initialize in a batch is not bridged"), None)
+        request_id = doc.get("id")
+        if self.discover is None:
+            return ctx.reject(
+                request, UpstreamBadResponse("the upstream's server/discover is unknown"), request_id
+            )
+        if await ctx.store.session_count() >= ctx.settings.max_sessions:
+            await ctx.store.reap(ctx.clock())
+        facts = facts_of_initialize(doc.get("params"))
+        session_id = secrets.token_urlsafe(32)  # visible ASCII, cryptographically random (the spec's SHOULD)
+        owner = ctx.settings.replica if ctx.hop is not None else ""
+        try:
+            await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+        except ProxyError as error:
+            return ctx.reject(request, error, request_id)
+        self.facts[session_id] = facts
+        log.info(
+            "session %s begins, bridged: a %s client in front of a 2026-07-28-only upstream",
+            log_id(session_id),
+            facts.version,
+        )
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        return web.Response(
+            body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
+        )
+
+    async def _in_session(self, post: Post, session_id: str, serve_post: ServePost) -> web.StreamResponse:
+        ctx, request = self.ctx, post.request
+        doc = orjson.loads(post.body)
+        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        treated = treat(doc, facts)
+        match treated:
+            case Refuse():
+                return ctx.reject(request, BatchNotBridged("a batch is not bridged: send one message a POST"))
+            case Local(result=result, log_level=level, cancelled=cancelled):
+                granted = await ctx.store.access(session_id)
+                if granted is None:
+                    return ctx.reject(request, UnknownSession(), post.request_id)
+                refused = await authorize(ctx, request, session_id, granted, post.request_id)
+                if refused is not None:
+                    return refused
+                if level is not None:
+                    self.facts[session_id] = ClientFacts(facts.version, facts.capabilities, facts.info, level)
+                if cancelled and post.message.cancelled:
+                    ctx.pumps.cancel_requests(session_id, post.message.cancelled)
+                if result is None:
+                    return web.Response(status=202)
+                answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
+                return web.Response(body=orjson.dumps(answer), content_type=JSON)
+            case _:
+                body = orjson.dumps(treated.body)
+                return await serve_post(Post(request, body, post.message, session_id, treated.headers))
+
+    async def delete(self, request: web.Request) -> web.StreamResponse | None:
+        """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
+        session_id = request.headers.get(SESSION_HEADER)
+        if not self.on or session_id is None:
+            return None
+        if session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY:
+            return None
+        ctx = self.ctx
+        granted = await ctx.store.access(session_id)
+        if granted is None:
+            return ctx.reject(request, UnknownSession())
+        refused = await authorize(ctx, request, session_id, granted)
+        if refused is not None:
+            return refused
+        await ctx.drop_session(session_id, granted.epoch)
+        self.facts.pop(session_id, None)
+        log.info("session %s ends (DELETE), bridged", log_id(session_id))
+        return web.Response(status=200)
+
+
+def modern_headers(post: Post) -> list[tuple[str, str]]:
+    """The headers a bridged request is sent upstream with: the client's end-to-end ones but the session's
+    and version's, and the 2026-07-28 ones ``core.bridge.to_modern`` chose."""
+    assert post.bridged is not None
+    kept = [(n, v) for n, v in upstream_headers(post.request) if n.lower() not in _DROPPED]
+    return [*kept, *post.bridged]
+
+
+async def retain(
+    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess
+) -> web.StreamResponse:
+    """A bridged request's ``application/json`` answer: kept as a one-event stream of the session (its
+    claim was settled), the client attached to it: resumable like an SSE answer."""
+    message, session_id = post.message, post.session_id
+    assert session_id is not None
+    limit = ctx.settings.max_event_bytes
+    answer = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():
+            answer += chunk
+            if len(answer) > limit:
+                break
+    finally:
+        upstream.release()
+    now = ctx.clock()
+    opened = await ctx.store.open_stream(
+        session_id,
+        StreamOrigin.POST,
+        message.request_keys,
+        now,
+        granted.epoch,
+        priming=primes_of(post.request, message),
+    )
+    if opened is None:
+        return ctx.reject(post.request, UnknownSession(), post.request_id)
+    if len(answer) <= limit:
+        body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
+    else:
+        data = {"reason": "event_too_large"}
+        body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
+    await ctx.store.append(session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
+    await ctx.store.end_stream(session_id, opened.number, now)
+    view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
+    return await attach_view(ctx, post.request, session_id, view)
+
+
+def _last_message(body: bytes) -> object:
+    """A JSON body, or the last ``data:`` of an SSE one, parsed (None when neither)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    found: object = None
+    for line in body.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                found = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue
+    return found
+
+
+async def bridged_answer(
+    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess | None
+) -> web.StreamResponse | None:
+    """What a bridged request's answer the proxy would relay becomes: a 2xx JSON answer a one-event stream
+    (``retain``); a 4xx JSON one (a JSON-RPC error: a 2026-07-28 server maps codes to statuses, 404 for an
+    unknown method) the same error with 200, as a handshake-era client expects it (to such a client a 404
+    ends its session); None for the rest (relayed)."""
+    if post.bridged is None or upstream.content_type != JSON:
+        return None
+    if 200 <= upstream.status < 300 and granted is not None and post.message.request_ids:
+        return await retain(ctx, post, upstream, granted)
+    if 400 <= upstream.status < 500:
+        try:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        return web.Response(body=body, content_type=JSON)
+    return None
