@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
+from mcpresume.daemon.demo import ScriptedClient, sse_events
 from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
-from tests.support.proxy import running_proxy
+from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
 
 pytestmark = pytest.mark.asyncio
@@ -83,3 +85,114 @@ async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
         assert {h.get("mcp-name") for h in calls} == {"echo", "count_slowly"}
         assert all("mcp-session-id" not in h for h in guard.headers)
         assert proxy.ctx.metrics.era_requests.labels("handshake", "bridged")._value.get() >= 5
+
+
+async def test_a_call_cut_mid_way_is_resumed_with_its_cursor_and_runs_once() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("slow_tally", {"delay": 1.0})
+        cursor: bytes | None = None
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200 and response.content_type == "text/event-stream"
+            async for event in sse_events(response):
+                if event.id:  # the first event with a cursor (priming, or the progress): cut here
+                    cursor = event.id
+                    break
+        assert cursor is not None
+        # The upstream's stream is read to its end by the pump although the client left: the modern
+        # "a closed stream cancels the request" never fires on a client's dropped connection.
+        messages = await reattach(http, client, proxy.url, cursor)
+        answers = [m for m in messages if m.get("id") == request_id]
+        assert len(answers) == 1 and answers[0]["result"]["structuredContent"] == {"result": 1}
+        # The same request id again: the original stream, never run upstream twice.
+        async with http.post(proxy.url, data=body, headers=client.headers()) as again:
+            replayed = [orjson.loads(e.data) for e in await collect(again) if e.data]
+        assert [m["result"]["structuredContent"] for m in replayed if m.get("id") == request_id] == [
+            {"result": 1}
+        ]
+        assert guard.slow_tallies["slow"] == 1  # type: ignore[attr-defined]
+
+
+async def test_a_json_answer_is_a_one_event_stream_resumable_like_any() -> None:
+    async with (
+        serve_modern_upstream(json_response=True) as (url, _guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("echo", {"text": "once"})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            assert response.content_type == "text/event-stream"
+            events = await collect(response)
+        answers = [orjson.loads(e.data) for e in events if e.data]
+        assert [a["id"] for a in answers] == [request_id]
+        first = next(e for e in events if e.id)
+        again = await reattach(http, client, proxy.url, first.id)
+        assert [m["id"] for m in again] == [request_id]
+
+
+async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        ping = {"jsonrpc": "2.0", "id": 50, "method": "ping"}
+        async with http.post(proxy.url, data=orjson.dumps(ping), headers=client.headers()) as response:
+            assert response.status == 200 and (await response.json())["result"] == {}
+        # A 2026-07-28 server answers an unknown method with HTTP 404: to a handshake-era client that would
+        # end its session, so it gets the JSON-RPC error with 200, and the session lives on.
+        odd = {"jsonrpc": "2.0", "id": 51, "method": "completion/nothing", "params": {}}
+        async with http.post(proxy.url, data=orjson.dumps(odd), headers=client.headers()) as response:
+            assert response.status == 200 and (await response.json())["error"]["code"] == -32601
+        async with http.post(
+            proxy.url, data=orjson.dumps({**ping, "id": 52}), headers=client.headers()
+        ) as response:
+            assert response.status == 200
+        async with http.delete(proxy.url, headers=client.headers()) as response:
+            assert response.status == 200
+        async with http.post(
+            proxy.url, data=orjson.dumps({**ping, "id": 53}), headers=client.headers()
+        ) as response:
+            assert (
+                response.status == 404 and (await error_of(response))["data"]["reason"] == "unknown_session"
+            )
+        assert "DELETE" not in guard.refused and "ping" not in guard.methods
+
+
+async def test_bridge_off_leaves_a_handshake_era_client_the_upstreams_refusal() -> None:
+    async with (
+        serve_modern_upstream() as (url, _guard),
+        running_proxy(url, bridge="off") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(initialize), headers=client.headers()) as response:
+            assert response.status == 400 and "Mcp-Session-Id" not in response.headers
+
+
+async def test_a_dual_era_upstream_is_served_as_without_the_bridge(example_upstream: str) -> None:
+    async with running_proxy(example_upstream) as proxy:
+        async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+            assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+        bridge = proxy.ctx.metrics.era_requests
+        assert bridge.labels("handshake", "bridged")._value.get() == 0
+        assert bridge.labels("handshake", "resumable")._value.get() >= 2
