@@ -6,8 +6,11 @@ import json
 from typing import Any
 
 import aiohttp
+import mcp_types as types
 import orjson
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
@@ -196,3 +199,24 @@ async def test_a_dual_era_upstream_is_served_as_without_the_bridge(example_upstr
         bridge = proxy.ctx.metrics.era_requests
         assert bridge.labels("handshake", "bridged")._value.get() == 0
         assert bridge.labels("handshake", "resumable")._value.get() >= 2
+
+
+async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_era() -> None:
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"word": "tangerine"})
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        streamable_http_client(proxy.url) as (read, write),
+        ClientSession(read, write, elicitation_callback=elicit, read_timeout_seconds=30) as session,
+    ):
+        await session.initialize()
+        answered = await session.call_tool("ask", {"question": "A fruit?"})
+        assert result_text(answered) == "you said tangerine (asked)"
+        assert asked == ["A fruit?"]
+        # Sent twice upstream: the first call, then the retry with the client's answer and the state.
+        assert guard.methods.count("tools/call") == 2

@@ -169,3 +169,70 @@ def treat(doc: object, facts: ClientFacts) -> Local | Send | Refuse:
         level = params.get("level") if isinstance(params, Mapping) else None
         return Local(result={}, log_level=level if isinstance(level, str) else None)
     return to_modern(doc, facts)
+
+
+# -- MRTR (SEP-2322): an input-required result as handshake-era server-to-client requests ------------------
+#
+# ==================================================  =====================================================
+# the upstream's answer to a bridged request          what the client gets on the request's stream
+# ==================================================  =====================================================
+# a result with ``resultType: "input_required"``      one request per ``inputRequests`` entry
+#                                                     (``elicitation/create``, ``sampling/createMessage``,
+#                                                     ``roots/list``), ids the proxy's own; the stream stays
+#                                                     open
+# the client's responses to all of them               (nothing) the request sent again upstream with
+#                                                     ``inputResponses`` (by key) and ``requestState``; its
+#                                                     answer on the same stream (input required again: the
+#                                                     same again)
+# an error response to one of them                    the request's answer: that error, the stream ended
+# any other answer                                    itself
+# ==================================================  =====================================================
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequired:
+    """An input-required result: what the upstream asks (by its keys), and its opaque state."""
+
+    requests: Mapping[str, Mapping[str, Any]]
+    state: str | None
+
+
+def input_required(answer: object) -> InputRequired | None:
+    """The input-required result of a JSON-RPC response, or None (any other answer)."""
+    result = answer.get("result") if isinstance(answer, Mapping) else None
+    if not isinstance(result, Mapping) or result.get("resultType") != "input_required":
+        return None
+    asked = result.get("inputRequests")
+    requests = {
+        str(key): request
+        for key, request in (asked.items() if isinstance(asked, Mapping) else ())
+        if isinstance(request, Mapping) and isinstance(request.get("method"), str)
+    }
+    state = result.get("requestState")
+    return InputRequired(requests, state if isinstance(state, str) else None)
+
+
+def client_requests(asked: InputRequired, ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The handshake-era requests the input requests stand for, each under the proxy's id for its key."""
+    requests = []
+    for key, request in asked.requests.items():
+        params = request.get("params")
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": ids[key], "method": request["method"]}
+        if isinstance(params, Mapping):
+            message["params"] = dict(params)
+        requests.append(message)
+    return requests
+
+
+def retry_body(
+    original: Mapping[str, Any], responses: Mapping[str, Any], state: str | None
+) -> dict[str, Any]:
+    """The bridged request sent again with the client's answers (``inputResponses``) and ``requestState``."""
+    params = original.get("params")
+    params = dict(params) if isinstance(params, Mapping) else {}
+    params["inputResponses"] = dict(responses)
+    if state is not None:
+        params["requestState"] = state
+    else:
+        params.pop("requestState", None)
+    return {**original, "params": params}

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
@@ -31,11 +32,15 @@ from aiohttp import web
 
 from mcpresume.core.bridge import (
     ClientFacts,
+    InputRequired,
     Local,
     Refuse,
+    client_requests,
     envelope,
     facts_of_initialize,
     initialize_result,
+    input_required,
+    retry_body,
     treat,
 )
 from mcpresume.core.era import (
@@ -49,7 +54,7 @@ from mcpresume.core.era import (
 )
 from mcpresume.core.errors import SERVER_ERROR, BadRequest, ProxyError, UnknownSession, UpstreamBadResponse
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpresume.core.jsonrpc import error_response
+from mcpresume.core.jsonrpc import error_response, proxy_request_id
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
@@ -78,6 +83,21 @@ class BatchNotBridged(BadRequest):
 ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
 
 
+
+@dataclass(slots=True)
+class Awaiting:
+    """A bridged request whose upstream asked for input (MRTR): the client's answers being collected."""
+
+    session_id: str
+    stream: int
+    request_id: Any
+    original: dict[str, Any]  # the 2026-07-28 request as first sent
+    headers: list[tuple[str, str]]
+    state: str | None
+    keys: dict[str, str]  # the proxy's request id -> the input request's key
+    answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's result
+
+
 class Bridge:
     def __init__(self, ctx: ProxyContext) -> None:
         self.ctx = ctx
@@ -86,6 +106,7 @@ class Bridge:
         self.facts: dict[str, ClientFacts] = {}  # this process's bridged sessions
         self._probe_lock = asyncio.Lock()
         self._told_modern = False  # the one log line on modern traffic passed through
+        self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
 
     @property
     def on(self) -> bool:
@@ -249,6 +270,9 @@ class Bridge:
         ctx, request = self.ctx, post.request
         doc = orjson.loads(post.body)
         facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        if self._answers_input(session_id, doc):
+            return web.Response(status=202)
+        request[BRIDGE] = self
         treated = treat(doc, facts)
         match treated:
             case Refuse():
@@ -272,6 +296,118 @@ class Bridge:
                 body = orjson.dumps(treated.body)
                 return await serve_post(Post(request, body, post.message, session_id, treated.headers))
 
+    # -- MRTR -------------------------------------------------------------------------------------------
+
+    async def ask_client(
+        self, post: Post, session_id: str, stream: int, asked: InputRequired, original: dict[str, Any]
+    ) -> None:
+        """Append the input requests to the request's stream as handshake-era requests; await the answers."""
+        ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
+        awaiting = Awaiting(
+            session_id, stream, original.get("id"), original, modern_headers(post), asked.state, ids
+        )
+        for request_id in ids:
+            self.awaiting[request_id] = awaiting
+        by_key = {key: request_id for request_id, key in ids.items()}
+        events = [
+            NewEvent(frame_body(orjson.dumps(m)), EventKind.MESSAGE) for m in client_requests(asked, by_key)
+        ]
+        await self.ctx.store.append(session_id, stream, events, self.ctx.clock())
+
+    def _answers_input(self, session_id: str, doc: object) -> bool:
+        """Whether ``doc`` answers the proxy's input requests (kept; the request retried once all are)."""
+        messages = doc if isinstance(doc, list) else [doc]
+        mine = [
+            m
+            for m in messages
+            if isinstance(m, dict)
+            and "method" not in m
+            and m.get("id") in self.awaiting
+            and self.awaiting[m["id"]].session_id == session_id
+        ]
+        if not mine or len(mine) != len(messages):
+            return False
+        for message in mine:
+            awaiting = self.awaiting.pop(message["id"])
+            if "error" in message:  # the client refused: the request's answer is that error
+                for other in awaiting.keys:
+                    self.awaiting.pop(other, None)
+                failed = {"jsonrpc": "2.0", "id": awaiting.request_id, "error": message["error"]}
+                self.ctx.drain.spawn(self._finish(awaiting, [failed]), "mcpresume-bridge-input")
+                continue
+            awaiting.answers[awaiting.keys[message["id"]]] = message.get("result")
+            if len(awaiting.answers) == len(awaiting.keys):
+                self.ctx.drain.spawn(self._retry(awaiting), "mcpresume-bridge-retry")
+        return True
+
+    async def _retry(self, awaiting: Awaiting) -> None:
+        """The request sent again with the client's answers; its answer on the same stream."""
+        ctx = self.ctx
+        body = retry_body(awaiting.original, awaiting.answers, awaiting.state)
+        path = ctx.upstream.mcp_path
+        try:
+            upstream = await ctx.upstream.request(
+                "POST", path, awaiting.headers, orjson.dumps(body), decoded=True
+            )
+            try:
+                raw = await upstream.read()
+            finally:
+                upstream.release()
+        except (ProxyError, aiohttp.ClientError) as error:
+            message = getattr(error, "message", str(error))
+            failed = error_response(awaiting.request_id, SERVER_ERROR, f"the retry failed: {message}", {})
+            await self._finish(awaiting, [orjson.loads(failed)])
+            return
+        messages = _messages(raw)
+        final = next((m for m in messages if isinstance(m, dict) and "method" not in m), None)
+        asked = input_required(final)
+        if asked is not None and asked.requests:
+            others = [m for m in messages if m is not final]
+            await self._append(awaiting, others, end=False)
+            post_headers = awaiting.headers
+            again = Awaiting(
+                awaiting.session_id,
+                awaiting.stream,
+                awaiting.request_id,
+                awaiting.original,
+                post_headers,
+                asked.state,
+                {},
+            )
+            ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
+            again.keys = ids
+            for request_id in ids:
+                self.awaiting[request_id] = again
+            by_key = {key: request_id for request_id, key in ids.items()}
+            await self._append(again, client_requests(asked, by_key), end=False)
+            return
+        if final is None:
+            text = "the upstream's answer to the retry carried no response"
+            final = orjson.loads(error_response(awaiting.request_id, SERVER_ERROR, text, {}))
+        await self._finish(awaiting, [*(m for m in messages if m is not final), final])
+
+    async def _finish(self, awaiting: Awaiting, messages: list[Any]) -> None:
+        await self._append(awaiting, messages, end=True)
+
+    async def _append(self, awaiting: Awaiting, messages: list[Any], *, end: bool) -> None:
+        ctx, now = self.ctx, self.ctx.clock()
+        events = [
+            NewEvent(
+                frame_body(orjson.dumps(m)),
+                EventKind.RESPONSE if end and i == len(messages) - 1 else EventKind.MESSAGE,
+            )
+            for i, m in enumerate(messages)
+        ]
+        try:
+            if events:
+                await ctx.store.append(awaiting.session_id, awaiting.stream, events, now)
+            if end:
+                await ctx.store.end_stream(awaiting.session_id, awaiting.stream, now)
+        except ProxyError as error:
+            log.warning(
+                "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
+            )
+
     async def delete(self, request: web.Request) -> web.StreamResponse | None:
         """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
         session_id = request.headers.get(SESSION_HEADER)
@@ -290,6 +426,10 @@ class Bridge:
         self.facts.pop(session_id, None)
         log.info("session %s ends (DELETE), bridged", log_id(session_id))
         return web.Response(status=200)
+
+
+# The request key under which a bridged request carries its ``Bridge`` to where its answer is made.
+BRIDGE: Final = web.RequestKey("mcpresume_bridge", Bridge)
 
 
 def modern_headers(post: Post) -> list[tuple[str, str]]:
@@ -327,6 +467,14 @@ async def retain(
     )
     if opened is None:
         return ctx.reject(post.request, UnknownSession(), post.request_id)
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    asked = (
+        input_required(_last_message(bytes(answer))) if bridge is not None and len(answer) <= limit else None
+    )
+    if asked is not None and asked.requests and bridge is not None:
+        view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
+        await bridge.ask_client(post, session_id, opened.number, asked, orjson.loads(post.body))
+        return await attach_view(ctx, post.request, session_id, view)
     if len(answer) <= limit:
         body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
     else:
@@ -372,3 +520,19 @@ async def bridged_answer(
             upstream.release()
         return web.Response(body=body, content_type=JSON)
     return None
+
+
+def _messages(body: bytes) -> list[Any]:
+    """The JSON-RPC messages of a JSON body, or of an SSE one's ``data:`` lines."""
+    try:
+        return [orjson.loads(body)]
+    except orjson.JSONDecodeError:
+        pass
+    found: list[Any] = []
+    for line in body.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                found.append(orjson.loads(line[5:]))
+            except orjson.JSONDecodeError:
+                continue
+    return found
