@@ -83,7 +83,6 @@ class BatchNotBridged(BadRequest):
 ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
 
 
-
 @dataclass(slots=True)
 class Awaiting:
     """A bridged request whose upstream asked for input (MRTR): the client's answers being collected."""
