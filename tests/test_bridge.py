@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,9 +16,11 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpresume.daemon.demo import ScriptedClient, sse_events
+from tests.support.conformance import Unavailable
 from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
 from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
+from tests.support.ts_sdk import with_script
 
 pytestmark = pytest.mark.asyncio
 
@@ -220,3 +225,43 @@ async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_
         assert asked == ["A fruit?"]
         # Sent twice upstream: the first call, then the retry with the client's answer and the state.
         assert guard.methods.count("tools/call") == 2
+
+
+TS_CLIENTS = Path(__file__).parent / "support"
+
+
+async def _run_ts(script_name: str, url: str) -> dict[str, Any]:
+    try:
+        node, script = with_script(TS_CLIENTS / script_name)
+    except Unavailable as exc:
+        if exc.skip:
+            pytest.skip(str(exc))
+        raise
+    client = await asyncio.create_subprocess_exec(
+        node, str(script), url, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(client.communicate(), 120)
+    assert client.returncode == 0, err.decode()
+    answer: dict[str, Any] = json.loads(out)
+    return answer
+
+
+async def test_the_typescript_sdk_client_through_the_bridge() -> None:
+    async with serve_modern_upstream() as (url, guard), running_proxy(url) as proxy:
+        got = await _run_ts("ts_bridge_client.mjs", proxy.url)
+        assert got == {
+            "counted": "counted to 3",
+            "progress": [1, 2, 3],
+            "answered": "you said kumquat (asked)",
+            "asked": ["A fruit?"],
+            "server": "mcpresume-modern",
+        }
+        assert "DELETE" not in guard.refused  # the proxy's session ended at the proxy
+
+
+async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_through_the_bridge() -> None:
+    """The TS SDK client that saved its session id: no initialize the second time, ids from 0 again."""
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        runs = await _run_ts("ts_sdk_client.mjs", proxy.url)
+        assert runs["run1"] == ["hello from run 1", "3"]
+        assert runs["run2"] == ["hello from run 2", "42"]
