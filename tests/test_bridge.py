@@ -12,6 +12,7 @@ import aiohttp
 import mcp_types as types
 import orjson
 import pytest
+from mcp.client.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -265,3 +266,25 @@ async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_throug
         runs = await _run_ts("ts_sdk_client.mjs", proxy.url)
         assert runs["run1"] == ["hello from run 1", "3"]
         assert runs["run2"] == ["hello from run 2", "42"]
+
+
+async def test_the_python_sdk_client_in_legacy_mode_and_in_auto_mode() -> None:
+    """``Client(mode="legacy")`` speaks the handshake era: bridged. ``Client(mode="auto")`` probes
+    ``server/discover``, which the upstream answers: it speaks 2026-07-28 and is passed through."""
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"word": "lime"})
+
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        async with Client(
+            proxy.url, mode="legacy", elicitation_callback=elicit, read_timeout_seconds=30
+        ) as client:
+            assert result_text(await client.call_tool("add", {"a": 2, "b": 3})) == "5"
+            assert result_text(await client.call_tool("ask", {})) == "you said lime (asked)"
+        async with Client(
+            proxy.url, mode="auto", elicitation_callback=elicit, read_timeout_seconds=30
+        ) as client:
+            assert result_text(await client.call_tool("add", {"a": 4, "b": 5})) == "9"
+        eras = proxy.ctx.metrics.era_requests
+        assert eras.labels("handshake", "bridged")._value.get() >= 3
+        assert eras.labels("modern", "passed_through")._value.get() >= 2
