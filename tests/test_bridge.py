@@ -88,7 +88,7 @@ async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
             assert "ask" in [tool.name for tool in tools.tools]
         # The upstream saw only 2026-07-28 requests (the proxy's probes, then the session's), each with
         # the routing headers and the envelope.
-        assert guard.refused[:1] == ["initialize"]  # the proxy's probe; the client's never reached it
+        assert guard.refused[:1] == ["initialize"]  # the client's: refused, then answered by the bridge
         assert "ping" not in guard.methods and guard.methods[0] == "server/discover"
         calls = [h for h in guard.headers if h.get("mcp-method") == "tools/call"]
         assert {h.get("mcp-name") for h in calls} == {"echo", "count_slowly"}

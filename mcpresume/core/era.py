@@ -7,23 +7,24 @@ Two eras of Streamable HTTP matter (docs/reference.md, "Protocol eras"):
 * the modern era, 2026-07-28 (SEP-2567, SEP-2575): no sessions, no GET stream, no DELETE, no resumption;
   every request carries ``MCP-Protocol-Version: 2026-07-28`` and its envelope in ``params._meta``.
 
-Which era the upstream speaks is learnt by probing it (``http/bridge.py`` sends; this module reads):
+Which era the upstream speaks is learnt from its answer to a client's handshake ``initialize``, then a
+``server/discover`` probe (``http/bridge.py`` sends; this module reads):
 
 =====================================  ========================================  =================
 ``server/discover`` at 2026-07-28      handshake ``initialize``                  upstream era
 =====================================  ========================================  =================
-a 5xx, or no answer                    (not sent)                                ``UNKNOWN``
-not a result naming a modern version   (not sent)                                ``HANDSHAKE``
+a 5xx, or no answer                    (any)                                     ``UNKNOWN``
+not a result naming a modern version   (any)                                     ``HANDSHAKE``
 a result naming a modern version       2xx                                       ``DUAL``
-a result naming a modern version       refused: -32022, or 4xx naming no         ``MODERN_ONLY``
-                                       handshake version
+a result naming a modern version       refused: a 4xx with -32022 whose data     ``MODERN_ONLY``
+                                       names no handshake version
 a result naming a modern version       anything else (5xx, unreachable)          ``UNKNOWN``
 =====================================  ========================================  =================
 
 ``server/discover`` alone cannot tell a dual-era server from a modern-only one: the official SDK's dual
 server lists only ``2026-07-28`` in ``supportedVersions`` (it negotiates the handshake era through
-``initialize``). Hence the second probe, which a modern-only server refuses with -32022 "Unsupported
-protocol version" (its ``data.supported`` naming only modern versions).
+``initialize``). Hence the ``initialize``'s answer first, which a modern-only server refuses with -32022
+"Unsupported protocol version" (its ``data.supported`` naming only modern versions).
 
 The handshake's version negotiation (2025-06-18, lifecycle): the server answers with the version the
 client asked for when it supports it, else with the latest it supports; the client then decides.

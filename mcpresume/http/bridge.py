@@ -1,9 +1,9 @@
 """The era bridge: core/bridge.py's decisions carried out for handshake-era clients of a modern-only upstream.
 
-With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``: a ``server/discover`` probe,
-then a handshake ``initialize`` probe, whose upstream session, if any, is ended at once) before the first
-``initialize`` it is sent, and again after an ``initialize`` the upstream refused. Only an upstream that
-refuses the handshake era (``MODERN_ONLY``) is bridged; any other is served as without the bridge.
+With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) when the upstream refuses a
+client's ``initialize`` as a modern-only server does (-32022): a ``server/discover`` probe then, and that
+``initialize`` and every later one answered by the bridge. An upstream that takes the handshake era (a
+dual-era one) never sees a probe: its traffic is exactly as without the bridge.
 
 A bridged session is the proxy's own: the ``initialize`` is answered here (the session id minted here and
 kept in the store like any session), and every request of the session goes through ``Posts.serve`` as any
@@ -113,12 +113,18 @@ class Bridge:
 
     # -- the era ----------------------------------------------------------------------------------------
 
-    async def probe(self) -> UpstreamEra:
-        """Learn the upstream's era (``core.era``'s table), once at a time."""
+    async def learn(self, refused: bool) -> UpstreamEra:
+        """Learn the upstream's era (``core.era``'s table) after it answered a client's ``initialize``
+        (``refused``: with a modern-only refusal), by a ``server/discover`` probe; once at a time."""
         async with self._probe_lock:
-            if self.era is not UpstreamEra.UNKNOWN:
+            if self.era is UpstreamEra.MODERN_ONLY:
                 return self.era
-            headers = [("Content-Type", JSON), ("Accept", f"{JSON}, text/event-stream")]
+            headers = [
+                ("Content-Type", JSON),
+                ("Accept", f"{JSON}, text/event-stream"),
+                (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
+                ("Mcp-Method", "server/discover"),
+            ]
             facts = ClientFacts(MODERN_VERSION, {}, PROBE_CLIENT)
             discover = {
                 "jsonrpc": "2.0",
@@ -126,28 +132,8 @@ class Bridge:
                 "method": "server/discover",
                 "params": {"_meta": envelope(facts)},
             }
-            modern_headers = [
-                *headers,
-                (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
-                ("Mcp-Method", "server/discover"),
-            ]
-            status, body = await self._ask(modern_headers, discover)
-            modern = discover_offers_modern(status, body)
-            refused: bool | None = None
-            if modern:
-                initialize = {
-                    "jsonrpc": "2.0",
-                    "id": 0,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": LATEST_HANDSHAKE,
-                        "capabilities": {},
-                        "clientInfo": PROBE_CLIENT,
-                    },
-                }
-                status, answer = await self._ask(headers, initialize, end_session=True)
-                refused = initialize_refused(status, answer)
-            self.era = upstream_era(modern, refused)
+            status, body = await self._ask(headers, discover)
+            self.era = upstream_era(discover_offers_modern(status, body), refused)
             if self.era is UpstreamEra.MODERN_ONLY:
                 assert isinstance(body, dict)
                 self.discover = body["result"]
@@ -163,9 +149,7 @@ class Bridge:
             )
         return ""
 
-    async def _ask(
-        self, headers: list[tuple[str, str]], message: dict[str, Any], *, end_session: bool = False
-    ) -> tuple[int, object]:
+    async def _ask(self, headers: list[tuple[str, str]], message: dict[str, Any]) -> tuple[int, object]:
         """One probe: the status and the JSON-RPC answer (of a JSON body, or an SSE one's last message)."""
         path = self.ctx.upstream.mcp_path
         try:
@@ -177,26 +161,11 @@ class Bridge:
             return 599, None
         try:
             text = await answer.read()
-            session = answer.headers.get(SESSION_HEADER)
         except aiohttp.ClientError:
             return 599, None
         finally:
             answer.release()
-        if end_session and session is not None:  # a dual-era upstream began a session for the probe: end it
-            try:
-                ended = await self.ctx.upstream.request(
-                    "DELETE", path, [*headers, (SESSION_HEADER, session)], None
-                )
-                ended.release()
-            except ProxyError:
-                pass
         return answer.status, _last_message(text)
-
-    def refused_initialize(self, status: int) -> None:
-        """An ``initialize`` served as without the bridge was refused (4xx): the upstream's era may have
-        changed; the next ``initialize`` probes it again."""
-        if self.on and 400 <= status < 500 and self.era is not UpstreamEra.MODERN_ONLY:
-            self.era = UpstreamEra.UNKNOWN
 
     # -- requests ---------------------------------------------------------------------------------------
 
@@ -219,12 +188,11 @@ class Bridge:
             )
             return None
         if message.is_initialize and session_id is None:
-            if self.era is UpstreamEra.UNKNOWN:
-                await self.probe()
             if self.era is UpstreamEra.MODERN_ONLY:
                 self._count(Era.HANDSHAKE, "bridged")
                 return await self._initialize(post)
             self._count(Era.HANDSHAKE, "resumable")
+            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``)
             return None
         if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
@@ -234,6 +202,19 @@ class Bridge:
 
     def _count(self, era: Era, treatment: str) -> None:
         self.ctx.metrics.era_requests.labels(era.value, treatment).inc()
+
+    async def after_refusal(self, post: Post, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        """A client's ``initialize`` the upstream refused (4xx): when it refuses the handshake era (and
+        `server/discover` says it speaks 2026-07-28), answered by the bridge; else its refusal as it came."""
+        try:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        refused = initialize_refused(upstream.status, _last_message(body))
+        if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
+            self._count(Era.HANDSHAKE, "bridged")
+            return await self._initialize(post)
+        return web.Response(status=upstream.status, body=body, content_type=JSON)
 
     async def _initialize(self, post: Post) -> web.StreamResponse:
         ctx, request = self.ctx, post.request
@@ -508,8 +489,13 @@ async def bridged_answer(
     (``retain``); a 4xx JSON one (a JSON-RPC error: a 2026-07-28 server maps codes to statuses, 404 for an
     unknown method) the same error with 200, as a handshake-era client expects it (to such a client a 404
     ends its session); None for the rest (relayed)."""
-    if post.bridged is None or upstream.content_type != JSON:
+    if upstream.content_type != JSON:
         return None
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    if post.bridged is None:
+        if bridge is None or post.session_id is not None or not 400 <= upstream.status < 500:
+            return None
+        return await bridge.after_refusal(post, upstream)
     if 200 <= upstream.status < 300 and granted is not None and post.message.request_ids:
         return await retain(ctx, post, upstream, granted)
     if 400 <= upstream.status < 500:

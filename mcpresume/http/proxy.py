@@ -173,11 +173,7 @@ class Proxy:
     async def _post(self, post: Post) -> web.StreamResponse:
         """A POST in this replica: bridged (http/bridge.py) or served as any."""
         response = await self.bridge.serve(post, self.posts.serve)
-        if response is None:
-            response = await self.posts.serve(post)
-            if post.message.is_initialize:
-                self.bridge.refused_initialize(response.status)
-        return response
+        return response if response is not None else await self.posts.serve(post)
 
     def _ended(
         self,
