@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -96,10 +97,26 @@ async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
         assert proxy.ctx.metrics.era_requests.labels("handshake", "bridged")._value.get() >= 5
 
 
-async def test_a_call_cut_mid_way_is_resumed_with_its_cursor_and_runs_once() -> None:
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The proxy's store settings: the memory store, or a real Redis (emptied)."""
+    if request.param == "memory":
+        return {}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return {
+        "store": request.getfixturevalue("redis_db"),
+        "port": port,
+        "advertise_url": f"http://127.0.0.1:{port}/mcp",
+    }
+
+
+async def test_a_call_cut_mid_way_is_resumed_with_its_cursor_and_runs_once(store: dict[str, Any]) -> None:
+    """Memory or Redis: the bridged session is kept in the store like any."""
     async with (
         serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
+        running_proxy(url, **store) as proxy,
         aiohttp.ClientSession() as http,
     ):
         client = ScriptedClient(http, proxy.url)
