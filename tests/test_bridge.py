@@ -20,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from tests.support.conformance import Unavailable
 from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
+from tests.support.poll import until
 from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
 from tests.support.ts_sdk import with_script
@@ -305,3 +306,25 @@ async def test_the_python_sdk_client_in_legacy_mode_and_in_auto_mode() -> None:
         eras = proxy.ctx.metrics.era_requests
         assert eras.labels("handshake", "bridged")._value.get() >= 3
         assert eras.labels("modern", "passed_through")._value.get() >= 2
+
+
+async def test_notifications_cancelled_closes_the_upstream_stream_the_modern_cancellation() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url, cancel_grace=0.1) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("slow_tally", {"delay": 60.0})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            async for event in sse_events(response):
+                if event.data:  # the progress: the tool runs upstream
+                    break
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+        async with http.post(proxy.url, data=orjson.dumps(cancel), headers=client.headers()) as response:
+            assert response.status == 202
+        tallies = guard.slow_tallies  # type: ignore[attr-defined]
+        await until(lambda: tallies["cancelled"] == 1, timeout=30, what="the upstream's handler cancelled")
+        assert tallies["slow"] == 0
+        assert "notifications/cancelled" not in guard.methods  # 2026-07-28 has no such notification

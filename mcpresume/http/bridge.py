@@ -54,7 +54,7 @@ from mcpresume.core.era import (
 )
 from mcpresume.core.errors import SERVER_ERROR, BadRequest, ProxyError, UnknownSession, UpstreamBadResponse
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpresume.core.jsonrpc import error_response, proxy_request_id
+from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
@@ -267,7 +267,10 @@ class Bridge:
                 if level is not None:
                     self.facts[session_id] = ClientFacts(facts.version, facts.capabilities, facts.info, level)
                 if cancelled and post.message.cancelled:
+                    # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
+                    # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
                     ctx.pumps.cancel_requests(session_id, post.message.cancelled)
+                    await self._cancel_awaiting(session_id, post.message.cancelled)
                 if result is None:
                     return web.Response(status=202)
                 answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
@@ -293,6 +296,17 @@ class Bridge:
             NewEvent(frame_body(orjson.dumps(m)), EventKind.MESSAGE) for m in client_requests(asked, by_key)
         ]
         await self.ctx.store.append(session_id, stream, events, self.ctx.clock())
+
+    async def _cancel_awaiting(self, session_id: str, keys: tuple[str, ...]) -> None:
+        ended = {
+            id(a): a
+            for a in self.awaiting.values()
+            if a.session_id == session_id and _key(a.request_id) in keys
+        }
+        for awaiting in ended.values():
+            for request_id in awaiting.keys:
+                self.awaiting.pop(request_id, None)
+            await self._finish(awaiting, [])  # cancelled: no answer (the handshake era's SHOULD NOT)
 
     def _answers_input(self, session_id: str, doc: object) -> bool:
         """Whether ``doc`` answers the proxy's input requests (kept; the request retried once all are)."""
@@ -521,3 +535,11 @@ def _messages(body: bytes) -> list[Any]:
             except orjson.JSONDecodeError:
                 continue
     return found
+
+
+def _key(request_id: object) -> str | None:
+    return (
+        request_key(request_id)
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool)
+        else None
+    )

@@ -101,7 +101,7 @@ async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[byte
 def build_modern_app(*, json_response: bool = False) -> ModernOnly:
     """The guarded app (one uvicorn lifetime, as `build_example_app`)."""
     server = build_example_server(name="mcpresume-modern")
-    tallies = {"slow": 0}
+    tallies = {"slow": 0, "cancelled": 0}
 
     @server.tool(description="Ask the client for a word (an elicitation through an input-required result).")
     async def ask(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
@@ -132,7 +132,11 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
     @server.tool(description="Wait `delay` seconds, then count this call (a side effect).")
     async def slow_tally(ctx: Context[Any, Any], delay: float = 0.5) -> int:
         await ctx.report_progress(0, 1)
-        await anyio.sleep(delay)
+        try:
+            await anyio.sleep(delay)
+        except anyio.get_cancelled_exc_class():
+            tallies["cancelled"] += 1  # its response stream closed: the 2026-07-28 cancellation
+            raise
         tallies["slow"] += 1
         return tallies["slow"]
 
