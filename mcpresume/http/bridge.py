@@ -80,6 +80,10 @@ class BatchNotBridged(BadRequest):
     reason = "batch_not_bridged"
 
 
+# Input requests (MRTR) awaiting a client's answer, all sessions: a bound on what clients that never answer
+# leave behind (each a few hundred bytes plus the request it retries).
+MAX_AWAITING: Final = 4096
+
 ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
 
 
@@ -106,6 +110,7 @@ class Bridge:
         self._probe_lock = asyncio.Lock()
         self._told_modern = False  # the one log line on modern traffic passed through
         self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
+        self._counters: dict[tuple[Era, str], Any] = {}
 
     @property
     def on(self) -> bool:
@@ -201,7 +206,12 @@ class Bridge:
         return await self._in_session(post, session_id, serve_post)
 
     def _count(self, era: Era, treatment: str) -> None:
-        self.ctx.metrics.era_requests.labels(era.value, treatment).inc()
+        child = self._counters.get((era, treatment))
+        if child is None:  # once per label pair: every POST is counted, the lookup stays off its path
+            child = self._counters[(era, treatment)] = self.ctx.metrics.era_requests.labels(
+                era.value, treatment
+            )
+        child.inc()
 
     async def after_refusal(self, post: Post, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
         """A client's ``initialize`` the upstream refused (4xx): when it refuses the handshake era (and
@@ -236,6 +246,10 @@ class Bridge:
         except ProxyError as error:
             return ctx.reject(request, error, request_id)
         self.facts[session_id] = facts
+        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
+        # (reaped, or deleted on another replica).
+        while len(self.facts) > ctx.settings.max_sessions:
+            del self.facts[next(iter(self.facts))]
         log.info(
             "session %s begins, bridged: a %s client in front of a 2026-07-28-only upstream",
             log_id(session_id),
@@ -291,6 +305,8 @@ class Bridge:
         )
         for request_id in ids:
             self.awaiting[request_id] = awaiting
+        while len(self.awaiting) > MAX_AWAITING:  # a client that never answers: the oldest forgotten
+            del self.awaiting[next(iter(self.awaiting))]
         by_key = {key: request_id for request_id, key in ids.items()}
         events = [
             NewEvent(frame_body(orjson.dumps(m)), EventKind.MESSAGE) for m in client_requests(asked, by_key)
@@ -418,6 +434,8 @@ class Bridge:
             return refused
         await ctx.drop_session(session_id, granted.epoch)
         self.facts.pop(session_id, None)
+        for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
+            del self.awaiting[request_id]
         log.info("session %s ends (DELETE), bridged", log_id(session_id))
         return web.Response(status=200)
 
