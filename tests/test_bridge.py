@@ -184,6 +184,9 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
             proxy.url, data=orjson.dumps({**ping, "id": 52}), headers=client.headers()
         ) as response:
             assert response.status == 200
+        # The standalone GET: 405 from the proxy (the upstream has no GET stream, nothing to ask it).
+        async with http.get(proxy.url, headers=client.headers(Accept="text/event-stream")) as response:
+            assert response.status == 405
         async with http.delete(proxy.url, headers=client.headers()) as response:
             assert response.status == 200
         async with http.post(
@@ -192,7 +195,7 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
             assert (
                 response.status == 404 and (await error_of(response))["data"]["reason"] == "unknown_session"
             )
-        assert "DELETE" not in guard.refused and "ping" not in guard.methods
+        assert "DELETE" not in guard.refused and "GET" not in guard.refused and "ping" not in guard.methods
 
 
 async def test_bridge_off_leaves_a_handshake_era_client_the_upstreams_refusal() -> None:

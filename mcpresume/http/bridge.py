@@ -418,12 +418,22 @@ class Bridge:
                 "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
             )
 
+    def standalone(self, request: web.Request) -> web.StreamResponse | None:
+        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): 405, as
+        the handshake revisions allow, without asking the upstream (a 2026-07-28 one has no GET stream).
+        None otherwise."""
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
+            return None
+        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+
+    def _bridged(self, session_id: str) -> bool:
+        return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)
+
     async def delete(self, request: web.Request) -> web.StreamResponse | None:
         """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
         session_id = request.headers.get(SESSION_HEADER)
-        if not self.on or session_id is None:
-            return None
-        if session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY:
+        if session_id is None or not self._bridged(session_id):
             return None
         ctx = self.ctx
         granted = await ctx.store.access(session_id)
