@@ -249,12 +249,12 @@ async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_
         assert guard.methods.count("tools/call") == 2
 
 
-TS_CLIENTS = Path(__file__).parent / "support"
+SUPPORT = Path(__file__).parent / "support"
 
 
 async def _run_ts(script_name: str, url: str) -> dict[str, Any]:
     try:
-        node, script = with_script(TS_CLIENTS / script_name)
+        node, script = with_script(SUPPORT / script_name)
     except Unavailable as exc:
         if exc.skip:
             pytest.skip(str(exc))
@@ -331,3 +331,30 @@ async def test_notifications_cancelled_closes_the_upstream_stream_the_modern_can
         await until(lambda: tallies["cancelled"] == 1, timeout=30, what="the upstream's handler cancelled")
         assert tallies["slow"] == 0
         assert "notifications/cancelled" not in guard.methods  # 2026-07-28 has no such notification
+
+
+MCP1_PYTHON = Path.home() / ".cache" / "mcpresume" / "mcp1" / "bin" / "python"
+
+
+async def test_the_python_sdk_1x_client_through_the_bridge() -> None:
+    """The 1.x SDK in a venv of its own (see tests/support/mcp1_client.py for how to make it)."""
+    if not MCP1_PYTHON.exists():
+        pytest.skip(f'no 1.x SDK venv at {MCP1_PYTHON.parent.parent} (python -m venv, pip install "mcp<2")')
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        client = await asyncio.create_subprocess_exec(
+            str(MCP1_PYTHON),
+            str(SUPPORT / "mcp1_client.py"),
+            proxy.url,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(client.communicate(), 120)
+        assert client.returncode == 0, err.decode()[-2000:]
+        got = json.loads(out.splitlines()[-1])
+        assert got == {
+            "version": "2025-11-25",
+            "counted": "counted to 3",
+            "progress": [1.0, 2.0, 3.0],
+            "answered": "you said quince (asked)",
+            "asked": ["A fruit?"],
+        }
