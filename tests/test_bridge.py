@@ -358,3 +358,28 @@ async def test_the_python_sdk_1x_client_through_the_bridge() -> None:
             "answered": "you said quince (asked)",
             "asked": ["A fruit?"],
         }
+
+
+async def test_other_credentials_in_a_bridged_session_are_checked_with_a_discover() -> None:
+    """A bridged session is bound to its initialize's credentials like any; other ones (a refreshed token)
+    are asked of the upstream with a 2026-07-28 server/discover (it has no session to ping in)."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        original = client.headers
+        client.headers = lambda **extra: original(**{"Authorization": "Bearer first", **extra})  # type: ignore[method-assign]
+        await client.initialize()
+        guard.bad_tokens.add("Bearer stolen")
+        ping = {"jsonrpc": "2.0", "id": 70, "method": "ping"}
+        refreshed = client.headers(Authorization="Bearer refreshed")
+        async with http.post(proxy.url, data=orjson.dumps(ping), headers=refreshed) as response:
+            assert response.status == 200
+        stolen = client.headers(Authorization="Bearer stolen")
+        async with http.post(proxy.url, data=orjson.dumps({**ping, "id": 71}), headers=stolen) as response:
+            assert response.status == 401
+            assert (await error_of(response))["data"]["reason"] == "credentials_refused"
+        discovers = [h for h in guard.headers if h.get("mcp-method") == "server/discover"]
+        assert [h.get("authorization") for h in discovers][-1:] == ["Bearer refreshed"]

@@ -134,6 +134,15 @@ def envelope(facts: ClientFacts) -> dict[str, Any]:
     return meta
 
 
+PROBE_CLIENT: Final[Mapping[str, str]] = {"name": "mcpresume-probe", "version": "1"}
+
+
+def discover_request(request_id: str | int) -> dict[str, Any]:
+    """The proxy's own ``server/discover`` (the era probe, a bridged session's credentials check)."""
+    meta = envelope(ClientFacts(MODERN_VERSION, {}, PROBE_CLIENT))
+    return {"jsonrpc": "2.0", "id": request_id, "method": "server/discover", "params": {"_meta": meta}}
+
+
 def to_modern(message: Mapping[str, Any], facts: ClientFacts) -> Send:
     """A handshake-era request as a 2026-07-28 one: the envelope in ``params._meta`` (the client's own
     ``_meta`` keys, a ``progressToken`` say, kept), and the routing headers."""

@@ -36,7 +36,7 @@ from mcpresume.core.bridge import (
     Local,
     Refuse,
     client_requests,
-    envelope,
+    discover_request,
     facts_of_initialize,
     initialize_result,
     input_required,
@@ -59,7 +59,7 @@ from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
 from mcpresume.http.context import ProxyContext
-from mcpresume.http.credentials import authorize, begins_with
+from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
 from mcpresume.http.view import ViewPlan, attach_view
@@ -68,7 +68,6 @@ from mcpresume.process.logs import log_id
 log = logging.getLogger("mcpresume.bridge")
 
 JSON: Final = "application/json"
-PROBE_CLIENT: Final = {"name": "mcpresume-probe", "version": "1"}
 # The headers a bridged request is not sent with: the session is the proxy's, the version and the
 # length are the translated request's, a cursor means nothing to a modern upstream.
 _DROPPED: Final = frozenset(
@@ -130,13 +129,7 @@ class Bridge:
                 (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
                 ("Mcp-Method", "server/discover"),
             ]
-            facts = ClientFacts(MODERN_VERSION, {}, PROBE_CLIENT)
-            discover = {
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "server/discover",
-                "params": {"_meta": envelope(facts)},
-            }
+            discover = discover_request(0)
             status, body = await self._ask(headers, discover)
             self.era = upstream_era(discover_offers_modern(status, body), refused)
             if self.era is UpstreamEra.MODERN_ONLY:
@@ -267,6 +260,7 @@ class Bridge:
         if self._answers_input(session_id, doc):
             return web.Response(status=202)
         request[BRIDGE] = self
+        request[MODERN_CHECK] = True
         treated = treat(doc, facts)
         match treated:
             case Refuse():
@@ -436,6 +430,7 @@ class Bridge:
         if session_id is None or not self._bridged(session_id):
             return None
         ctx = self.ctx
+        request[MODERN_CHECK] = True
         granted = await ctx.store.access(session_id)
         if granted is None:
             return ctx.reject(request, UnknownSession())

@@ -42,12 +42,17 @@ class ModernOnly:
         self.refused: list[str] = []  # "GET", "DELETE", or the refused POST's method
         self.methods: list[str] = []  # the methods of the modern POSTs it let through
         self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
+        self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
             await self.app(scope, receive, send)
             return
         method = scope["method"]
+        authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        if authorization in self.bad_tokens:
+            await _answer(send, 401, b"", [(b"www-authenticate", b'Bearer error="invalid_token"')])
+            return
         if method in ("GET", "DELETE"):
             self.refused.append(method)
             await _answer(send, 405, b"", [(b"allow", b"POST")])
