@@ -383,3 +383,26 @@ async def test_other_credentials_in_a_bridged_session_are_checked_with_a_discove
             assert (await error_of(response))["data"]["reason"] == "credentials_refused"
         discovers = [h for h in guard.headers if h.get("mcp-method") == "server/discover"]
         assert [h.get("authorization") for h in discovers][-1:] == ["Bearer refreshed"]
+
+
+async def test_a_bridged_initialize_past_max_sessions_is_503() -> None:
+    async with (
+        serve_modern_upstream() as (url, _guard),
+        running_proxy(url, max_sessions=1) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        await ScriptedClient(http, proxy.url).initialize()
+        second = ScriptedClient(http, proxy.url)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(initialize), headers=second.headers()) as response:
+            assert response.status == 503
+            assert (await error_of(response))["data"]["reason"] == "too_many_sessions"

@@ -52,7 +52,14 @@ from mcpresume.core.era import (
     initialize_refused,
     upstream_era,
 )
-from mcpresume.core.errors import SERVER_ERROR, BadRequest, ProxyError, UnknownSession, UpstreamBadResponse
+from mcpresume.core.errors import (
+    SERVER_ERROR,
+    BadRequest,
+    ProxyError,
+    TooManySessions,
+    UnknownSession,
+    UpstreamBadResponse,
+)
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
@@ -229,8 +236,14 @@ class Bridge:
             return ctx.reject(
                 request, UpstreamBadResponse("the upstream's server/discover is unknown"), request_id
             )
-        if await ctx.store.session_count() >= ctx.settings.max_sessions:
-            await ctx.store.reap(ctx.clock())
+        limit = ctx.settings.max_sessions
+        if await ctx.store.session_count() >= limit:
+            await ctx.store.reap(ctx.clock())  # expired sessions make room before anyone is refused
+            if await ctx.store.session_count() >= limit:
+                refusal = TooManySessions(
+                    f"the proxy holds its maximum of {limit} sessions", max_sessions=limit
+                )
+                return ctx.reject(request, refusal)
         facts = facts_of_initialize(doc.get("params"))
         session_id = secrets.token_urlsafe(32)  # visible ASCII, cryptographically random (the spec's SHOULD)
         owner = ctx.settings.replica if ctx.hop is not None else ""
