@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from typing import Final
 
 import aiohttp
+import orjson
 from aiohttp import web
 
+from mcpresume.core.bridge import discover_request
 from mcpresume.core.credentials import (
     QUERY_FIELD,
     Access,
@@ -35,6 +37,7 @@ from mcpresume.core.credentials import (
     newest,
     ping_body,
 )
+from mcpresume.core.era import MODERN_VERSION
 from mcpresume.core.errors import (
     CredentialsRefused,
     ProxyError,
@@ -52,6 +55,10 @@ from mcpresume.http.forward import upstream_headers
 from mcpresume.process.logs import log_id
 
 log = logging.getLogger("mcpresume.proxy")
+
+# Set on a request of a bridged session (http/bridge.py): its credentials are checked with a 2026-07-28
+# server/discover, not a ping in a session the upstream does not have.
+MODERN_CHECK: Final = web.RequestKey("mcpresume_modern_check", bool)
 
 # Of the client's headers, those a ping carries besides its credentials: what the upstream's own checks of
 # any request read (Origin and Host for DNS rebinding, the X-Forwarded-* this hop adds).
@@ -149,12 +156,17 @@ async def _verify(
         ("Accept", "application/json, text/event-stream"),
         (SESSION_HEADER, session_id),
     ]
-    if granted.protocol_version is not None:
+    body = ping_body(ping_id)
+    if request.get(MODERN_CHECK):
+        # A bridged session (http/bridge.py): the upstream has no sessions and no ping; a server/discover
+        # with these credentials asks it instead (an authenticating server checks every request).
+        headers = [(n, v) for n, v in headers if n.lower() != SESSION_HEADER.lower()]
+        headers += [(PROTOCOL_VERSION_HEADER, MODERN_VERSION), ("Mcp-Method", "server/discover")]
+        body = orjson.dumps(discover_request(ping_id))
+    elif granted.protocol_version is not None:
         headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
     with ctx.drain.upstream_wait():  # to the endpoint as the client named it (its query string too)
-        upstream = await ctx.upstream.request(
-            "POST", request.path_qs, headers, ping_body(ping_id), decoded=True
-        )
+        upstream = await ctx.upstream.request("POST", request.path_qs, headers, body, decoded=True)
     try:
         status = upstream.status
         answer = PingAnswer(status, upstream.content_type, ping_id)

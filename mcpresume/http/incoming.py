@@ -29,6 +29,8 @@ class Post:
     body: bytes
     message: ClientMessage
     session_id: str | None  # its Mcp-Session-Id
+    # A bridged session's request (http/bridge.py): the 2026-07-28 headers it is sent upstream with.
+    bridged: tuple[tuple[str, str], ...] | None = None
 
     @property
     def request_id(self) -> str | int | None:

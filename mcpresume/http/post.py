@@ -32,6 +32,7 @@ from mcpresume.core.post import (
     tail_kind,
 )
 from mcpresume.core.session import SessionAccess
+from mcpresume.http.bridge import bridged_answer
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize
 from mcpresume.http.forward import passthrough, relay
@@ -142,6 +143,9 @@ class Posts:
                     return ctx.reject(request, forwarded.error, post.request_id)
                 case Then.RELAY:
                     assert upstream is not None
+                    bridged = await bridged_answer(ctx, post, upstream, granted)
+                    if bridged is not None:
+                        return bridged
                     return await relay(ctx, request, upstream, request_id=post.request_id)
                 case Then.EMPTY:
                     assert upstream is not None

@@ -59,6 +59,7 @@ from mcpresume.core.headers import (
 )
 from mcpresume.core.jsonrpc import parse_client_body
 from mcpresume.http.access import AccessLog, span_attributes
+from mcpresume.http.bridge import Bridge
 from mcpresume.http.context import ANSWERED, ARRIVED, PREPARED, ProxyContext
 from mcpresume.http.delete import serve_delete
 from mcpresume.http.forward import SSE, body_stream, passthrough, read_body
@@ -110,6 +111,7 @@ class Proxy:
         self.routing = Routing(ctx, self.pumps)  # several replicas: forward, refuse, or take over
         self.gets = Gets(ctx, self.pumps, openings)
         self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
+        self.bridge = Bridge(ctx)  # handshake-era sessions in front of a modern-only upstream
         self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -139,7 +141,7 @@ class Proxy:
                 methods = message.methods
                 post = Post(request, body, message, request.headers.get(SESSION_HEADER))
                 routed = await self.routing.route(request, body, post.request_id)
-                response = routed.answer if routed.answer is not None else await self.posts.serve(post)
+                response = routed.answer if routed.answer is not None else await self._post(post)
             elif method == "GET":
                 # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
                 ahead = self.gets.openings.arrive(request)
@@ -148,13 +150,16 @@ class Proxy:
                     response = (
                         routed.answer
                         if routed.answer is not None
-                        else await self.gets.serve(request, routed, ahead)
+                        else self.bridge.standalone(request) or await self.gets.serve(request, routed, ahead)
                     )
                 finally:
                     ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)
             elif method == "DELETE":
                 routed = await self.routing.route(request, b"")
-                response = routed.answer if routed.answer is not None else await serve_delete(ctx, request)
+                if routed.answer is not None:
+                    response = routed.answer
+                else:
+                    response = await self.bridge.delete(request) or await serve_delete(ctx, request)
             else:
                 response = await passthrough(ctx, request, body_stream(request, settings.body_timeout))
         except ProxyError as error:
@@ -164,6 +169,11 @@ class Proxy:
             raise
         self._ended(request, response.status, response, methods, span)
         return response
+
+    async def _post(self, post: Post) -> web.StreamResponse:
+        """A POST in this replica: bridged (http/bridge.py) or served as any."""
+        response = await self.bridge.serve(post, self.posts.serve)
+        return response if response is not None else await self.posts.serve(post)
 
     def _ended(
         self,

@@ -47,6 +47,7 @@ from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
 from mcpresume.http import reinit
+from mcpresume.http.bridge import modern_headers
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
 from mcpresume.http.forward import upstream_headers
@@ -143,9 +144,8 @@ class Sender:
             await self.openings.after_gets(session_id)
             reinit.learn(ctx, session_id, granted)
         try:
-            upstream = await ctx.upstream.request(
-                "POST", request.path_qs, upstream_headers(request), post.body, decoded=True
-            )
+            headers = upstream_headers(request) if post.bridged is None else modern_headers(post)
+            upstream = await ctx.upstream.request("POST", request.path_qs, headers, post.body, decoded=True)
         except ProxyError as error:
             # Here, in the shielded task, so it happens even when the client left.
             await self._end_claim(CLAIM_ENDS[failed_outcome(error)], session_id, keys, epoch)
@@ -157,7 +157,13 @@ class Sender:
         sid = upstream.headers.get(SESSION_HEADER) if session_id is None else session_id
         in_session = session_id is not None
         # Not another user's 404 (see trusted): only then does it end the session for everyone.
-        accepted = upstream.status == 404 and granted is not None and trusted(ctx, request, granted)
+        # A bridged session's upstream has no sessions: its 404 is an unknown method's, not a session's end.
+        accepted = (
+            upstream.status == 404
+            and granted is not None
+            and post.bridged is None
+            and trusted(ctx, request, granted)
+        )
         outcome = upstream_outcome(
             in_session=in_session,
             trusted=in_session and accepted,

@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     resume_notification: bool = Field(
         False, description="also send notifications/mcpresume/resumed on a re-attach"
     )
+    bridge: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: give handshake-era clients sessions and resumption in front of an upstream that "
+        "refuses the handshake era (2026-07-28 only); off: never",
+    )
     max_body_bytes: int = Field(4 * MiB, ge=1024, description="largest client POST body to the MCP endpoint")
     body_timeout: float = Field(
         30.0, gt=0, description="seconds a client may take to send a request body (408)"

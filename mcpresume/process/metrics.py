@@ -136,6 +136,13 @@ class Metrics:
             "Requests whose JSON-RPC id was already seen in the session (not forwarded again).",
             registry=r,
         )
+        self.era_requests = Counter(
+            "mcpresume_era_requests",
+            "POSTs to the MCP endpoint by protocol era (handshake, modern) and what the proxy does for them "
+            "(resumable, bridged, passed_through).",
+            ["era", "treatment"],
+            registry=r,
+        )
         self.upstream_events = Counter(
             "mcpresume_upstream_events", "Events read from upstream streams.", registry=r
         )

@@ -554,8 +554,14 @@ START_TIMEOUT = 60.0
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _serve(port: int, server_requests: ServerRequests, host_check: HostCheck) -> None:
+async def _serve(
+    port: int, server_requests: ServerRequests, host_check: HostCheck, modern_only: bool = False
+) -> None:
     app = build_conformance_app(server_requests=server_requests, host_check=host_check)
+    if modern_only:  # the handshake era refused as a 2026-07-28-only server does (the era bridge's upstream)
+        from tests.support.modern_upstream import ModernOnly
+
+        app = ModernOnly(app)
     async with RunningUpstream(app, port=port) as upstream:
         print(f"{_READY}{upstream.url}", flush=True)
         await asyncio.Event().wait()
@@ -563,12 +569,14 @@ async def _serve(port: int, server_requests: ServerRequests, host_check: HostChe
 
 @contextlib.asynccontextmanager
 async def upstream_process(
-    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk"
+    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk", modern_only: bool = False
 ) -> AsyncIterator[str]:
     """The conformance upstream served by a Python process of its own, on a free port; yields its MCP
     endpoint's URL, and kills the process on exit (see the module docstring for why not in the test's
     loop)."""
     args = ["--port", "0", "--server-requests", server_requests, "--host-check", host_check]
+    if modern_only:
+        args.append("--modern-only")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -596,8 +604,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=3001)
     parser.add_argument("--server-requests", choices=["call", "standalone"], default="call")
     parser.add_argument("--host-check", choices=["sdk", "host-only"], default="sdk")
+    parser.add_argument(
+        "--modern-only", action="store_true", help="refuse the handshake era (2026-07-28 only)"
+    )
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.server_requests, args.host_check))
+    asyncio.run(_serve(args.port, args.server_requests, args.host_check, args.modern_only))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,247 @@
+"""The era bridge: a handshake-era session in front of a 2026-07-28-only upstream (issue 34), the decisions.
+
+``http/bridge.py`` carries them out. A bridged session is the proxy's own: it answers the ``initialize``
+(``initialize_result``), mints the session id and keeps the client's info and capabilities (``ClientFacts``);
+each later message of the session is one of the rows below (``treat``):
+
+===========================================  =====================================================
+client message (handshake era)               what the bridge does
+===========================================  =====================================================
+``initialize``                               answered by the proxy: the negotiated version, the
+                                             upstream's ``server/discover`` (capabilities, server
+                                             info, instructions); a session begun in the store
+``ping`` (request)                           answered by the proxy: ``{}`` (2026-07-28 has no ping)
+``logging/setLevel`` (request)               answered by the proxy: ``{}``; the level rides each later
+                                             request's ``_meta`` (``io.modelcontextprotocol/logLevel``)
+any other request                            sent upstream as a 2026-07-28 request (``to_modern``):
+                                             ``MCP-Protocol-Version``, ``Mcp-Method``, ``Mcp-Name`` where
+                                             the method names a thing, and the envelope in ``_meta``
+``notifications/cancelled``                  202; the request's upstream stream is closed (closing is
+                                             the modern cancellation)
+any other notification, or a response        202, not sent (2026-07-28 defines no client notifications;
+                                             responses answer the bridge's own requests: MRTR, later)
+a batch (2025-03-26)                         400 ``batch_not_bridged``: a modern request is one message
+===========================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from mcpresume.core.era import MODERN_VERSION, negotiate
+
+PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
+LOG_LEVEL_KEY: Final = "io.modelcontextprotocol/logLevel"
+SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+
+METHOD_HEADER: Final = "Mcp-Method"
+NAME_HEADER: Final = "Mcp-Name"
+
+# The methods whose params name a thing, mirrored in ``Mcp-Name`` (the SDK's ``NAME_BEARING_METHODS``).
+NAME_PARAMS: Final[Mapping[str, str]] = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+
+# What the proxy says of itself when the upstream's discover names no server.
+FALLBACK_SERVER_INFO: Final[Mapping[str, str]] = {"name": "mcpresume-bridge", "version": "0"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFacts:
+    """What a bridged session's client said in its ``initialize``: every modern request carries it."""
+
+    version: str  # the negotiated handshake-era version
+    capabilities: Mapping[str, Any] = field(default_factory=dict)
+    info: Mapping[str, Any] | None = None
+    log_level: str | None = None  # set by logging/setLevel
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """Answered by the proxy: ``result`` for a request (None: a 202 for notifications/responses)."""
+
+    result: Mapping[str, Any] | None = None
+    log_level: str | None = None  # logging/setLevel's level, to keep in the session's facts
+    cancelled: bool = False  # a notifications/cancelled: close the request's upstream stream
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Sent upstream as this 2026-07-28 request."""
+
+    body: dict[str, Any]
+    headers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Refused: ``reason`` (a batch)."""
+
+    reason: str
+
+
+def facts_of_initialize(params: object) -> ClientFacts:
+    """The facts an ``initialize``'s params give (what is malformed is left out, never guessed)."""
+    params = params if isinstance(params, Mapping) else {}
+    capabilities = params.get("capabilities")
+    info = params.get("clientInfo")
+    return ClientFacts(
+        version=negotiate(params.get("protocolVersion")),
+        capabilities=dict(capabilities) if isinstance(capabilities, Mapping) else {},
+        info=dict(info) if isinstance(info, Mapping) else None,
+    )
+
+
+def initialize_result(facts: ClientFacts, discover: Mapping[str, Any]) -> dict[str, Any]:
+    """The bridged ``initialize``'s result, of the upstream's ``server/discover`` result."""
+    meta = discover.get("_meta")
+    server_info = meta.get(SERVER_INFO_KEY) if isinstance(meta, Mapping) else None
+    capabilities = discover.get("capabilities")
+    capabilities = dict(capabilities) if isinstance(capabilities, Mapping) else {}
+    # logging/setLevel is answered by the proxy (the level rides every request's _meta): offer it.
+    capabilities.setdefault("logging", {})
+    result: dict[str, Any] = {
+        "protocolVersion": facts.version,
+        "capabilities": capabilities,
+        "serverInfo": dict(server_info) if isinstance(server_info, Mapping) else dict(FALLBACK_SERVER_INFO),
+    }
+    instructions = discover.get("instructions")
+    if isinstance(instructions, str):
+        result["instructions"] = instructions
+    return result
+
+
+def header_value(value: str) -> str:
+    """A header value for ``Mcp-Name``: as is when visible ASCII (and spaces), else the spec's base64 form."""
+    if value.isascii() and value.isprintable() and value == value.strip():
+        return value
+    return "=?base64?" + base64.b64encode(value.encode()).decode("ascii") + "?="
+
+
+def envelope(facts: ClientFacts) -> dict[str, Any]:
+    """The 2026-07-28 per-request ``_meta`` fields of a bridged session's requests."""
+    meta: dict[str, Any] = {
+        PROTOCOL_VERSION_KEY: MODERN_VERSION,
+        CLIENT_CAPABILITIES_KEY: dict(facts.capabilities),
+    }
+    if facts.info is not None:
+        meta[CLIENT_INFO_KEY] = dict(facts.info)
+    if facts.log_level is not None:
+        meta[LOG_LEVEL_KEY] = facts.log_level
+    return meta
+
+
+PROBE_CLIENT: Final[Mapping[str, str]] = {"name": "mcpresume-probe", "version": "1"}
+
+
+def discover_request(request_id: str | int) -> dict[str, Any]:
+    """The proxy's own ``server/discover`` (the era probe, a bridged session's credentials check)."""
+    meta = envelope(ClientFacts(MODERN_VERSION, {}, PROBE_CLIENT))
+    return {"jsonrpc": "2.0", "id": request_id, "method": "server/discover", "params": {"_meta": meta}}
+
+
+def to_modern(message: Mapping[str, Any], facts: ClientFacts) -> Send:
+    """A handshake-era request as a 2026-07-28 one: the envelope in ``params._meta`` (the client's own
+    ``_meta`` keys, a ``progressToken`` say, kept), and the routing headers."""
+    method = str(message.get("method"))
+    params = message.get("params")
+    params = dict(params) if isinstance(params, Mapping) else {}
+    own_meta = params.get("_meta")
+    params["_meta"] = {**(own_meta if isinstance(own_meta, Mapping) else {}), **envelope(facts)}
+    body = {**message, "params": params}
+    headers = [("MCP-Protocol-Version", MODERN_VERSION), (METHOD_HEADER, method)]
+    name_key = NAME_PARAMS.get(method)
+    name = params.get(name_key) if name_key is not None else None
+    if isinstance(name, str):
+        headers.append((NAME_HEADER, header_value(name)))
+    return Send(body, tuple(headers))
+
+
+def treat(doc: object, facts: ClientFacts) -> Local | Send | Refuse:
+    """One client message of a bridged session: the table in the module docstring."""
+    if isinstance(doc, list):
+        return Refuse("batch_not_bridged")
+    if not isinstance(doc, Mapping):
+        return Refuse("not_jsonrpc")
+    method = doc.get("method")
+    if not isinstance(method, str):
+        return Local()  # a response: nothing of the upstream's asked for it
+    if "id" not in doc:
+        return Local(cancelled=method == "notifications/cancelled")
+    if method == "ping":
+        return Local(result={})
+    if method == "logging/setLevel":
+        params = doc.get("params")
+        level = params.get("level") if isinstance(params, Mapping) else None
+        return Local(result={}, log_level=level if isinstance(level, str) else None)
+    return to_modern(doc, facts)
+
+
+# -- MRTR (SEP-2322): an input-required result as handshake-era server-to-client requests ------------------
+#
+# ==================================================  =====================================================
+# the upstream's answer to a bridged request          what the client gets on the request's stream
+# ==================================================  =====================================================
+# a result with ``resultType: "input_required"``      one request per ``inputRequests`` entry
+#                                                     (``elicitation/create``, ``sampling/createMessage``,
+#                                                     ``roots/list``), ids the proxy's own; the stream stays
+#                                                     open
+# the client's responses to all of them               (nothing) the request sent again upstream with
+#                                                     ``inputResponses`` (by key) and ``requestState``; its
+#                                                     answer on the same stream (input required again: the
+#                                                     same again)
+# an error response to one of them                    the request's answer: that error, the stream ended
+# any other answer                                    itself
+# ==================================================  =====================================================
+
+
+@dataclass(frozen=True, slots=True)
+class InputRequired:
+    """An input-required result: what the upstream asks (by its keys), and its opaque state."""
+
+    requests: Mapping[str, Mapping[str, Any]]
+    state: str | None
+
+
+def input_required(answer: object) -> InputRequired | None:
+    """The input-required result of a JSON-RPC response, or None (any other answer)."""
+    result = answer.get("result") if isinstance(answer, Mapping) else None
+    if not isinstance(result, Mapping) or result.get("resultType") != "input_required":
+        return None
+    asked = result.get("inputRequests")
+    requests = {
+        str(key): request
+        for key, request in (asked.items() if isinstance(asked, Mapping) else ())
+        if isinstance(request, Mapping) and isinstance(request.get("method"), str)
+    }
+    state = result.get("requestState")
+    return InputRequired(requests, state if isinstance(state, str) else None)
+
+
+def client_requests(asked: InputRequired, ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The handshake-era requests the input requests stand for, each under the proxy's id for its key."""
+    requests = []
+    for key, request in asked.requests.items():
+        params = request.get("params")
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": ids[key], "method": request["method"]}
+        if isinstance(params, Mapping):
+            message["params"] = dict(params)
+        requests.append(message)
+    return requests
+
+
+def retry_body(
+    original: Mapping[str, Any], responses: Mapping[str, Any], state: str | None
+) -> dict[str, Any]:
+    """The bridged request sent again with the client's answers (``inputResponses``) and ``requestState``."""
+    params = original.get("params")
+    params = dict(params) if isinstance(params, Mapping) else {}
+    params["inputResponses"] = dict(responses)
+    if state is not None:
+        params["requestState"] = state
+    else:
+        params.pop("requestState", None)
+    return {**original, "params": params}

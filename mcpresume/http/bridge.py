@@ -1,0 +1,581 @@
+"""The era bridge: core/bridge.py's decisions carried out for handshake-era clients of a modern-only upstream.
+
+With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) when the upstream refuses a
+client's ``initialize`` as a modern-only server does (-32022): a ``server/discover`` probe then, and that
+``initialize`` and every later one answered by the bridge. An upstream that takes the handshake era (a
+dual-era one) never sees a probe: its traffic is exactly as without the bridge.
+
+A bridged session is the proxy's own: the ``initialize`` is answered here (the session id minted here and
+kept in the store like any session), and every request of the session goes through ``Posts.serve`` as any
+request does (claimed exactly once per id, its SSE answer a stream of the session read by a pump into the
+window), only sent upstream as a 2026-07-28 request (``Post.bridged``: its headers; its body with the
+envelope in ``_meta``). An ``application/json`` answer becomes a one-event stream of the session
+(``retain``), resumable like any. DELETE ends the proxy's session (the upstream has none).
+
+What only this process knows: each bridged session's ``ClientFacts`` (the client's info and capabilities,
+its log level). A replica that takes a session over without them sends its requests with empty client
+capabilities (a gap listed in the README's "Protocol eras").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from mcpresume.core.bridge import (
+    ClientFacts,
+    InputRequired,
+    Local,
+    Refuse,
+    client_requests,
+    discover_request,
+    facts_of_initialize,
+    initialize_result,
+    input_required,
+    retry_body,
+    treat,
+)
+from mcpresume.core.era import (
+    LATEST_HANDSHAKE,
+    MODERN_VERSION,
+    Era,
+    UpstreamEra,
+    discover_offers_modern,
+    initialize_refused,
+    upstream_era,
+)
+from mcpresume.core.errors import (
+    SERVER_ERROR,
+    BadRequest,
+    ProxyError,
+    TooManySessions,
+    UnknownSession,
+    UpstreamBadResponse,
+)
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
+from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
+from mcpresume.core.sse import frame_body
+from mcpresume.core.window import EventKind
+from mcpresume.http.context import ProxyContext
+from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
+from mcpresume.http.forward import upstream_headers
+from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
+from mcpresume.http.view import ViewPlan, attach_view
+from mcpresume.process.logs import log_id
+
+log = logging.getLogger("mcpresume.bridge")
+
+JSON: Final = "application/json"
+# The headers a bridged request is not sent with: the session is the proxy's, the version and the
+# length are the translated request's, a cursor means nothing to a modern upstream.
+_DROPPED: Final = frozenset(
+    h.lower() for h in (SESSION_HEADER, PROTOCOL_VERSION_HEADER, LAST_EVENT_ID_HEADER, "content-length")
+)
+
+
+class BatchNotBridged(BadRequest):
+    reason = "batch_not_bridged"
+
+
+# Input requests (MRTR) awaiting a client's answer, all sessions: a bound on what clients that never answer
+# leave behind (each a few hundred bytes plus the request it retries).
+MAX_AWAITING: Final = 4096
+
+ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class Awaiting:
+    """A bridged request whose upstream asked for input (MRTR): the client's answers being collected."""
+
+    session_id: str
+    stream: int
+    request_id: Any
+    original: dict[str, Any]  # the 2026-07-28 request as first sent
+    headers: list[tuple[str, str]]
+    state: str | None
+    keys: dict[str, str]  # the proxy's request id -> the input request's key
+    answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's result
+
+
+class Bridge:
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx
+        self.era = UpstreamEra.UNKNOWN
+        self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
+        self.facts: dict[str, ClientFacts] = {}  # this process's bridged sessions
+        self._probe_lock = asyncio.Lock()
+        self._told_modern = False  # the one log line on modern traffic passed through
+        self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
+        self._counters: dict[tuple[Era, str], Any] = {}
+
+    @property
+    def on(self) -> bool:
+        return self.ctx.settings.bridge == "auto"
+
+    # -- the era ----------------------------------------------------------------------------------------
+
+    async def learn(self, refused: bool) -> UpstreamEra:
+        """Learn the upstream's era (``core.era``'s table) after it answered a client's ``initialize``
+        (``refused``: with a modern-only refusal), by a ``server/discover`` probe; once at a time."""
+        async with self._probe_lock:
+            if self.era is UpstreamEra.MODERN_ONLY:
+                return self.era
+            headers = [
+                ("Content-Type", JSON),
+                ("Accept", f"{JSON}, text/event-stream"),
+                (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
+                ("Mcp-Method", "server/discover"),
+            ]
+            discover = discover_request(0)
+            status, body = await self._ask(headers, discover)
+            self.era = upstream_era(discover_offers_modern(status, body), refused)
+            if self.era is UpstreamEra.MODERN_ONLY:
+                assert isinstance(body, dict)
+                self.discover = body["result"]
+            log.info("the upstream's era: %s%s", self.era.value, self._era_note())
+            return self.era
+
+    def _era_note(self) -> str:
+        if self.era is UpstreamEra.MODERN_ONLY:
+            return (
+                " (it refuses the handshake era: handshake-era clients get the proxy's own sessions, bridged)"
+                if self.on
+                else " (it refuses the handshake era and bridge = off: handshake-era clients get its refusal)"
+            )
+        return ""
+
+    async def _ask(self, headers: list[tuple[str, str]], message: dict[str, Any]) -> tuple[int, object]:
+        """One probe: the status and the JSON-RPC answer (of a JSON body, or an SSE one's last message)."""
+        path = self.ctx.upstream.mcp_path
+        try:
+            answer = await self.ctx.upstream.request(
+                "POST", path, headers, orjson.dumps(message), decoded=True
+            )
+        except ProxyError as error:
+            log.warning("the era probe (%s) failed: %s", message["method"], error.message)
+            return 599, None
+        try:
+            text = await answer.read()
+        except aiohttp.ClientError:
+            return 599, None
+        finally:
+            answer.release()
+        return answer.status, _last_message(text)
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    async def serve(self, post: Post, serve_post: ServePost) -> web.StreamResponse | None:
+        """The answer of a bridged POST; None for one served as without the bridge (counted either way)."""
+        request, message, session_id = post.request, post.message, post.session_id
+        if stateless(request, message):
+            self._count(Era.MODERN, "passed_through")
+            if not self._told_modern:
+                self._told_modern = True
+                log.info(
+                    "a 2026-07-28 request is passed through as is: that revision has no sessions and no "
+                    "resumption (closing its stream cancels it), so the proxy keeps nothing for it and "
+                    "resumes nothing; handshake-era clients get sessions and resumption"
+                )
+            return None
+        if not self.on:
+            self._count(
+                Era.HANDSHAKE, "resumable" if session_id or message.is_initialize else "passed_through"
+            )
+            return None
+        if message.is_initialize and session_id is None:
+            if self.era is UpstreamEra.MODERN_ONLY:
+                self._count(Era.HANDSHAKE, "bridged")
+                return await self._initialize(post)
+            self._count(Era.HANDSHAKE, "resumable")
+            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``)
+            return None
+        if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
+            self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
+            return None
+        self._count(Era.HANDSHAKE, "bridged")
+        return await self._in_session(post, session_id, serve_post)
+
+    def _count(self, era: Era, treatment: str) -> None:
+        child = self._counters.get((era, treatment))
+        if child is None:  # once per label pair: every POST is counted, the lookup stays off its path
+            child = self._counters[(era, treatment)] = self.ctx.metrics.era_requests.labels(
+                era.value, treatment
+            )
+        child.inc()
+
+    async def after_refusal(self, post: Post, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        """A client's ``initialize`` the upstream refused (4xx): when it refuses the handshake era (and
+        `server/discover` says it speaks 2026-07-28), answered by the bridge; else its refusal as it came."""
+        try:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        refused = initialize_refused(upstream.status, _last_message(body))
+        if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
+            self._count(Era.HANDSHAKE, "bridged")
+            return await self._initialize(post)
+        return web.Response(status=upstream.status, body=body, content_type=JSON)
+
+    async def _initialize(self, post: Post) -> web.StreamResponse:
+        ctx, request = self.ctx, post.request
+        doc = orjson.loads(post.body)
+        if isinstance(doc, list):
+            return ctx.reject(request, BatchNotBridged("an initialize in a batch is not bridged"), None)
+        request_id = doc.get("id")
+        if self.discover is None:
+            return ctx.reject(
+                request, UpstreamBadResponse("the upstream's server/discover is unknown"), request_id
+            )
+        limit = ctx.settings.max_sessions
+        if await ctx.store.session_count() >= limit:
+            await ctx.store.reap(ctx.clock())  # expired sessions make room before anyone is refused
+            if await ctx.store.session_count() >= limit:
+                refusal = TooManySessions(
+                    f"the proxy holds its maximum of {limit} sessions", max_sessions=limit
+                )
+                return ctx.reject(request, refusal)
+        facts = facts_of_initialize(doc.get("params"))
+        session_id = secrets.token_urlsafe(32)  # visible ASCII, cryptographically random (the spec's SHOULD)
+        owner = ctx.settings.replica if ctx.hop is not None else ""
+        try:
+            await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+        except ProxyError as error:
+            return ctx.reject(request, error, request_id)
+        self.facts[session_id] = facts
+        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
+        # (reaped, or deleted on another replica).
+        while len(self.facts) > ctx.settings.max_sessions:
+            del self.facts[next(iter(self.facts))]
+        log.info(
+            "session %s begins, bridged: a %s client in front of a 2026-07-28-only upstream",
+            log_id(session_id),
+            facts.version,
+        )
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        return web.Response(
+            body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
+        )
+
+    async def _in_session(self, post: Post, session_id: str, serve_post: ServePost) -> web.StreamResponse:
+        ctx, request = self.ctx, post.request
+        doc = orjson.loads(post.body)
+        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        if self._answers_input(session_id, doc):
+            return web.Response(status=202)
+        request[BRIDGE] = self
+        request[MODERN_CHECK] = True
+        treated = treat(doc, facts)
+        match treated:
+            case Refuse():
+                return ctx.reject(request, BatchNotBridged("a batch is not bridged: send one message a POST"))
+            case Local(result=result, log_level=level, cancelled=cancelled):
+                granted = await ctx.store.access(session_id)
+                if granted is None:
+                    return ctx.reject(request, UnknownSession(), post.request_id)
+                refused = await authorize(ctx, request, session_id, granted, post.request_id)
+                if refused is not None:
+                    return refused
+                if level is not None:
+                    self.facts[session_id] = ClientFacts(facts.version, facts.capabilities, facts.info, level)
+                if cancelled and post.message.cancelled:
+                    # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
+                    # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
+                    ctx.pumps.cancel_requests(session_id, post.message.cancelled)
+                    await self._cancel_awaiting(session_id, post.message.cancelled)
+                if result is None:
+                    return web.Response(status=202)
+                answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
+                return web.Response(body=orjson.dumps(answer), content_type=JSON)
+            case _:
+                body = orjson.dumps(treated.body)
+                return await serve_post(Post(request, body, post.message, session_id, treated.headers))
+
+    # -- MRTR -------------------------------------------------------------------------------------------
+
+    async def ask_client(
+        self, post: Post, session_id: str, stream: int, asked: InputRequired, original: dict[str, Any]
+    ) -> None:
+        """Append the input requests to the request's stream as handshake-era requests; await the answers."""
+        ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
+        awaiting = Awaiting(
+            session_id, stream, original.get("id"), original, modern_headers(post), asked.state, ids
+        )
+        for request_id in ids:
+            self.awaiting[request_id] = awaiting
+        while len(self.awaiting) > MAX_AWAITING:  # a client that never answers: the oldest forgotten
+            del self.awaiting[next(iter(self.awaiting))]
+        by_key = {key: request_id for request_id, key in ids.items()}
+        events = [
+            NewEvent(frame_body(orjson.dumps(m)), EventKind.MESSAGE) for m in client_requests(asked, by_key)
+        ]
+        await self.ctx.store.append(session_id, stream, events, self.ctx.clock())
+
+    async def _cancel_awaiting(self, session_id: str, keys: tuple[str, ...]) -> None:
+        ended = {
+            id(a): a
+            for a in self.awaiting.values()
+            if a.session_id == session_id and _key(a.request_id) in keys
+        }
+        for awaiting in ended.values():
+            for request_id in awaiting.keys:
+                self.awaiting.pop(request_id, None)
+            await self._finish(awaiting, [])  # cancelled: no answer (the handshake era's SHOULD NOT)
+
+    def _answers_input(self, session_id: str, doc: object) -> bool:
+        """Whether ``doc`` answers the proxy's input requests (kept; the request retried once all are)."""
+        messages = doc if isinstance(doc, list) else [doc]
+        mine = [
+            m
+            for m in messages
+            if isinstance(m, dict)
+            and "method" not in m
+            and m.get("id") in self.awaiting
+            and self.awaiting[m["id"]].session_id == session_id
+        ]
+        if not mine or len(mine) != len(messages):
+            return False
+        for message in mine:
+            awaiting = self.awaiting.pop(message["id"])
+            if "error" in message:  # the client refused: the request's answer is that error
+                for other in awaiting.keys:
+                    self.awaiting.pop(other, None)
+                failed = {"jsonrpc": "2.0", "id": awaiting.request_id, "error": message["error"]}
+                self.ctx.drain.spawn(self._finish(awaiting, [failed]), "mcpresume-bridge-input")
+                continue
+            awaiting.answers[awaiting.keys[message["id"]]] = message.get("result")
+            if len(awaiting.answers) == len(awaiting.keys):
+                self.ctx.drain.spawn(self._retry(awaiting), "mcpresume-bridge-retry")
+        return True
+
+    async def _retry(self, awaiting: Awaiting) -> None:
+        """The request sent again with the client's answers; its answer on the same stream."""
+        ctx = self.ctx
+        body = retry_body(awaiting.original, awaiting.answers, awaiting.state)
+        path = ctx.upstream.mcp_path
+        try:
+            upstream = await ctx.upstream.request(
+                "POST", path, awaiting.headers, orjson.dumps(body), decoded=True
+            )
+            try:
+                raw = await upstream.read()
+            finally:
+                upstream.release()
+        except (ProxyError, aiohttp.ClientError) as error:
+            message = getattr(error, "message", str(error))
+            failed = error_response(awaiting.request_id, SERVER_ERROR, f"the retry failed: {message}", {})
+            await self._finish(awaiting, [orjson.loads(failed)])
+            return
+        messages = _messages(raw)
+        final = next((m for m in messages if isinstance(m, dict) and "method" not in m), None)
+        asked = input_required(final)
+        if asked is not None and asked.requests:
+            others = [m for m in messages if m is not final]
+            await self._append(awaiting, others, end=False)
+            post_headers = awaiting.headers
+            again = Awaiting(
+                awaiting.session_id,
+                awaiting.stream,
+                awaiting.request_id,
+                awaiting.original,
+                post_headers,
+                asked.state,
+                {},
+            )
+            ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
+            again.keys = ids
+            for request_id in ids:
+                self.awaiting[request_id] = again
+            by_key = {key: request_id for request_id, key in ids.items()}
+            await self._append(again, client_requests(asked, by_key), end=False)
+            return
+        if final is None:
+            text = "the upstream's answer to the retry carried no response"
+            final = orjson.loads(error_response(awaiting.request_id, SERVER_ERROR, text, {}))
+        await self._finish(awaiting, [*(m for m in messages if m is not final), final])
+
+    async def _finish(self, awaiting: Awaiting, messages: list[Any]) -> None:
+        await self._append(awaiting, messages, end=True)
+
+    async def _append(self, awaiting: Awaiting, messages: list[Any], *, end: bool) -> None:
+        ctx, now = self.ctx, self.ctx.clock()
+        events = [
+            NewEvent(
+                frame_body(orjson.dumps(m)),
+                EventKind.RESPONSE if end and i == len(messages) - 1 else EventKind.MESSAGE,
+            )
+            for i, m in enumerate(messages)
+        ]
+        try:
+            if events:
+                await ctx.store.append(awaiting.session_id, awaiting.stream, events, now)
+            if end:
+                await ctx.store.end_stream(awaiting.session_id, awaiting.stream, now)
+        except ProxyError as error:
+            log.warning(
+                "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
+            )
+
+    def standalone(self, request: web.Request) -> web.StreamResponse | None:
+        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): 405, as
+        the handshake revisions allow, without asking the upstream (a 2026-07-28 one has no GET stream).
+        None otherwise."""
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
+            return None
+        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+
+    def _bridged(self, session_id: str) -> bool:
+        return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)
+
+    async def delete(self, request: web.Request) -> web.StreamResponse | None:
+        """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None or not self._bridged(session_id):
+            return None
+        ctx = self.ctx
+        request[MODERN_CHECK] = True
+        granted = await ctx.store.access(session_id)
+        if granted is None:
+            return ctx.reject(request, UnknownSession())
+        refused = await authorize(ctx, request, session_id, granted)
+        if refused is not None:
+            return refused
+        await ctx.drop_session(session_id, granted.epoch)
+        self.facts.pop(session_id, None)
+        for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
+            del self.awaiting[request_id]
+        log.info("session %s ends (DELETE), bridged", log_id(session_id))
+        return web.Response(status=200)
+
+
+# The request key under which a bridged request carries its ``Bridge`` to where its answer is made.
+BRIDGE: Final = web.RequestKey("mcpresume_bridge", Bridge)
+
+
+def modern_headers(post: Post) -> list[tuple[str, str]]:
+    """The headers a bridged request is sent upstream with: the client's end-to-end ones but the session's
+    and version's, and the 2026-07-28 ones ``core.bridge.to_modern`` chose."""
+    assert post.bridged is not None
+    kept = [(n, v) for n, v in upstream_headers(post.request) if n.lower() not in _DROPPED]
+    return [*kept, *post.bridged]
+
+
+async def retain(
+    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess
+) -> web.StreamResponse:
+    """A bridged request's ``application/json`` answer: kept as a one-event stream of the session (its
+    claim was settled), the client attached to it: resumable like an SSE answer."""
+    message, session_id = post.message, post.session_id
+    assert session_id is not None
+    limit = ctx.settings.max_event_bytes
+    answer = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():
+            answer += chunk
+            if len(answer) > limit:
+                break
+    finally:
+        upstream.release()
+    now = ctx.clock()
+    opened = await ctx.store.open_stream(
+        session_id,
+        StreamOrigin.POST,
+        message.request_keys,
+        now,
+        granted.epoch,
+        priming=primes_of(post.request, message),
+    )
+    if opened is None:
+        return ctx.reject(post.request, UnknownSession(), post.request_id)
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    asked = (
+        input_required(_last_message(bytes(answer))) if bridge is not None and len(answer) <= limit else None
+    )
+    if asked is not None and asked.requests and bridge is not None:
+        view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
+        await bridge.ask_client(post, session_id, opened.number, asked, orjson.loads(post.body))
+        return await attach_view(ctx, post.request, session_id, view)
+    if len(answer) <= limit:
+        body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
+    else:
+        data = {"reason": "event_too_large"}
+        body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
+    await ctx.store.append(session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
+    await ctx.store.end_stream(session_id, opened.number, now)
+    view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
+    return await attach_view(ctx, post.request, session_id, view)
+
+
+def _last_message(body: bytes) -> object:
+    """A JSON body, or the last ``data:`` of an SSE one, parsed (None when neither)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    found: object = None
+    for line in body.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                found = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue
+    return found
+
+
+async def bridged_answer(
+    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess | None
+) -> web.StreamResponse | None:
+    """What a bridged request's answer the proxy would relay becomes: a 2xx JSON answer a one-event stream
+    (``retain``); a 4xx JSON one (a JSON-RPC error: a 2026-07-28 server maps codes to statuses, 404 for an
+    unknown method) the same error with 200, as a handshake-era client expects it (to such a client a 404
+    ends its session); None for the rest (relayed)."""
+    if upstream.content_type != JSON:
+        return None
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    if post.bridged is None:
+        if bridge is None or post.session_id is not None or not 400 <= upstream.status < 500:
+            return None
+        return await bridge.after_refusal(post, upstream)
+    if 200 <= upstream.status < 300 and granted is not None and post.message.request_ids:
+        return await retain(ctx, post, upstream, granted)
+    if 400 <= upstream.status < 500:
+        try:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        return web.Response(body=body, content_type=JSON)
+    return None
+
+
+def _messages(body: bytes) -> list[Any]:
+    """The JSON-RPC messages of a JSON body, or of an SSE one's ``data:`` lines."""
+    try:
+        return [orjson.loads(body)]
+    except orjson.JSONDecodeError:
+        pass
+    found: list[Any] = []
+    for line in body.splitlines():
+        if line.startswith(b"data:"):
+            try:
+                found.append(orjson.loads(line[5:]))
+            except orjson.JSONDecodeError:
+                continue
+    return found
+
+
+def _key(request_id: object) -> str | None:
+    return (
+        request_key(request_id)
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool)
+        else None
+    )

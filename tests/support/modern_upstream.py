@@ -1,0 +1,164 @@
+"""A modern-only (2026-07-28) upstream: the official `mcp` 2.x server behind a handshake-era guard.
+
+The `mcp` 2.x server serves both eras. A modern-only server (SEP-2567, SEP-2575) answers GET and DELETE with
+405 and refuses a handshake-era request: an ``initialize`` (or any POST whose ``MCP-Protocol-Version`` is not
+2026-07-28) gets a JSON-RPC -32022 "Unsupported protocol version" naming the versions it speaks, with HTTP 400
+(the SDK's own `ERROR_CODE_HTTP_STATUS` for that code). Everything else is the SDK's modern path untouched.
+
+Tools: the example server's (``echo``, ``add``, ``tally``, ``count_slowly`` with progress), plus ``ask``,
+which answers the first call with an input-required result (MRTR, SEP-2322) carrying an elicitation and
+completes the retry with what the client answered; and ``slow_tally``, a side effect after a delay (a call to
+cut a connection in the middle of).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp_types import InputRequiredResult
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mcpresume.examples.upstream import (
+    MCP_PATH,
+    RunningUpstream,
+    build_example_server,
+    local_transport_security,
+)
+
+MODERN_VERSION = "2026-07-28"
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+
+class ModernOnly:
+    """ASGI guard: refuse the handshake era as a modern-only server does; count what it refused."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.refused: list[str] = []  # "GET", "DELETE", or the refused POST's method
+        self.methods: list[str] = []  # the methods of the modern POSTs it let through
+        self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
+        self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"]
+        authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        if authorization in self.bad_tokens:
+            await _answer(send, 401, b"", [(b"www-authenticate", b'Bearer error="invalid_token"')])
+            return
+        if method in ("GET", "DELETE"):
+            self.refused.append(method)
+            await _answer(send, 405, b"", [(b"allow", b"POST")])
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            parsed: Any = json.loads(body)
+        except ValueError:
+            parsed = None
+        rpc_method = parsed.get("method") if isinstance(parsed, dict) else None
+        if rpc_method == "initialize" or headers.get("mcp-protocol-version") != MODERN_VERSION:
+            self.refused.append(str(rpc_method))
+            request_id = parsed.get("id") if isinstance(parsed, dict) else None
+            refusal = {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "error": {
+                    "code": UNSUPPORTED_PROTOCOL_VERSION,
+                    "message": "Unsupported protocol version",
+                    "data": {"supported": [MODERN_VERSION], "requested": headers.get("mcp-protocol-version")},
+                },
+            }
+            await _answer(send, 400, json.dumps(refusal).encode(), [(b"content-type", b"application/json")])
+            return
+        self.methods.append(str(rpc_method))
+        self.headers.append(headers)
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_modern_app(*, json_response: bool = False) -> ModernOnly:
+    """The guarded app (one uvicorn lifetime, as `build_example_app`)."""
+    server = build_example_server(name="mcpresume-modern")
+    tallies = {"slow": 0, "cancelled": 0}
+
+    @server.tool(description="Ask the client for a word (an elicitation through an input-required result).")
+    async def ask(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
+        answers = ctx.input_responses or {}
+        answer = answers.get("word")
+        if answer is None:
+            return InputRequiredResult(
+                input_requests={
+                    "word": {
+                        "method": "elicitation/create",
+                        "params": {
+                            "mode": "form",
+                            "message": question,
+                            "requestedSchema": {
+                                "type": "object",
+                                "properties": {"word": {"type": "string"}},
+                                "required": ["word"],
+                            },
+                        },
+                    }
+                },
+                request_state="asked",
+            )
+        content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
+        word = (content or {}).get("word", "") if isinstance(content, dict) else ""
+        return f"you said {word} ({ctx.request_state})"
+
+    @server.tool(description="Wait `delay` seconds, then count this call (a side effect).")
+    async def slow_tally(ctx: Context[Any, Any], delay: float = 0.5) -> int:
+        await ctx.report_progress(0, 1)
+        try:
+            await anyio.sleep(delay)
+        except anyio.get_cancelled_exc_class():
+            tallies["cancelled"] += 1  # its response stream closed: the 2026-07-28 cancellation
+            raise
+        tallies["slow"] += 1
+        return tallies["slow"]
+
+    app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        json_response=json_response,
+        session_idle_timeout=None,
+        transport_security=local_transport_security(),
+    )
+    guard = ModernOnly(app)
+    guard.slow_tallies = tallies  # type: ignore[attr-defined]
+    return guard
+
+
+@asynccontextmanager
+async def serve_modern_upstream(*, json_response: bool = False) -> AsyncIterator[tuple[str, ModernOnly]]:
+    """Run a modern-only upstream in this loop; yields its MCP URL and the guard (what it refused, saw)."""
+    guard = build_modern_app(json_response=json_response)
+    async with RunningUpstream(guard) as upstream:
+        yield upstream.url, guard

@@ -1,0 +1,408 @@
+"""The era bridge: handshake-era clients in front of a 2026-07-28-only upstream (issue 34)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import mcp_types as types
+import orjson
+import pytest
+from mcp.client.client import Client
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from mcpresume.daemon.demo import ScriptedClient, sse_events
+from tests.support.conformance import Unavailable
+from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
+from tests.support.poll import until
+from tests.support.proxy import collect, error_of, reattach, running_proxy
+from tests.support.sdk import result_text, sdk_session
+from tests.support.ts_sdk import with_script
+
+pytestmark = pytest.mark.asyncio
+
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+MODERN_HEADERS = {
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": MODERN_VERSION,
+}
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], **headers: str
+) -> tuple[int, Any]:
+    async with session.post(url, data=json.dumps(body), headers={**MODERN_HEADERS, **headers}) as response:
+        text = await response.text()
+        return response.status, json.loads(text) if response.content_type == "application/json" else text
+
+
+async def test_modern_upstream_refuses_the_handshake_era() -> None:
+    async with serve_modern_upstream() as (url, guard), aiohttp.ClientSession() as session:
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        status, body = await _post(session, url, initialize, **{"mcp-protocol-version": "2025-06-18"})
+        assert status == 400 and body["error"]["code"] == -32022
+        async with session.get(url, headers=MODERN_HEADERS) as response:
+            assert response.status == 405
+        async with session.delete(url, headers=MODERN_HEADERS) as response:
+            assert response.status == 405
+        discover = {"jsonrpc": "2.0", "id": 2, "method": "server/discover", "params": {"_meta": META}}
+        status, body = await _post(session, url, discover, **{"mcp-method": "server/discover"})
+        assert status == 200 and body["result"]["supportedVersions"] == [MODERN_VERSION]
+        assert guard.refused == ["initialize", "GET", "DELETE"]
+        assert guard.methods == ["server/discover"]
+
+
+async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
+    async with serve_modern_upstream() as (url, guard), running_proxy(url) as proxy:
+        async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+            assert session.initialize_result is not None
+            assert session.initialize_result.server_info.name == "mcpresume-modern"
+            assert session.initialize_result.protocol_version == "2025-11-25"
+            assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+            seen: list[float] = []
+
+            async def progress(value: float, total: float | None, message: str | None) -> None:
+                seen.append(value)
+
+            counted = await session.call_tool("count_slowly", {"n": 3}, progress_callback=progress)
+            assert result_text(counted) == "counted to 3" and seen == [1.0, 2.0, 3.0]
+            await session.send_ping()  # answered by the proxy: 2026-07-28 has no ping
+            tools = await session.list_tools()
+            assert "ask" in [tool.name for tool in tools.tools]
+        # The upstream saw only 2026-07-28 requests (the proxy's probes, then the session's), each with
+        # the routing headers and the envelope.
+        assert guard.refused[:1] == ["initialize"]  # the client's: refused, then answered by the bridge
+        assert "ping" not in guard.methods and guard.methods[0] == "server/discover"
+        calls = [h for h in guard.headers if h.get("mcp-method") == "tools/call"]
+        assert {h.get("mcp-name") for h in calls} == {"echo", "count_slowly"}
+        assert all("mcp-session-id" not in h for h in guard.headers)
+        assert proxy.ctx.metrics.era_requests.labels("handshake", "bridged")._value.get() >= 5
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The proxy's store settings: the memory store, or a real Redis (emptied)."""
+    if request.param == "memory":
+        return {}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return {
+        "store": request.getfixturevalue("redis_db"),
+        "port": port,
+        "advertise_url": f"http://127.0.0.1:{port}/mcp",
+    }
+
+
+async def test_a_call_cut_mid_way_is_resumed_with_its_cursor_and_runs_once(store: dict[str, Any]) -> None:
+    """Memory or Redis: the bridged session is kept in the store like any."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url, **store) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("slow_tally", {"delay": 1.0})
+        cursor: bytes | None = None
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            assert response.status == 200 and response.content_type == "text/event-stream"
+            async for event in sse_events(response):
+                if event.id:  # the first event with a cursor (priming, or the progress): cut here
+                    cursor = event.id
+                    break
+        assert cursor is not None
+        # The upstream's stream is read to its end by the pump although the client left: the modern
+        # "a closed stream cancels the request" never fires on a client's dropped connection.
+        messages = await reattach(http, client, proxy.url, cursor)
+        answers = [m for m in messages if m.get("id") == request_id]
+        assert len(answers) == 1 and answers[0]["result"]["structuredContent"] == {"result": 1}
+        # The same request id again: the original stream, never run upstream twice.
+        async with http.post(proxy.url, data=body, headers=client.headers()) as again:
+            replayed = [orjson.loads(e.data) for e in await collect(again) if e.data]
+        assert [m["result"]["structuredContent"] for m in replayed if m.get("id") == request_id] == [
+            {"result": 1}
+        ]
+        assert guard.slow_tallies["slow"] == 1  # type: ignore[attr-defined]
+
+
+async def test_a_json_answer_is_a_one_event_stream_resumable_like_any() -> None:
+    async with (
+        serve_modern_upstream(json_response=True) as (url, _guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("echo", {"text": "once"})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            assert response.content_type == "text/event-stream"
+            events = await collect(response)
+        answers = [orjson.loads(e.data) for e in events if e.data]
+        assert [a["id"] for a in answers] == [request_id]
+        first = next(e for e in events if e.id)
+        again = await reattach(http, client, proxy.url, first.id)
+        assert [m["id"] for m in again] == [request_id]
+
+
+async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        ping = {"jsonrpc": "2.0", "id": 50, "method": "ping"}
+        async with http.post(proxy.url, data=orjson.dumps(ping), headers=client.headers()) as response:
+            assert response.status == 200 and (await response.json())["result"] == {}
+        # A 2026-07-28 server answers an unknown method with HTTP 404: to a handshake-era client that would
+        # end its session, so it gets the JSON-RPC error with 200, and the session lives on.
+        odd = {"jsonrpc": "2.0", "id": 51, "method": "completion/nothing", "params": {}}
+        async with http.post(proxy.url, data=orjson.dumps(odd), headers=client.headers()) as response:
+            assert response.status == 200 and (await response.json())["error"]["code"] == -32601
+        async with http.post(
+            proxy.url, data=orjson.dumps({**ping, "id": 52}), headers=client.headers()
+        ) as response:
+            assert response.status == 200
+        # The standalone GET: 405 from the proxy (the upstream has no GET stream, nothing to ask it).
+        async with http.get(proxy.url, headers=client.headers(Accept="text/event-stream")) as response:
+            assert response.status == 405
+        async with http.delete(proxy.url, headers=client.headers()) as response:
+            assert response.status == 200
+        async with http.post(
+            proxy.url, data=orjson.dumps({**ping, "id": 53}), headers=client.headers()
+        ) as response:
+            assert (
+                response.status == 404 and (await error_of(response))["data"]["reason"] == "unknown_session"
+            )
+        assert "DELETE" not in guard.refused and "GET" not in guard.refused and "ping" not in guard.methods
+
+
+async def test_bridge_off_leaves_a_handshake_era_client_the_upstreams_refusal() -> None:
+    async with (
+        serve_modern_upstream() as (url, _guard),
+        running_proxy(url, bridge="off") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(initialize), headers=client.headers()) as response:
+            assert response.status == 400 and "Mcp-Session-Id" not in response.headers
+
+
+async def test_a_dual_era_upstream_is_served_as_without_the_bridge(example_upstream: str) -> None:
+    async with running_proxy(example_upstream) as proxy:
+        async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+            assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+        bridge = proxy.ctx.metrics.era_requests
+        assert bridge.labels("handshake", "bridged")._value.get() == 0
+        assert bridge.labels("handshake", "resumable")._value.get() >= 2
+
+
+async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_era() -> None:
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"word": "tangerine"})
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        streamable_http_client(proxy.url) as (read, write),
+        ClientSession(read, write, elicitation_callback=elicit, read_timeout_seconds=30) as session,
+    ):
+        await session.initialize()
+        answered = await session.call_tool("ask", {"question": "A fruit?"})
+        assert result_text(answered) == "you said tangerine (asked)"
+        assert asked == ["A fruit?"]
+        # Sent twice upstream: the first call, then the retry with the client's answer and the state.
+        assert guard.methods.count("tools/call") == 2
+
+
+SUPPORT = Path(__file__).parent / "support"
+
+
+async def _run_ts(script_name: str, url: str) -> dict[str, Any]:
+    try:
+        node, script = with_script(SUPPORT / script_name)
+    except Unavailable as exc:
+        if exc.skip:
+            pytest.skip(str(exc))
+        raise
+    client = await asyncio.create_subprocess_exec(
+        node, str(script), url, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(client.communicate(), 120)
+    assert client.returncode == 0, err.decode()
+    answer: dict[str, Any] = json.loads(out)
+    return answer
+
+
+async def test_the_typescript_sdk_client_through_the_bridge() -> None:
+    async with serve_modern_upstream() as (url, guard), running_proxy(url) as proxy:
+        got = await _run_ts("ts_bridge_client.mjs", proxy.url)
+        assert got == {
+            "counted": "counted to 3",
+            "progress": [1, 2, 3],
+            "answered": "you said kumquat (asked)",
+            "asked": ["A fruit?"],
+            "server": "mcpresume-modern",
+        }
+        assert "DELETE" not in guard.refused  # the proxy's session ended at the proxy
+
+
+async def test_the_typescript_sdk_client_reconnecting_with_its_session_id_through_the_bridge() -> None:
+    """The TS SDK client that saved its session id: no initialize the second time, ids from 0 again."""
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        runs = await _run_ts("ts_sdk_client.mjs", proxy.url)
+        assert runs["run1"] == ["hello from run 1", "3"]
+        assert runs["run2"] == ["hello from run 2", "42"]
+
+
+async def test_the_python_sdk_client_in_legacy_mode_and_in_auto_mode() -> None:
+    """``Client(mode="legacy")`` speaks the handshake era: bridged. ``Client(mode="auto")`` probes
+    ``server/discover``, which the upstream answers: it speaks 2026-07-28 and is passed through."""
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"word": "lime"})
+
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        async with Client(
+            proxy.url, mode="legacy", elicitation_callback=elicit, read_timeout_seconds=30
+        ) as client:
+            assert result_text(await client.call_tool("add", {"a": 2, "b": 3})) == "5"
+            assert result_text(await client.call_tool("ask", {})) == "you said lime (asked)"
+        async with Client(
+            proxy.url, mode="auto", elicitation_callback=elicit, read_timeout_seconds=30
+        ) as client:
+            assert result_text(await client.call_tool("add", {"a": 4, "b": 5})) == "9"
+        eras = proxy.ctx.metrics.era_requests
+        assert eras.labels("handshake", "bridged")._value.get() >= 3
+        assert eras.labels("modern", "passed_through")._value.get() >= 2
+
+
+async def test_notifications_cancelled_closes_the_upstream_stream_the_modern_cancellation() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url, cancel_grace=0.1) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("slow_tally", {"delay": 60.0})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            async for event in sse_events(response):
+                if event.data:  # the progress: the tool runs upstream
+                    break
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}}
+        async with http.post(proxy.url, data=orjson.dumps(cancel), headers=client.headers()) as response:
+            assert response.status == 202
+        tallies = guard.slow_tallies  # type: ignore[attr-defined]
+        await until(lambda: tallies["cancelled"] == 1, timeout=30, what="the upstream's handler cancelled")
+        assert tallies["slow"] == 0
+        assert "notifications/cancelled" not in guard.methods  # 2026-07-28 has no such notification
+
+
+MCP1_PYTHON = Path.home() / ".cache" / "mcpresume" / "mcp1" / "bin" / "python"
+
+
+async def test_the_python_sdk_1x_client_through_the_bridge() -> None:
+    """The 1.x SDK in a venv of its own (see tests/support/mcp1_client.py for how to make it)."""
+    if not MCP1_PYTHON.exists():
+        pytest.skip(f'no 1.x SDK venv at {MCP1_PYTHON.parent.parent} (python -m venv, pip install "mcp<2")')
+    async with serve_modern_upstream() as (url, _guard), running_proxy(url) as proxy:
+        client = await asyncio.create_subprocess_exec(
+            str(MCP1_PYTHON),
+            str(SUPPORT / "mcp1_client.py"),
+            proxy.url,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(client.communicate(), 120)
+        assert client.returncode == 0, err.decode()[-2000:]
+        got = json.loads(out.splitlines()[-1])
+        assert got == {
+            "version": "2025-11-25",
+            "counted": "counted to 3",
+            "progress": [1.0, 2.0, 3.0],
+            "answered": "you said quince (asked)",
+            "asked": ["A fruit?"],
+        }
+
+
+async def test_other_credentials_in_a_bridged_session_are_checked_with_a_discover() -> None:
+    """A bridged session is bound to its initialize's credentials like any; other ones (a refreshed token)
+    are asked of the upstream with a 2026-07-28 server/discover (it has no session to ping in)."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        original = client.headers
+        client.headers = lambda **extra: original(**{"Authorization": "Bearer first", **extra})  # type: ignore[method-assign]
+        await client.initialize()
+        guard.bad_tokens.add("Bearer stolen")
+        ping = {"jsonrpc": "2.0", "id": 70, "method": "ping"}
+        refreshed = client.headers(Authorization="Bearer refreshed")
+        async with http.post(proxy.url, data=orjson.dumps(ping), headers=refreshed) as response:
+            assert response.status == 200
+        stolen = client.headers(Authorization="Bearer stolen")
+        async with http.post(proxy.url, data=orjson.dumps({**ping, "id": 71}), headers=stolen) as response:
+            assert response.status == 401
+            assert (await error_of(response))["data"]["reason"] == "credentials_refused"
+        discovers = [h for h in guard.headers if h.get("mcp-method") == "server/discover"]
+        assert [h.get("authorization") for h in discovers][-1:] == ["Bearer refreshed"]
+
+
+async def test_a_bridged_initialize_past_max_sessions_is_503() -> None:
+    async with (
+        serve_modern_upstream() as (url, _guard),
+        running_proxy(url, max_sessions=1) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        await ScriptedClient(http, proxy.url).initialize()
+        second = ScriptedClient(http, proxy.url)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        async with http.post(proxy.url, data=orjson.dumps(initialize), headers=second.headers()) as response:
+            assert response.status == 503
+            assert (await error_of(response))["data"]["reason"] == "too_many_sessions"

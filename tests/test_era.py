@@ -1,0 +1,183 @@
+"""The pure era decisions (core/era.py) and the bridge's translation (core/bridge.py), row by row."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcpresume.core.bridge import (
+    ClientFacts,
+    Local,
+    Refuse,
+    Send,
+    facts_of_initialize,
+    header_value,
+    initialize_result,
+    treat,
+)
+from mcpresume.core.era import (
+    Era,
+    UpstreamEra,
+    discover_offers_modern,
+    initialize_refused,
+    negotiate,
+    request_era,
+    upstream_era,
+)
+
+REFUSAL = {"error": {"code": -32022, "message": "x", "data": {"supported": ["2026-07-28"]}}}
+
+
+@pytest.mark.parametrize(
+    ("header", "method", "era"),
+    [
+        (None, "tools/call", Era.HANDSHAKE),
+        ("2025-06-18", "tools/call", Era.HANDSHAKE),
+        ("2026-07-28", "tools/call", Era.MODERN),
+        (None, "server/discover", Era.MODERN),
+    ],
+)
+def test_request_era(header: str | None, method: str, era: Era) -> None:
+    assert request_era(header, method) is era
+
+
+@pytest.mark.parametrize(
+    ("asked", "answered"),
+    [
+        ("2025-03-26", "2025-03-26"),
+        ("2025-11-25", "2025-11-25"),
+        ("2024-11-05", "2025-11-25"),
+        (None, "2025-11-25"),
+        ("2026-07-28", "2025-11-25"),
+        (7, "2025-11-25"),
+    ],
+)
+def test_negotiate(asked: object, answered: str) -> None:
+    assert negotiate(asked) == answered
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "modern"),
+    [
+        (200, {"result": {"supportedVersions": ["2026-07-28"]}}, True),
+        (200, {"result": {"supportedVersions": ["2025-11-25"]}}, False),
+        (200, {"result": {}}, False),
+        (400, {"error": {"code": -32600}}, False),
+        (404, None, False),
+        (502, None, None),
+    ],
+)
+def test_discover_offers_modern(status: int, body: object, modern: bool | None) -> None:
+    assert discover_offers_modern(status, body) is modern
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "refused"),
+    [
+        (200, {"result": {}}, False),
+        (400, REFUSAL, True),
+        (400, {"error": {"code": -32022, "data": {"supported": ["2025-06-18", "2026-07-28"]}}}, None),
+        (400, {"error": {"code": -32600}}, None),
+        (401, None, None),
+        (500, REFUSAL, None),
+    ],
+)
+def test_initialize_refused(status: int, body: object, refused: bool | None) -> None:
+    assert initialize_refused(status, body) is refused
+
+
+@pytest.mark.parametrize(
+    ("modern", "refused", "era"),
+    [
+        (None, None, UpstreamEra.UNKNOWN),
+        (False, None, UpstreamEra.HANDSHAKE),
+        (True, False, UpstreamEra.DUAL),
+        (True, True, UpstreamEra.MODERN_ONLY),
+        (True, None, UpstreamEra.UNKNOWN),
+    ],
+)
+def test_upstream_era(modern: bool | None, refused: bool | None, era: UpstreamEra) -> None:
+    assert upstream_era(modern, refused) is era
+
+
+FACTS = ClientFacts("2025-06-18", {"elicitation": {}}, {"name": "c", "version": "1"})
+
+
+def test_initialize_answered_from_discover() -> None:
+    facts = facts_of_initialize(
+        {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"roots": {}},
+            "clientInfo": {"name": "c", "version": "1"},
+        }
+    )
+    assert facts == ClientFacts("2025-06-18", {"roots": {}}, {"name": "c", "version": "1"})
+    discover = {
+        "supportedVersions": ["2026-07-28"],
+        "capabilities": {"tools": {"listChanged": True}},
+        "instructions": "be kind",
+        "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "up", "version": "2"}},
+    }
+    assert initialize_result(facts, discover) == {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
+        "serverInfo": {"name": "up", "version": "2"},
+        "instructions": "be kind",
+    }
+    assert initialize_result(facts_of_initialize(None), {})["serverInfo"]["name"] == "mcpresume-bridge"
+
+
+def test_a_request_becomes_a_modern_one() -> None:
+    message = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": 3}},
+    }
+    sent = treat(message, ClientFacts(**{**_fields(FACTS), "log_level": "info"}))
+    assert isinstance(sent, Send)
+    assert dict(sent.headers) == {
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "echo",
+    }
+    assert sent.body["id"] == 3 and sent.body["params"]["arguments"] == {"text": "hi"}
+    assert sent.body["params"]["_meta"] == {
+        "progressToken": 3,
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": "c", "version": "1"},
+        "io.modelcontextprotocol/logLevel": "info",
+    }
+    listed = treat({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, FACTS)
+    assert isinstance(listed, Send) and "Mcp-Name" not in dict(listed.headers)
+
+
+def _fields(facts: ClientFacts) -> dict[str, object]:
+    return {"version": facts.version, "capabilities": facts.capabilities, "info": facts.info}
+
+
+@pytest.mark.parametrize(
+    ("message", "treated"),
+    [
+        ({"jsonrpc": "2.0", "id": 1, "method": "ping"}, Local(result={})),
+        (
+            {"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "debug"}},
+            Local(result={}, log_level="debug"),
+        ),
+        ({"jsonrpc": "2.0", "method": "notifications/initialized"}, Local()),
+        (
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}},
+            Local(cancelled=True),
+        ),
+        ({"jsonrpc": "2.0", "id": 9, "result": {}}, Local()),
+        ([{"jsonrpc": "2.0", "id": 1, "method": "ping"}], Refuse("batch_not_bridged")),
+    ],
+)
+def test_what_the_proxy_answers_itself(message: object, treated: object) -> None:
+    assert treat(message, FACTS) == treated
+
+
+def test_names_outside_visible_ascii_are_base64() -> None:
+    assert header_value("echo") == "echo"
+    assert header_value("écho") == "=?base64?w6ljaG8=?="
+    assert header_value(" padded") == "=?base64?IHBhZGRlZA==?="
