@@ -134,7 +134,6 @@ def plan_call(doc: Any, *, enabled: bool, modern: bool) -> Eligibility:
     return Eligibility.TASK
 
 
-
 def upstream_params(params: dict[str, Any]) -> dict[str, Any]:
     """The call's params as the upstream gets them: the tasks extension taken out of its capabilities
     (so the upstream answers the call itself; the proxy makes the task). Nothing else changes."""
