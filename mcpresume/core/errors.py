@@ -64,6 +64,16 @@ class UnknownSession(ProxyError):
         self.cause = cause
 
 
+class UnknownTask(ProxyError):
+    """404: a task the proxy made (``core/tasks.py``) is unknown, expired, or another credential's."""
+
+    status = 404
+    reason = "unknown_task"
+
+    def __init__(self) -> None:
+        super().__init__("the task is unknown or expired")
+
+
 class MalformedCursor(ProxyError):
     """400: a ``Last-Event-ID`` the proxy did not issue."""
 

@@ -51,6 +51,7 @@ TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_UPDATE, TASKS_CANCEL})
 # 32 bytes of the system's CSPRNG, url-safe base64 (43 characters). Longer ids than this are refused
 # before any store lookup.
 TASK_ID_BYTES: Final = 32
+TASK_ID_PREFIX: Final = "mcpr-"  # the proxy's own task ids; any other id is the upstream's, passed on
 MAX_TASK_ID_LEN: Final = 128
 
 
@@ -322,3 +323,8 @@ def task_id_of(params: Any, header: str | None) -> str | None:
     if header is not None and header != named:
         return None
     return named
+
+
+def is_ours(task_id: str) -> bool:
+    """Whether a task id is one the proxy minted (else the upstream's own: its tasks/* pass through)."""
+    return task_id.startswith(TASK_ID_PREFIX)

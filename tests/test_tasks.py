@@ -1,0 +1,173 @@
+"""Durable long calls through the real proxy, in front of the official SDK's server (modern path) as the
+upstream, with raw HTTP: a 2026-07-28 client that declares the tasks extension gets a task handle for a call
+longer than task_after, and polls it to its result from another connection (and, with Redis, another
+replica); cancel; another token's 404; what stays as today."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from mcpresume.daemon.app import PROXY, RunningProxy
+from tests.support.poll import until
+from tests.support.proxy import running_proxy
+from tests.test_redis_proxy import on_redis
+
+TASKS_EXT = "io.modelcontextprotocol/tasks"
+FAST = {"tasks": True, "task_after": 0.5, "task_ttl": 60.0}
+
+
+def meta(tasks: bool = True) -> dict[str, Any]:
+    caps: dict[str, Any] = {"extensions": {TASKS_EXT: {}}} if tasks else {}
+    return {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    }
+
+
+def headers(method: str, name: str, token: str = "alice") -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": method,
+        "Mcp-Name": name,
+        "Authorization": f"Bearer {token}",
+    }
+
+
+async def post(
+    url: str, rid: int, method: str, name: str, params: dict[str, Any], token: str = "alice"
+) -> Any:
+    """One request on a fresh connection (every poll is another connection)."""
+    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta()}}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=orjson.dumps(body), headers=headers(method, name, token)) as r,
+    ):
+        raw = await r.read()
+        return r.status, orjson.loads(raw) if raw else None
+
+
+async def call(url: str, n: int, delay: float, *, tasks: bool = True, rid: int = 1) -> Any:
+    params = {"name": "count_slowly", "arguments": {"n": n, "delay": delay}, "_meta": meta(tasks)}
+    body = {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=orjson.dumps(body), headers=headers("tools/call", "count_slowly")) as r,
+    ):
+        return r.status, orjson.loads(await r.read())
+
+
+async def get(url: str, task_id: str, token: str = "alice") -> Any:
+    return await post(url, 9, "tasks/get", task_id, {"taskId": task_id}, token)
+
+
+async def completed(url: str, task_id: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def done() -> bool:
+        status, doc = await get(url, task_id)
+        assert status == 200, doc
+        seen.update(doc["result"])
+        return bool(doc["result"]["status"] != "working")
+
+    await until(done, timeout=30, what="the task ended", every=0.1)
+    return seen
+
+
+def tasks_of(proxy: RunningProxy) -> Any:
+    return proxy.app[PROXY].tasks
+
+
+async def test_a_long_call_becomes_a_task_polled_to_its_result_from_another_connection(
+    example_upstream: str,
+) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        status, doc = await call(proxy.url, n=8, delay=0.25)  # 2 s, task_after 0.5 s
+        assert status == 200
+        handle = doc["result"]
+        assert handle["resultType"] == "task" and handle["status"] == "working"
+        assert handle["taskId"].startswith("mcpr-") and len(handle["taskId"]) > 40
+        assert handle["ttlMs"] == 60_000 and handle["pollIntervalMs"] >= 100
+        assert not {"result", "error"} & handle.keys()
+        final = await completed(proxy.url, handle["taskId"])
+        assert final["status"] == "completed"
+        assert final["result"]["structuredContent"] == {"result": "counted to 8"}
+        metrics = proxy.app[PROXY].ctx.metrics
+        assert metrics.tasks.labels("created")._value.get() == 1
+        assert metrics.tasks.labels("completed")._value.get() == 1
+        assert metrics.task_polls._value.get() >= 1
+
+
+async def test_another_token_gets_404_and_an_unknown_id_too(example_upstream: str) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        _, doc = await call(proxy.url, n=6, delay=0.25)
+        task_id = doc["result"]["taskId"]
+        status, other = await get(proxy.url, task_id, token="mallory")
+        assert status == 404 and other["error"]["data"]["reason"] == "unknown_task"
+        status, unknown = await get(proxy.url, "mcpr-" + "x" * 43)
+        assert status == 404 and unknown["error"]["data"]["reason"] == "unknown_task"
+        status, _ = await post(proxy.url, 3, "tasks/cancel", task_id, {"taskId": task_id}, "mallory")
+        assert status == 404
+        assert (await completed(proxy.url, task_id))["status"] == "completed"  # untouched by mallory
+
+
+async def test_cancel_closes_the_upstream_call_and_the_task_stays_cancelled(example_upstream: str) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        _, doc = await call(proxy.url, n=100, delay=0.2)  # 20 s unless cancelled
+        task_id = doc["result"]["taskId"]
+        assert task_id in tasks_of(proxy)._running
+        status, cancelled = await post(proxy.url, 4, "tasks/cancel", task_id, {"taskId": task_id})
+        assert status == 200 and cancelled["result"]["status"] == "cancelled"
+        await until(lambda: task_id not in tasks_of(proxy)._running, what="the upstream call closed")
+        _, polled = await get(proxy.url, task_id)
+        assert polled["result"]["status"] == "cancelled"
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("cancelled")._value.get() == 1
+
+
+@pytest.mark.parametrize("tasks", [True, False])
+async def test_a_call_within_task_after_or_without_the_extension_is_answered_as_today(
+    example_upstream: str, tasks: bool
+) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        status, doc = await call(proxy.url, n=1, delay=0.01, tasks=tasks)
+        assert status == 200
+        assert doc["result"]["resultType"] == "complete"
+        assert doc["result"]["structuredContent"] == {"result": "counted to 1"}
+        if not tasks:
+            status, doc = await call(proxy.url, n=4, delay=0.25, tasks=False)  # long, but not declared
+            assert doc["result"]["structuredContent"] == {"result": "counted to 4"}
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+async def test_tasks_off_leaves_every_call_as_today(example_upstream: str) -> None:
+    async with running_proxy(example_upstream, **{**FAST, "tasks": False}) as proxy:
+        status, doc = await call(proxy.url, n=4, delay=0.25)
+        assert status == 200 and doc["result"]["structuredContent"] == {"result": "counted to 4"}
+
+
+async def test_with_redis_a_task_made_on_one_replica_is_polled_and_cancelled_on_the_other(
+    example_upstream: str, redis_db: str
+) -> None:
+    async with (
+        running_proxy(example_upstream, **on_redis(redis_db, replica_id="one", **FAST)) as one,
+        running_proxy(example_upstream, **on_redis(redis_db, replica_id="two", **FAST)) as two,
+    ):
+        _, doc = await call(one.url, n=8, delay=0.25)
+        task_id = doc["result"]["taskId"]
+        final = await completed(two.url, task_id)
+        assert final["status"] == "completed"
+        assert final["result"]["structuredContent"] == {"result": "counted to 8"}
+        status, _ = await get(two.url, task_id, token="mallory")
+        assert status == 404
+        # A cancel on the other replica closes the call on the one that reads it (within a poll interval).
+        _, doc = await call(one.url, n=100, delay=0.2, rid=2)
+        long_id = doc["result"]["taskId"]
+        status, cancelled = await post(two.url, 5, "tasks/cancel", long_id, {"taskId": long_id})
+        assert status == 200 and cancelled["result"]["status"] == "cancelled"
+        await until(lambda: long_id not in tasks_of(one)._running, timeout=20, what="closed on replica one")
