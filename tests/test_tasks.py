@@ -5,6 +5,10 @@ replica); cancel; another token's 404; what stays as today."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -171,3 +175,44 @@ async def test_with_redis_a_task_made_on_one_replica_is_polled_and_cancelled_on_
         status, cancelled = await post(two.url, 5, "tasks/cancel", long_id, {"taskId": long_id})
         assert status == 200 and cancelled["result"]["status"] == "cancelled"
         await until(lambda: long_id not in tasks_of(one)._running, timeout=20, what="closed on replica one")
+
+
+# -- a real client: FastMCP 4 with fastmcp-tasks (pinned to matching versions) -------------------------
+
+FASTMCP_VERSION = "4.1.4"  # fastmcp-tasks' newest; its fastmcp must be the same release
+FASTMCP_VENV = Path.home() / ".cache" / "mcpresume" / f"fastmcp-tasks-{FASTMCP_VERSION}"
+CLIENT_SCRIPT = Path(__file__).parent / "support" / "fastmcp_tasks_client.py"
+
+
+@pytest.fixture(scope="session")
+def fastmcp_python() -> Path:
+    """The venv's interpreter, the venv built on first use (PyPI needed once; skipped without it)."""
+    python = FASTMCP_VENV / "bin" / "python"
+    marker = FASTMCP_VENV / ".installed"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(FASTMCP_VENV)], check=True)
+        pins = [f"fastmcp=={FASTMCP_VERSION}", f"fastmcp-tasks=={FASTMCP_VERSION}"]
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *pins], capture_output=True, text=True, timeout=600
+        )
+        if done.returncode != 0:
+            pytest.skip(f"PyPI unreachable or the pins unavailable: {done.stderr.strip()[-300:]}")
+        marker.touch()
+    return python
+
+
+async def test_fastmcp_call_tool_task_through_the_proxy_gets_a_handle_and_its_result(
+    example_upstream: str, fastmcp_python: Path
+) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        # -P: the script's folder (tests/support, which has a redis.py) is not put first on the path.
+        client = await asyncio.create_subprocess_exec(
+            str(fastmcp_python), "-P", str(CLIENT_SCRIPT), proxy.url, "8", "0.25",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(client.communicate(), timeout=120)
+        assert client.returncode == 0, err.decode()[-2000:]
+        seen = orjson.loads(out.splitlines()[-1])
+        assert seen["task_id"].startswith("mcpr-") and seen["status"] == "working"
+        assert seen["result"] == {"result": "counted to 8"}
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("completed")._value.get() == 1
