@@ -14,8 +14,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import InputRequiredResult
 
 from mcpresume.daemon.app import PROXY, RunningProxy
+from mcpresume.examples.upstream import RunningUpstream, local_transport_security
 from tests.support.poll import until
 from tests.support.proxy import running_proxy
 from tests.test_redis_proxy import on_redis
@@ -216,3 +219,61 @@ async def test_fastmcp_call_tool_task_through_the_proxy_gets_a_handle_and_its_re
         assert seen["task_id"].startswith("mcpr-") and seen["status"] == "working"
         assert seen["result"] == {"result": "counted to 8"}
         assert proxy.app[PROXY].ctx.metrics.tasks.labels("completed")._value.get() == 1
+
+
+# -- an input-required round trip (MRTR) -------------------------------------------------------------
+
+
+def mrtr_app() -> Any:
+    """An SDK server whose one tool takes a while, then asks the client a question (an InputRequiredResult),
+    and with the answer and its request state takes a while again and returns."""
+    server: MCPServer[Any] = MCPServer("mrtr", log_level="WARNING")
+
+    @server.tool(description="Ask for an approval, then answer.")
+    async def approve(ctx: Context[Any, Any]) -> Any:
+        await asyncio.sleep(1.0)
+        responses = ctx.input_responses
+        if not responses:
+            question = {
+                "method": "elicitation/create",
+                "params": {
+                    "mode": "form",
+                    "message": "approve?",
+                    "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+                },
+            }
+            return InputRequiredResult.model_validate(
+                {"resultType": "input_required", "inputRequests": {"q1": question}, "requestState": "round-1"}
+            )
+        answer = responses["q1"]
+        content = answer.content if hasattr(answer, "content") else None
+        return f"approved={content} state={ctx.request_state}"
+
+    return server.streamable_http_app(
+        streamable_http_path="/mcp", transport_security=local_transport_security()
+    )
+
+
+async def test_an_input_required_answer_waits_for_tasks_update_and_the_call_is_retried_with_it() -> None:
+    async with (
+        RunningUpstream(mrtr_app()) as upstream,
+        running_proxy(upstream.url, **FAST) as proxy,
+    ):
+        params = {"name": "approve", "arguments": {}, "_meta": meta()}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=body, headers=headers("tools/call", "approve")) as r,
+        ):
+            task_id = (await r.json())["result"]["taskId"]
+        waiting = await completed(proxy.url, task_id)
+        assert waiting["status"] == "input_required", waiting
+        assert waiting["inputRequests"]["q1"]["method"] == "elicitation/create"
+        reply = {"taskId": task_id, "inputResponses": {"q1": {"action": "accept", "content": {"ok": True}}}}
+        status, doc = await post(proxy.url, 5, "tasks/update", task_id, reply)
+        assert status == 200, doc
+        status, again = await post(proxy.url, 6, "tasks/update", task_id, reply)
+        assert status == 400 and again["error"]["data"]["reason"] == "task_not_waiting"
+        final = await completed(proxy.url, task_id)
+        assert final["status"] == "completed", final
+        assert final["result"]["content"][0]["text"] == "approved={'ok': True} state=round-1"
