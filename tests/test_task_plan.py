@@ -195,3 +195,17 @@ def test_poll_interval_is_bounded() -> None:
     assert t.poll_interval_ms(0.5) == 100
     assert t.poll_interval_ms(10) == 1000
     assert t.poll_interval_ms(3600) == 5000
+
+
+@pytest.mark.parametrize(
+    ("response", "makes"),
+    [
+        ({"result": {"capabilities": {"extensions": {t.TASKS_EXTENSION: {}}}}}, True),
+        ({"result": {"capabilities": {"extensions": {"io.example/x": {}}}}}, False),
+        ({"result": {"capabilities": {}}}, False),
+        ({"error": {"code": -32601}}, False),
+        (None, False),
+    ],
+)
+def test_an_upstream_that_declares_the_extension_makes_its_own_tasks(response: Any, makes: bool) -> None:
+    assert t.upstream_makes_tasks(response) is makes

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import InputRequiredResult
 
@@ -24,6 +25,7 @@ from tests.support.proxy import running_proxy
 from tests.test_redis_proxy import on_redis
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
+CAPS = "io.modelcontextprotocol/clientCapabilities"
 FAST = {"tasks": True, "task_after": 0.5, "task_ttl": 60.0}
 
 
@@ -277,3 +279,53 @@ async def test_an_input_required_answer_waits_for_tasks_update_and_the_call_is_r
         final = await completed(proxy.url, task_id)
         assert final["status"] == "completed", final
         assert final["result"]["content"][0]["text"] == "approved={'ok': True} state=round-1"
+
+
+async def test_an_upstream_that_makes_tasks_itself_gets_the_call_as_today(serve: Any) -> None:
+    """Its server/discover declares the extension: the call goes with the extension, its task is its own."""
+    seen: list[dict[str, Any]] = []
+
+    async def mcp(request: web.Request) -> web.Response:
+        doc = await request.json()
+        seen.append(doc)
+        if doc["method"] == "server/discover":
+            caps = {"tools": {}, "extensions": {TASKS_EXT: {}}}
+            result: dict[str, Any] = {"resultType": "complete", "capabilities": caps}
+        else:
+            await asyncio.sleep(1.0)  # longer than task_after: still the upstream's answer
+            result = {"resultType": "task", "taskId": "upstream-1", "status": "working"}
+        return web.json_response({"jsonrpc": "2.0", "id": doc["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    url = await serve(app)
+    async with running_proxy(url, **FAST) as proxy:
+        for rid in (1, 2):
+            status, doc = await call(proxy.url, n=1, delay=0.0, rid=rid)
+            assert status == 200 and doc["result"]["taskId"] == "upstream-1"
+        status, _ = await get(proxy.url, "upstream-1")  # not the proxy's: passed through
+        calls = [d for d in seen if d["method"] == "tools/call"]
+        assert len(calls) == 2
+        assert all(TASKS_EXT in d["params"]["_meta"][CAPS]["extensions"] for d in calls)
+        assert [d["method"] for d in seen].count("server/discover") == 1  # asked once, kept
+        assert seen[-1]["method"] == "tasks/get"
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+async def test_an_upstream_without_tasks_gets_the_call_without_the_extension(serve: Any) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def mcp(request: web.Request) -> web.Response:
+        doc = await request.json()
+        seen.append(doc)
+        result = {"resultType": "complete", "capabilities": {"tools": {}}, "content": []}
+        return web.json_response({"jsonrpc": "2.0", "id": doc["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    url = await serve(app)
+    async with running_proxy(url, **FAST) as proxy:
+        status, doc = await call(proxy.url, n=1, delay=0.0)
+        assert status == 200 and doc["result"]["content"] == []
+    (tool_call,) = [d for d in seen if d["method"] == "tools/call"]
+    assert "extensions" not in tool_call["params"]["_meta"][CAPS]

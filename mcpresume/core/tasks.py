@@ -328,3 +328,12 @@ def task_id_of(params: Any, header: str | None) -> str | None:
 def is_ours(task_id: str) -> bool:
     """Whether a task id is one the proxy minted (else the upstream's own: its tasks/* pass through)."""
     return task_id.startswith(TASK_ID_PREFIX)
+
+
+def upstream_makes_tasks(response: Any) -> bool:
+    """Whether an upstream's answer to ``server/discover`` declares the tasks extension: it makes tasks
+    itself, and the proxy leaves its calls as they are."""
+    result = response.get("result") if isinstance(response, dict) else None
+    caps = result.get("capabilities") if isinstance(result, dict) else None
+    extensions = caps.get("extensions") if isinstance(caps, dict) else None
+    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions

@@ -35,6 +35,7 @@ from aiohttp import web
 from mcpresume.core import tasks as plan
 from mcpresume.core.credentials import credential_digest, credential_fields
 from mcpresume.core.errors import ProxyError, UnknownTask, UpstreamBadResponse, UpstreamUnreachable
+from mcpresume.core.jsonrpc import DISCOVER, proxy_request_id
 from mcpresume.core.sse import SSEParser
 from mcpresume.core.tasks import Event, Status, Task
 from mcpresume.http.context import DID, Action, ProxyContext
@@ -46,6 +47,9 @@ log = logging.getLogger("mcpresume.tasks")
 
 NAME_HEADER: Final = "Mcp-Name"  # a tasks/* request's task id, for intermediaries (2026-07-28)
 _FRAMING: Final = frozenset({"content-length", "transfer-encoding", "content-encoding"})
+# How long the upstream's answer to server/discover (whether it makes tasks itself) is trusted: one
+# round trip a minute at most, and an upstream redeployed with tasks is left to make them within a minute.
+DISCOVER_EVERY: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ class Tasks:
         self._running: dict[str, asyncio.Task[Buffered]] = {}  # task id -> its upstream call read here
         self._settling: set[asyncio.Task[None]] = set()
         self._expired_seen = 0
+        self._discovered: tuple[bool, float] | None = None  # the upstream makes tasks; until when known
 
     async def close(self) -> None:
         for reader in list(self._running.values()):
@@ -125,6 +130,8 @@ class Tasks:
         if method == plan.TOOLS_CALL:
             if plan.plan_call(doc, enabled=True, modern=True) is plan.Eligibility.AS_TODAY:
                 return None
+            if await self._upstream_makes_tasks(request, doc):
+                return None  # the upstream's own tasks, as today
             return await self._tools_call(request, doc)
         task_id = plan.task_id_of(doc.get("params"), request.headers.get(NAME_HEADER))
         if task_id is None or not plan.is_ours(task_id):
@@ -143,6 +150,28 @@ class Tasks:
             return await self._update(request, doc, task)
         except ProxyError as error:
             return self.ctx.reject(request, error, doc["id"])
+
+    async def _upstream_makes_tasks(self, request: web.Request, doc: dict[str, Any]) -> bool:
+        """Ask the upstream's ``server/discover`` (with the call's credentials and envelope) whether it
+        declares the tasks extension; the answer is kept ``DISCOVER_EVERY`` seconds. An upstream that does
+        not answer it is taken to have none (and asked again next time)."""
+        loop = asyncio.get_running_loop()
+        if self._discovered is not None and loop.time() < self._discovered[1]:
+            return self._discovered[0]
+        probe_id = proxy_request_id("discover", secrets.token_hex(8))
+        meta = plan.upstream_params(doc["params"])["_meta"]
+        body = orjson.dumps({"jsonrpc": "2.0", "id": probe_id, "method": DISCOVER, "params": {"_meta": meta}})
+        drop = {"mcp-method", "mcp-name"}
+        headers = [(n, v) for n, v in upstream_headers(request) if n.lower() not in drop]
+        try:
+            buffered = await self._call(request.path_qs, [*headers, ("Mcp-Method", DISCOVER)], body, probe_id)
+        except ProxyError as error:
+            log.info("server/discover of the upstream failed (%s): taken to make no tasks", error.reason)
+            return False
+        makes = plan.upstream_makes_tasks(buffered.response)
+        if buffered.response is not None:
+            self._discovered = (makes, loop.time() + DISCOVER_EVERY)
+        return makes
 
     # -- a call ------------------------------------------------------------------------------------------
 
