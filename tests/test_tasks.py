@@ -329,3 +329,15 @@ async def test_an_upstream_without_tasks_gets_the_call_without_the_extension(ser
         assert status == 200 and doc["result"]["content"] == []
     (tool_call,) = [d for d in seen if d["method"] == "tools/call"]
     assert "extensions" not in tool_call["params"]["_meta"][CAPS]
+
+
+async def test_a_task_whose_replica_stops_fails_with_proxy_shutdown(
+    example_upstream: str, redis_db: str
+) -> None:
+    async with running_proxy(example_upstream, **on_redis(redis_db, replica_id="one", **FAST)) as one:
+        _, doc = await call(one.url, n=100, delay=0.2)
+        task_id = doc["result"]["taskId"]
+    async with running_proxy(example_upstream, **on_redis(redis_db, replica_id="two", **FAST)) as two:
+        status, polled = await get(two.url, task_id)
+        assert status == 200 and polled["result"]["status"] == "failed"
+        assert polled["result"]["error"]["data"]["reason"] == "proxy_shutdown"

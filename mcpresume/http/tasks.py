@@ -50,6 +50,7 @@ _FRAMING: Final = frozenset({"content-length", "transfer-encoding", "content-enc
 # How long the upstream's answer to server/discover (whether it makes tasks itself) is trusted: one
 # round trip a minute at most, and an upstream redeployed with tasks is left to make them within a minute.
 DISCOVER_EVERY: Final = 60.0
+CLOSE_WAIT: Final = 2.0  # seconds the stop waits for the store to take the closed calls' tasks as failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +95,19 @@ class Tasks:
         self._running: dict[str, asyncio.Task[Buffered]] = {}  # task id -> its upstream call read here
         self._settling: set[asyncio.Task[None]] = set()
         self._expired_seen = 0
+        self._closing = False
         self._discovered: tuple[bool, float] | None = None  # the upstream makes tasks; until when known
 
     async def close(self) -> None:
+        """The process stops: the calls read here are closed (nothing else can read them) and their tasks
+        fail with ``proxy_shutdown``, so their clients learn it at their next poll, not at the TTL."""
+        self._closing = True
         for reader in list(self._running.values()):
             reader.cancel()
+        if self._settling:
+            await asyncio.wait(set(self._settling), timeout=CLOSE_WAIT)
         for settle in list(self._settling):
             settle.cancel()
-        await asyncio.gather(*self._settling, return_exceptions=True)
         await self.store.close()
 
     def _owner(self, request: web.Request) -> str:
@@ -258,7 +264,7 @@ class Tasks:
                         with contextlib.suppress(BaseException):
                             await reader
                         return
-            if reader.cancelled():
+            if reader.cancelled() and not self._closing:
                 return  # tasks/cancel here: the task says so already
             nxt = self._outcome(task, reader)
             moved = isinstance(nxt, Task) and await self.store.advance(nxt, task.status, ctx.clock())
@@ -272,6 +278,9 @@ class Tasks:
 
     def _outcome(self, task: Task, reader: asyncio.Task[Buffered]) -> Task | plan.Refused | plan.Gone:
         now = self.ctx.clock()
+        if reader.cancelled():  # the proxy stops: the call is closed with it
+            error = {"code": -32603, "message": "the proxy stopped", "data": {"reason": "proxy_shutdown"}}
+            return plan.advance(task, Event.FAILED, now, error=error, message="proxy_shutdown")
         exc = reader.exception()
         if exc is not None:
             reason = exc.reason if isinstance(exc, ProxyError) else "upstream_stream_lost"
