@@ -79,3 +79,15 @@ async def test_memory_is_bounded() -> None:
         await store.create(t.new_task(f"id-{n}", "o", b"", NOW + n, 60), NOW + n)
     assert len(store) == 3
     assert await store.get("id-0", NOW + 5) is None and await store.get("id-4", NOW + 5) is not None
+
+
+async def test_memory_is_bounded_by_bytes_too() -> None:
+    store = MemoryTasks(max_bytes=4000)
+    big = {"content": [{"type": "text", "text": "x" * 1500}]}
+    for n in range(4):
+        task = t.new_task(f"id-{n}", "o", b"{}", NOW + n, 60)
+        await store.create(task, NOW + n)
+        assert await store.advance(advanced(task, Event.ANSWERED, result=big), Status.WORKING, NOW + n)
+        assert store.bytes <= 4000
+    assert await store.get("id-3", NOW + 5) is not None and await store.get("id-0", NOW + 5) is None
+    assert store.expired >= 2

@@ -23,6 +23,9 @@ from mcpresume.core.tasks import Status, Task, expired
 # The memory store's bound on the tasks it keeps at once (the oldest-expiring go first beyond it): a task
 # holds its call and its result, so this with max_event_bytes bounds what tasks hold.
 MAX_MEMORY_TASKS: Final = 10_000
+# ... and on the bytes their records hold (calls, results), whatever their count: 256 MiB, half the default
+# max_total_window_bytes (the sessions' windows' bound), so a replica's tasks cannot outgrow its windows.
+MAX_MEMORY_TASK_BYTES: Final = 256 << 20
 
 
 class TaskStore(Protocol):
@@ -40,35 +43,48 @@ class TaskStore(Protocol):
 
 
 class MemoryTasks:
-    """Tasks in this process (the memory store's replicas are one process)."""
+    """Tasks in this process (the memory store's replicas are one process), bounded by count
+    (``max_tasks``) and by the bytes of their records (``max_bytes``: a task holds its call and its result,
+    each up to a few MiB). Beyond either, the tasks nearest their expiry go first (counted as expired)."""
 
-    def __init__(self, max_tasks: int = MAX_MEMORY_TASKS) -> None:
+    def __init__(self, max_tasks: int = MAX_MEMORY_TASKS, max_bytes: int = MAX_MEMORY_TASK_BYTES) -> None:
         self.max_tasks = max_tasks
+        self.max_bytes = max_bytes
         self._tasks: dict[str, Task] = {}
-        self.expired = 0  # tasks dropped at their expiry (the caller turns the count into a metric)
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0  # the records' bytes, as Task.to_json has them
+        self.expired = 0  # tasks dropped at their expiry or for room (the caller makes it a metric)
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def _sweep(self, now: float) -> None:
-        gone = [tid for tid, task in self._tasks.items() if expired(task, now)]
-        for tid in gone:
-            del self._tasks[tid]
-        self.expired += len(gone)
+    def _drop(self, task_id: str) -> None:
+        del self._tasks[task_id]
+        self.bytes -= self._sizes.pop(task_id)
+        self.expired += 1
+
+    def _put(self, task: Task, now: float) -> None:
+        """Keep ``task``, making room: the expired first, then those nearest their expiry."""
+        size = len(task.to_json())
+        if task.task_id in self._tasks:
+            self.bytes -= self._sizes.pop(task.task_id)
+            del self._tasks[task.task_id]
+        if len(self._tasks) >= self.max_tasks or self.bytes + size > self.max_bytes:
+            for tid in [tid for tid, t in self._tasks.items() if expired(t, now)]:
+                self._drop(tid)
+        while self._tasks and (len(self._tasks) >= self.max_tasks or self.bytes + size > self.max_bytes):
+            self._drop(min(self._tasks.values(), key=lambda t: t.expires_at).task_id)
+        self._tasks[task.task_id] = task
+        self._sizes[task.task_id] = size
+        self.bytes += size
 
     async def create(self, task: Task, now: float) -> None:
-        if len(self._tasks) >= self.max_tasks:
-            self._sweep(now)
-        while len(self._tasks) >= self.max_tasks:
-            oldest = min(self._tasks.values(), key=lambda t: t.expires_at)
-            del self._tasks[oldest.task_id]
-        self._tasks[task.task_id] = task
+        self._put(task, now)
 
     async def get(self, task_id: str, now: float) -> Task | None:
         task = self._tasks.get(task_id)
         if task is not None and expired(task, now):
-            del self._tasks[task_id]
-            self.expired += 1
+            self._drop(task_id)
             return None
         return task
 
@@ -76,11 +92,13 @@ class MemoryTasks:
         stored = await self.get(task.task_id, now)
         if stored is None or stored.status is not expected:
             return False
-        self._tasks[task.task_id] = task
+        self._put(task, now)
         return True
 
     async def close(self) -> None:
         self._tasks.clear()
+        self._sizes.clear()
+        self.bytes = 0
 
 
 def task_key(task_id: str) -> str:
