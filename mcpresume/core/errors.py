@@ -78,6 +78,16 @@ class UpstreamSessionLost(UnknownSession):
         self.facts.update(facts)  # under "reinitialize": why it was not begun again (``outcome``)
 
 
+class UnknownTask(ProxyError):
+    """404: a task the proxy made (``core/tasks.py``) is unknown, expired, or another credential's."""
+
+    status = 404
+    reason = "unknown_task"
+
+    def __init__(self) -> None:
+        super().__init__("the task is unknown or expired")
+
+
 class MalformedCursor(ProxyError):
     """400: a ``Last-Event-ID`` the proxy did not issue."""
 

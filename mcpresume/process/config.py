@@ -146,6 +146,19 @@ class Settings(BaseSettings):
         "session to bring credentials the upstream accepts",
     )
 
+    # -- durable long calls (tasks, 2026-07-28 clients that declare the extension) -----------------------
+    tasks: bool = Field(
+        True,
+        description="turn a long 2026-07-28 tools/call into a task (io.modelcontextprotocol/tasks) when its "
+        "client declared the extension and the upstream answers with none",
+    )
+    task_after: float = Field(
+        10.0, gt=0, description="seconds a call may run before the client gets a task handle instead"
+    )
+    task_ttl: float = Field(
+        3600.0, gt=0, description="seconds a task and its result are kept from the task's creation"
+    )
+
     # -- operations --------------------------------------------------------------------------------------
     drain_timeout: float = Field(10.0, ge=0, description="seconds to let POST streams finish on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")

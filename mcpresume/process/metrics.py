@@ -162,6 +162,16 @@ class Metrics:
         )
         for abandon in Abandon:
             self.abandoned_streams.labels(abandon.value)
+        self.tasks = Counter(
+            "mcpresume_tasks",
+            "Durable long calls (2026-07-28 tools/call made a task), by event: created, completed, failed, "
+            "cancelled, expired.",
+            ["event"],
+            registry=r,
+        )
+        for event in ("created", "completed", "failed", "cancelled", "expired"):
+            self.tasks.labels(event)
+        self.task_polls = Counter("mcpresume_task_polls", "tasks/get the proxy answered.", registry=r)
         self.upstream_resumptions = Counter(
             "mcpresume_upstream_resumptions",
             "Upstream streams the proxy tried to resume itself, by outcome: resumed, refused, exhausted, "
