@@ -655,6 +655,22 @@ async def test_a_touched_session_expires_a_ttl_after_its_last_touch(store: Sessi
     assert dropped == [sid]
 
 
+async def test_a_new_claim_with_now_is_activity_and_a_refused_one_is_not(store: SessionStore) -> None:
+    """``claim(now=)``: the request's activity recorded with its claim (one round trip for both), as
+    ``touch`` would; a claim refused records none."""
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    assert await store.claim(sid, ["n:1"], now=500.0) == Claim(ClaimOutcome.NEW)
+    await store.release(sid, ["n:1"])
+    dropped, _ = await store.reap(now=500.0 + SESSION_TTL - 0.1)
+    assert sid not in dropped and await store.has_session(sid)
+    assert await store.claim(sid, ["n:2"], now=400.0) == Claim(ClaimOutcome.NEW)  # never moved back
+    assert await store.claim(sid, ["n:2"], now=900.0) == Claim(ClaimOutcome.IN_FLIGHT)  # refused
+    await store.release(sid, ["n:2"])
+    dropped, _ = await store.reap(now=500.0 + SESSION_TTL + 0.1)
+    assert dropped == [sid]
+
+
 async def test_a_pumping_post_stream_keeps_the_session(store: SessionStore) -> None:
     sid = new_session_id()
     await store.create_session(sid, now=0.0)

@@ -31,7 +31,7 @@ from mcpresume.core.post import (
     plan_post,
     tail_kind,
 )
-from mcpresume.core.session import SessionAccess
+from mcpresume.core.session import ClaimOutcome, SessionAccess
 from mcpresume.http.bridge import bridged_answer
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize
@@ -86,7 +86,11 @@ class Posts:
                     assert granted is not None  # the claim is made in the incarnation checked only
                     keys, digests = message.request_keys, message.request_digests
                     limit = settings.max_streams_per_session
-                    claim = await store.claim(session_id, keys, limit, granted.epoch, digests=digests)
+                    # A new claim is the request's client activity too (the view's reserve_view then
+                    # touches nothing: one store round trip less).
+                    claim = await store.claim(
+                        session_id, keys, limit, granted.epoch, digests=digests, now=ctx.clock()
+                    )
                     facts.claimed, facts.claim = True, claim
                 case Need.ORIGINAL:
                     assert facts.claim is not None and facts.claim.stream is not None
@@ -118,17 +122,21 @@ class Posts:
                 finally:
                     await release_view(ctx, session_id)
             case Forward():
-                return await self._forward(post, granted, step)
+                touched = facts.claim is not None and facts.claim.outcome is ClaimOutcome.NEW
+                return await self._forward(post, granted, step, touched=touched)
             case _:  # pragma: no cover
                 assert_never(step)
 
-    async def _forward(self, post: Post, granted: SessionAccess | None, plan: Forward) -> web.StreamResponse:
+    async def _forward(
+        self, post: Post, granted: SessionAccess | None, plan: Forward, *, touched: bool = False
+    ) -> web.StreamResponse:
         """Forward the request, its view counted first when ``plan.reserve`` (a request refused for too
-        many views must not run upstream); then what ``ANSWER_STEPS`` says its answer becomes."""
+        many views must not run upstream); then what ``ANSWER_STEPS`` says its answer becomes.
+        ``touched``: its claim recorded the session's activity already."""
         ctx, request, session_id, tail = self.ctx, post.request, post.session_id, plan.tail
         if plan.reserve:
             assert session_id is not None and granted is not None
-            refused = await reserve_view(ctx, request, session_id, post.request_id)
+            refused = await reserve_view(ctx, request, session_id, post.request_id, touched=touched)
             if refused is not None:
                 if post.message.request_keys:  # claimed: the same id may come back
                     await ctx.store.release(session_id, post.message.request_keys, granted.epoch)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -78,6 +78,8 @@ log = logging.getLogger("mcpresume.proxy")
 # The status a request is counted with when its client left (its handler cancelled) before any answer: the
 # one nginx logs for a client that closed its request.
 CLIENT_CLOSED: Final = 499
+# The (method, status) pairs whose counter is kept (``Proxy._ended``).
+MAX_COUNTED: Final = 256
 
 
 def unreturned_status(request: web.Request, exc: BaseException) -> int:
@@ -115,6 +117,9 @@ class Proxy:
         self.bridge = Bridge(ctx)  # handshake-era sessions in front of a modern-only upstream
         self.tasks = Tasks(ctx) if ctx.settings.tasks else None  # durable long calls (2026-07-28)
         self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
+        # mcpresume_requests_total's child per (method, status) seen: a labels() lookup per request costs
+        # more than the increment. Bounded (a client chooses its method): emptied when full.
+        self._counted: dict[tuple[str, int], Any] = {}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admit, route (several replicas), dispatch by method. Inline, not in helpers: a held view's task
@@ -191,7 +196,13 @@ class Proxy:
     ) -> None:
         """A request ended (``response``: the answer its handler returned; None: it did not return): the one
         place it is counted, its access line written and its span ended."""
-        self.ctx.metrics.requests.labels(request.method, str(status)).inc()
+        key = (request.method, status)
+        counter = self._counted.get(key)
+        if counter is None:
+            if len(self._counted) >= MAX_COUNTED:
+                self._counted.clear()
+            counter = self._counted[key] = self.ctx.metrics.requests.labels(request.method, str(status))
+        counter.inc()
         now = asyncio.get_running_loop().time()
         fields = self.access.ended(request, status, response, methods, now, want=span is not None)
         if span is not None and fields is not None:

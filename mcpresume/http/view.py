@@ -304,10 +304,16 @@ async def follow(
 
 
 async def reserve_view(
-    ctx: ProxyContext, request: web.Request, session_id: str, request_id: str | int | None = None
+    ctx: ProxyContext,
+    request: web.Request,
+    session_id: str,
+    request_id: str | int | None = None,
+    *,
+    touched: bool = False,
 ) -> web.Response | None:
     """Count one client view of the session against max_attached_per_session; the 429 answer if full.
-    The one place the limit is checked: a view counted here is uncounted with ``release_view``."""
+    The one place the limit is checked: a view counted here is uncounted with ``release_view``.
+    ``touched``: the session's activity is recorded already (the request's claim, ``store.claim(now=)``)."""
     limit = ctx.settings.max_attached_per_session
     admitted = ctx.local.attach(session_id, limit)
     if resuming(request):  # the re-attach's outcome is known now
@@ -315,7 +321,8 @@ async def reserve_view(
         if admitted:
             request[DID] = Action.REATTACHED
     if admitted:
-        await ctx.store.touch((session_id,), ctx.clock())
+        if not touched:
+            await ctx.store.touch((session_id,), ctx.clock())
         return None
     error = TooManyAttachments(f"the session already has {limit} client views open", limit=limit)
     return ctx.reject(request, error, request_id)

@@ -203,11 +203,13 @@ class Claims(Protocol):
         epoch: str | None = None,
         *,
         digests: Sequence[bytes] = (),
+        now: float | None = None,
     ) -> Claim | None:
         """Record request ids before forwarding them (None: session unknown); ``LIMITED`` when the session
         already has ``max_live_streams`` live streams. ``digests``: each request's
         (``jsonrpc.request_digest``), in the order of ``request_keys``, kept with its claim: an id claimed
-        again is a re-send only for the same request (``SessionState.claim`` says what each case gets)."""
+        again is a re-send only for the same request (``SessionState.claim`` says what each case gets).
+        ``now``: a ``NEW`` claim is also client activity at ``now`` (``touch``, in the same round trip)."""
         ...
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:

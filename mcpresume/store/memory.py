@@ -28,6 +28,7 @@ from mcpresume.core.flow import NOT_APPENDED, Appended, Guard
 from mcpresume.core.resume import SessionView
 from mcpresume.core.session import (
     Claim,
+    ClaimOutcome,
     NewEvent,
     Orphan,
     PumpRecord,
@@ -351,9 +352,16 @@ class MemoryStore:
         epoch: str | None = None,
         *,
         digests: Sequence[bytes] = (),
+        now: float | None = None,
     ) -> Claim | None:
         session = self._open(session_id, epoch)
-        return None if session is None else session.claim(request_keys, max_live_streams, digests)
+        if session is None:
+            return None
+        claim = session.claim(request_keys, max_live_streams, digests)
+        if now is not None and claim.outcome is ClaimOutcome.NEW and session.last_active < now:
+            session.last_active = now  # as touch does
+            self._moved(session)
+        return claim
 
     async def release(self, session_id: str, request_keys: Sequence[str], epoch: str | None = None) -> None:
         session = self._incarnation(session_id, epoch)

@@ -361,11 +361,13 @@ class RedisStore:
         epoch: str | None = None,
         *,
         digests: Sequence[bytes] = (),
+        now: float | None = None,
     ) -> Claim | None:
         limit = "" if max_live_streams is None else str(max_live_streams)
         hexes = [digest.hex() for digest in digests] if digests else [""] * len(request_keys)
         pairs = [part for pair in zip(request_keys, hexes, strict=True) for part in pair]
-        result = await self._script("claim", "claim", session_id, epoch or "", limit, *pairs)
+        at = "" if now is None else _now_arg(now)
+        result = await self._script("claim", "claim", session_id, epoch or "", limit, at, *pairs)
         if result is None:
             return None
         outcome, stream = _text(result[0]) or "", _text(result[1]) or ""

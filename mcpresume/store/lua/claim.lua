@@ -1,11 +1,13 @@
--- claim (ARGV: epoch or '', most live streams or '', then per request id: its key, its request's digest (hex,
--- '' when not known)): {outcome, stream} or false.
+-- claim (ARGV: epoch or '', most live streams or '', now or '' (a new claim is client activity then, as
+-- touch), then per request id: its key, its request's digest (hex, '' when not known)): {outcome, stream} or
+-- false.
 -- Twin: mcpresume/core/session.py SessionState.claim
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
 if meta.rt == '1' then return false end  -- retired: new requests find the session unknown
 local limit = ARGV[A + 1]
+local now = ARGV[A + 2]
 local keys, digests = {}, {}
-for i = A + 2, #ARGV, 2 do keys[#keys + 1] = ARGV[i]; digests[#digests + 1] = ARGV[i + 1] end
+for i = A + 3, #ARGV, 2 do keys[#keys + 1] = ARGV[i]; digests[#digests + 1] = ARGV[i + 1] end
 local holders = {}
 local any_resent, all_resent = false, true
 for i, key in ipairs(keys) do
@@ -31,6 +33,7 @@ for i = 1, #keys do
 end
 if limit ~= '' and num('lp') + num('inf') >= tonumber(limit) then return {'limited', ''} end
 for i, key in ipairs(keys) do remember_request(key, 'p', digests[i]) end
+if now ~= '' and num('la') < tonumber(now) then set('la', now) end  -- as touch
 save_meta()
 refresh()
 return {'new', ''}
