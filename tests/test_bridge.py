@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 from pathlib import Path
@@ -164,7 +165,10 @@ async def test_a_json_answer_is_a_one_event_stream_resumable_like_any() -> None:
         assert [m["id"] for m in again] == [request_id]
 
 
-async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end() -> None:
+async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcpresume.access")
     async with (
         serve_modern_upstream() as (url, guard),
         running_proxy(url) as proxy,
@@ -196,6 +200,9 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
                 response.status == 404 and (await error_of(response))["data"]["reason"] == "unknown_session"
             )
         assert "DELETE" not in guard.refused and "GET" not in guard.refused and "ping" not in guard.methods
+        lines = [r.getMessage() for r in caplog.records if r.name == "mcpresume.access"]
+        assert any(" 200 answered " in line and "rpc=ping" in line for line in lines), lines
+        assert any(" 200 forwarded " in line and "rpc=completion/nothing" in line for line in lines), lines
 
 
 async def test_bridge_off_leaves_a_handshake_era_client_the_upstreams_refusal() -> None:

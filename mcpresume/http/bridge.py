@@ -65,7 +65,7 @@ from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
@@ -262,6 +262,7 @@ class Bridge:
             facts.version,
         )
         answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        request[DID] = Action.ANSWERED
         return web.Response(
             body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
         )
@@ -271,6 +272,7 @@ class Bridge:
         doc = orjson.loads(post.body)
         facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
         if self._answers_input(session_id, doc):
+            request[DID] = Action.ANSWERED
             return web.Response(status=202)
         request[BRIDGE] = self
         request[MODERN_CHECK] = True
@@ -292,6 +294,7 @@ class Bridge:
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
                     ctx.pumps.cancel_requests(session_id, post.message.cancelled)
                     await self._cancel_awaiting(session_id, post.message.cancelled)
+                request[DID] = Action.ANSWERED
                 if result is None:
                     return web.Response(status=202)
                 answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
@@ -432,6 +435,7 @@ class Bridge:
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
             return None
+        request[DID] = Action.ANSWERED
         return web.Response(status=405, headers={"Allow": "POST, DELETE"})
 
     def _bridged(self, session_id: str) -> bool:
@@ -455,6 +459,7 @@ class Bridge:
         for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
             del self.awaiting[request_id]
         log.info("session %s ends (DELETE), bridged", log_id(session_id))
+        request[DID] = Action.ANSWERED
         return web.Response(status=200)
 
 
