@@ -19,8 +19,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpresume.daemon.demo import ScriptedClient, sse_events
+from mcpresume.examples.upstream import RunningUpstream, build_example_app
 from tests.support.conformance import Unavailable
-from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
+from tests.support.modern_upstream import MODERN_VERSION, ModernOnly, serve_modern_upstream
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
@@ -413,3 +414,20 @@ async def test_a_bridged_initialize_past_max_sessions_is_503() -> None:
         async with http.post(proxy.url, data=orjson.dumps(initialize), headers=second.headers()) as response:
             assert response.status == 503
             assert (await error_of(response))["data"]["reason"] == "too_many_sessions"
+
+
+async def test_a_dual_era_upstream_sees_no_probe_and_the_same_requests() -> None:
+    """``bridge = "auto"`` in front of an upstream that takes the handshake era: no server/discover, no
+    translation; what it is sent is what the client sent."""
+    guard = ModernOnly(build_example_app(), refuse=False)
+    async with (
+        RunningUpstream(guard) as upstream,
+        running_proxy(upstream.url) as proxy,
+        sdk_session(proxy.url, read_timeout_seconds=30) as session,
+    ):
+        assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+        await session.send_ping()
+    assert guard.methods[:3] == ["initialize", "notifications/initialized", "tools/call"]
+    assert "server/discover" not in guard.methods and "ping" in guard.methods
+    assert all(h.get("mcp-protocol-version") != MODERN_VERSION for h in guard.headers)
+    assert all("mcp-session-id" in h for h in guard.headers[1:])
