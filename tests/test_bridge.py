@@ -97,7 +97,9 @@ async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
         calls = [h for h in guard.headers if h.get("mcp-method") == "tools/call"]
         assert {h.get("mcp-name") for h in calls} == {"echo", "count_slowly"}
         assert all("mcp-session-id" not in h for h in guard.headers)
-        assert proxy.ctx.metrics.era_requests.labels("handshake", "bridged")._value.get() >= 5
+        eras = proxy.ctx.metrics.era_requests
+        assert eras.labels("handshake", "bridged")._value.get() >= 5
+        assert eras.labels("handshake", "resumable")._value.get() == 0  # the refused initialize: bridged
 
 
 @pytest.fixture(params=["memory", "redis"])

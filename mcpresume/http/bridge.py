@@ -196,14 +196,20 @@ class Bridge:
             if self.era is UpstreamEra.MODERN_ONLY:
                 self._count(Era.HANDSHAKE, "bridged")
                 return await self._initialize(post)
-            self._count(Era.HANDSHAKE, "resumable")
-            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``)
+            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``); counted once served
             return None
         if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
             return None
         self._count(Era.HANDSHAKE, "bridged")
         return await self._in_session(post, session_id, serve_post)
+
+    def served(self, post: Post) -> None:
+        """An ``initialize`` served as without the bridge, counted now that it is known whether the bridge
+        answered it after the upstream refused it."""
+        if self.on and post.message.is_initialize and post.session_id is None:
+            bridged = post.request.get(DID) is Action.ANSWERED
+            self._count(Era.HANDSHAKE, "bridged" if bridged else "resumable")
 
     def _count(self, era: Era, treatment: str) -> None:
         child = self._counters.get((era, treatment))
@@ -222,7 +228,6 @@ class Bridge:
             upstream.release()
         refused = initialize_refused(upstream.status, _last_message(body))
         if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
-            self._count(Era.HANDSHAKE, "bridged")
             return await self._initialize(post)
         return web.Response(status=upstream.status, body=body, content_type=JSON)
 

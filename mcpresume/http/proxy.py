@@ -173,7 +173,10 @@ class Proxy:
     async def _post(self, post: Post) -> web.StreamResponse:
         """A POST in this replica: bridged (http/bridge.py) or served as any."""
         response = await self.bridge.serve(post, self.posts.serve)
-        return response if response is not None else await self.posts.serve(post)
+        if response is None:
+            response = await self.posts.serve(post)
+            self.bridge.served(post)
+        return response
 
     def _ended(
         self,
