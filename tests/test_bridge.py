@@ -191,9 +191,6 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
             proxy.url, data=orjson.dumps({**ping, "id": 52}), headers=client.headers()
         ) as response:
             assert response.status == 200
-        # The standalone GET: 405 from the proxy (the upstream has no GET stream, nothing to ask it).
-        async with http.get(proxy.url, headers=client.headers(Accept="text/event-stream")) as response:
-            assert response.status == 405
         async with http.delete(proxy.url, headers=client.headers()) as response:
             assert response.status == 200
         async with http.post(
@@ -433,3 +430,25 @@ async def test_a_dual_era_upstream_sees_no_probe_and_the_same_requests() -> None
     assert "server/discover" not in guard.methods and "ping" in guard.methods
     assert all(h.get("mcp-protocol-version") != MODERN_VERSION for h in guard.headers)
     assert all("mcp-session-id" in h for h in guard.headers[1:])
+
+
+async def test_the_standalone_get_is_the_upstreams_listen_stream() -> None:
+    """A bridged session's GET: the upstream's subscriptions/listen, its list-changed notifications."""
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        sdk_session(proxy.url, message_handler=on_message, read_timeout_seconds=30) as session,
+    ):
+        await until(
+            lambda: "subscriptions/listen" in guard.methods, timeout=30, what="the listen stream open"
+        )
+        assert result_text(await session.call_tool("change_tools", {})) == "changed"
+        async with asyncio.timeout(30):
+            await changed.wait()
+        assert "GET" not in guard.refused

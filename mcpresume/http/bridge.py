@@ -40,6 +40,8 @@ from mcpresume.core.bridge import (
     facts_of_initialize,
     initialize_result,
     input_required,
+    listen_filter,
+    listen_request,
     retry_body,
     treat,
 )
@@ -67,7 +69,7 @@ from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
-from mcpresume.http.forward import upstream_headers
+from mcpresume.http.forward import relay, upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
@@ -433,15 +435,40 @@ class Bridge:
                 "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
             )
 
-    def standalone(self, request: web.Request) -> web.StreamResponse | None:
-        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): 405, as
-        the handshake revisions allow, without asking the upstream (a 2026-07-28 one has no GET stream).
-        None otherwise."""
+    async def standalone(self, request: web.Request) -> web.StreamResponse | None:
+        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): the
+        upstream's ``subscriptions/listen`` stream for the list-changed notifications it offers, relayed as
+        it comes (not resumable: a client that loses it opens another GET); 405, as the handshake revisions
+        allow, when it offers none. None for a GET of another session."""
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
             return None
-        request[DID] = Action.ANSWERED
-        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        ctx = self.ctx
+        wanted = listen_filter(self.discover.get("capabilities") if self.discover else None)
+        granted = await ctx.store.access(session_id)
+        if granted is None:
+            return ctx.reject(request, UnknownSession())
+        refused = await authorize(ctx, request, session_id, granted)
+        if refused is not None:
+            return refused
+        if not wanted:
+            request[DID] = Action.ANSWERED
+            return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, facts)
+        kept = [(n, v) for n, v in upstream_headers(request) if n.lower() not in _DROPPED]
+        headers = [
+            *kept,
+            ("Content-Type", JSON),
+            ("Accept", f"{JSON}, text/event-stream"),
+            (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
+            ("Mcp-Method", "subscriptions/listen"),
+        ]
+        with ctx.drain.upstream_wait():
+            upstream = await ctx.upstream.request(
+                "POST", request.path_qs, headers, orjson.dumps(listen), decoded=True
+            )
+        return await relay(ctx, request, upstream)
 
     def _bridged(self, session_id: str) -> bool:
         return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)

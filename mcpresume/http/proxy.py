@@ -150,7 +150,8 @@ class Proxy:
                     response = (
                         routed.answer
                         if routed.answer is not None
-                        else self.bridge.standalone(request) or await self.gets.serve(request, routed, ahead)
+                        else await self.bridge.standalone(request)
+                        or await self.gets.serve(request, routed, ahead)
                     )
                 finally:
                     ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)

@@ -139,6 +139,11 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         word = (content or {}).get("word", "") if isinstance(content, dict) else ""
         return f"you said {word} ({ctx.request_state})"
 
+    @server.tool(description="Tell the listening clients the tool list changed.")
+    async def change_tools(ctx: Context[Any, Any]) -> str:
+        await ctx.notify_tools_changed()
+        return "changed"
+
     @server.tool(description="Wait `delay` seconds, then count this call (a side effect).")
     async def slow_tally(ctx: Context[Any, Any], delay: float = 0.5) -> int:
         await ctx.report_progress(0, 1)
