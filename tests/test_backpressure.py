@@ -279,3 +279,39 @@ async def test_a_client_that_does_not_read_stalls_the_view_and_the_proxy_holds_o
     assert isinstance(held, list) and len(held) < len(writes)
     _, high = outcome["limits"]  # type: ignore[misc]
     assert max(held) <= high + size + 32, f"{max(held)} bytes held over a high-water mark of {high}"
+
+
+def _one_write_app(body: bytes) -> web.Application:
+    """A handler that writes ``body`` through a ``ClientWriter`` as its only and last write, before any
+    other (aiohttp still holds the head), as a view of a complete one-event answer does."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        assert request.transport is not None
+        writer = ClientWriter(response, request.transport, 30.0, request.writer)
+        await writer.write(body, last=True)
+        await response.write_eof()  # nothing left to send: the end went with the write
+        return response
+
+    app = web.Application()
+    app.router.add_get("/mcp", handler)
+    return app
+
+
+async def test_a_last_write_carries_the_head_and_the_body_end_and_the_connection_stays_usable(
+    serve: ServeApp,
+) -> None:
+    body = b"id: c\ndata: {}\n\n"
+    url = await serve(_one_write_app(body))
+    port = int(url.split(":")[2].split("/")[0])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(2):  # the same keep-alive connection: the body's end was framed once, as it must be
+            writer.write(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+            chunked = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+            assert chunked == b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    finally:
+        writer.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpresume.core.headers import (
     IP_ADDRESSES,
@@ -14,6 +16,7 @@ from mcpresume.core.headers import (
     host_allowed,
     rewrite_locations,
     split_host,
+    visible_ascii,
 )
 
 # RFC 9110 section 7.6.1 names these; Proxy-Connection is the legacy spelling some clients still send.
@@ -237,3 +240,14 @@ def test_locations_at_the_upstream_become_references_on_the_proxy() -> None:
     assert rewrite_locations([("Location", "https://up.example/p")], "https://UP.example:443") == [
         ("Location", "/p")
     ]
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x2FF)))
+def test_visible_ascii_is_every_character_between_0x21_and_0x7e(value: str) -> None:
+    assert visible_ascii(value) == all(0x21 <= ord(c) <= 0x7E for c in value)
+
+
+def test_visible_ascii_edges() -> None:
+    assert visible_ascii("!~abc-123") and visible_ascii("")
+    for bad in (" ", "a b", "\x7f", "\x20", "\x00", "\t", "é", "\u00a0"):
+        assert not visible_ascii(bad), repr(bad)

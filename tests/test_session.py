@@ -1238,6 +1238,9 @@ class ResumeMachine(RuleBasedStateMachine):
             gone = [r.seq for r in self.history if r.evicted and r.stream == number]
             assert session.window.evicted_through(number) == max(gone, default=0)
         assert session.last_active == self.last_active
+        # Kept as a count, not walked: the live POST streams of the model.
+        live_posts = sum(1 for s in self.streams.values() if s.live and s.origin is StreamOrigin.POST)
+        assert session.live_post_streams() == live_posts
 
 
 TestResumeInvariants = ResumeMachine.TestCase

@@ -996,3 +996,52 @@ async def test_session_ids_come_in_pages(store: SessionStore) -> None:
     assert [len(page) for page in pages] == [2, 2, 1, 0]
     assert [sid for page in pages for sid in page] == ids  # oldest first, each once
     assert await store.session_ids(0, 0) == []
+
+
+# -- recipes (upstream_session_lost = "reinitialize") --------------------------------------------------------
+
+
+async def test_a_recipe_is_kept_by_compare_and_set_per_incarnation_and_dropped_with_the_session(
+    store: SessionStore,
+) -> None:
+    """Only the writer that read the recipe kept now wins (two replicas folding at once: one wins, the other
+    reads again); another incarnation neither sees nor writes it; it goes with the session."""
+    sid = new_session_id()
+    epoch = await store.create_session(sid, now=0.0)
+    assert await store.recipe(sid, epoch) is None
+    assert await store.keep_recipe(sid, epoch, None, b'{"a":1}')
+    assert await store.recipe(sid, epoch) == b'{"a":1}'
+    assert not await store.keep_recipe(sid, epoch, None, b'{"b":2}')  # it read none: another wrote first
+    assert not await store.keep_recipe(sid, epoch, b'{"x":0}', b'{"b":2}')
+    assert await store.keep_recipe(sid, epoch, b'{"a":1}', b'{"b":2}')
+    assert await store.recipe(sid, epoch) == b'{"b":2}'
+    stale = "x" * EPOCH_LEN
+    assert await store.recipe(sid, stale) is None
+    assert not await store.keep_recipe(sid, stale, b'{"b":2}', b'{"c":3}')
+    again = await store.create_session(sid, now=1.0)  # the id re-issued: a fresh incarnation, no recipe
+    assert await store.recipe(sid, again) is None and await store.recipe(sid, epoch) is None
+    assert await store.keep_recipe(sid, again, None, b'{"d":4}')
+    assert await store.delete_session(sid)
+    assert await store.recipe(sid, again) is None
+    assert not await store.keep_recipe(sid, again, b'{"d":4}', b'{"e":5}')  # gone: nothing written
+    assert not await store.has_session(sid)
+
+
+async def test_the_upstreams_id_is_mapped_once_by_compare_and_set_and_read_with_the_access(
+    store: SessionStore,
+) -> None:
+    """One replica wins a re-initialization: the mapping moves only from what the caller saw; the access
+    record (read on every request anyway) carries it; another incarnation has none."""
+    sid = new_session_id()
+    epoch = await store.create_session(sid, now=0.0)
+    granted = await store.access(sid)
+    assert granted is not None and granted.upstream_id is None
+    assert await store.map_upstream(sid, epoch, None, "up-1")
+    assert not await store.map_upstream(sid, epoch, None, "up-2")  # another replica won first
+    granted = await store.access(sid)
+    assert granted is not None and granted.upstream_id == "up-1"
+    assert await store.map_upstream(sid, epoch, "up-1", "up-3")  # lost again later: from what it saw
+    assert not await store.map_upstream(sid, "x" * EPOCH_LEN, "up-3", "up-4")
+    again = await store.create_session(sid, now=1.0)
+    granted = await store.access(sid)
+    assert granted is not None and granted.epoch == again and granted.upstream_id is None

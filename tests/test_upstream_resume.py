@@ -144,7 +144,8 @@ async def test_the_upstreams_404_for_a_tracked_session_is_answered_with_the_prox
 ) -> None:
     """The proxy ends the session when its upstream forgot it (a restart; after a takeover, an upstream that
     never saw it): the answer is the proxy's own 404 ``unknown_session``, its reason in ``data``, as every
-    answer the proxy decides; not the upstream's body. A tool call, and the standalone GET."""
+    answer the proxy decides; not the upstream's body: ``upstream_session_lost``, an ``unknown_session``
+    that says the upstream lost it. A tool call, and the standalone GET."""
     upstream = pb.Playbook()
     forgot = asyncio.Event()
     lost = pb.status(404, "session not found")
@@ -162,7 +163,7 @@ async def test_the_upstreams_404_for_a_tracked_session_is_answered_with_the_prox
         async with request as response:
             assert response.status == 404
             error = await error_of(response)
-        assert error["data"]["reason"] == "unknown_session"
+        assert error["data"]["reason"] == "upstream_session_lost"
         assert error["message"] == SessionGone.UPSTREAM_FORGOT.value
         assert not await proxy.ctx.store.has_session(client.session_id)
         assert upstream.requests(http=method)[-1].session_id == client.session_id  # it was the upstream's 404

@@ -218,6 +218,17 @@ def test_forget_stream_only_when_it_holds_no_events() -> None:
     assert seqs(window.after(2, 0)) == [3]
 
 
+def test_forget_emptied_drops_a_stream_whose_last_event_left() -> None:
+    window = Window(WindowLimits(max_events=1, max_bytes=BIG, ttl=BIG))
+    feed = Feeder(window)
+    feed.add(1)
+    feed.add(2)  # evicts stream 1's only event
+    assert window.evicted_through(1) == 1
+    window.forget_emptied(1)
+    assert window.evicted_through(1) == 0
+    assert window.evicted_through(2) == 0
+
+
 def test_evicted_merge_and_truth() -> None:
     evicted = Evicted()
     assert not evicted

@@ -64,6 +64,30 @@ class UnknownSession(ProxyError):
         self.cause = cause
 
 
+class UpstreamSessionLost(UnknownSession):
+    """404: the upstream answered 404 in a session the proxy tracks, to credentials it accepted there: it lost
+    the session (it restarted, crashed, or its pod was lost). Under ``upstream_session_lost = "end"`` the
+    proxy ends the session and says why with its own 404 (never the upstream's body); the client
+    re-initializes as for any 404. An ``UnknownSession`` (invariant #10: 404 means only "the session is
+    gone"), its reason telling the client and the operator that the upstream, not the client, lost it."""
+
+    reason = "upstream_session_lost"
+
+    def __init__(self, **facts: Any) -> None:
+        super().__init__(SessionGone.UPSTREAM_FORGOT)
+        self.facts.update(facts)  # under "reinitialize": why it was not begun again (``outcome``)
+
+
+class UnknownTask(ProxyError):
+    """404: a task the proxy made (``core/tasks.py``) is unknown, expired, or another credential's."""
+
+    status = 404
+    reason = "unknown_task"
+
+    def __init__(self) -> None:
+        super().__init__("the task is unknown or expired")
+
+
 class MalformedCursor(ProxyError):
     """400: a ``Last-Event-ID`` the proxy did not issue."""
 

@@ -145,8 +145,9 @@ def valid_session_id(value: str) -> bool:
 
 
 def visible_ascii(value: str) -> bool:
-    """Whether every character of ``value`` is visible ASCII (0x21-0x7E)."""
-    return all("!" <= c <= "~" for c in value)
+    """Whether every character of ``value`` is visible ASCII (0x21-0x7E): ASCII, printable (0x20-0x7E) and
+    no space, three scans in C (a loop over the characters cost ~5 us per request)."""
+    return value.isascii() and value.isprintable() and " " not in value
 
 
 # The host names the MCP SDKs accept in Host when their server listens on loopback (their DNS-rebinding

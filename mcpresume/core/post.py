@@ -136,7 +136,9 @@ def tail_of(resumed: Resumed) -> Tail:
     return Tail(followed, resumed.decision.after, resumed.decision.stream, resumed.newest)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: the executor (http/post.py) fills each need's answer in, where a replace() per need cost a
+# few microseconds a call; plan_post only reads it.
+@dataclass(slots=True)
 class PostFacts:
     stateless: bool  # a revision without sessions (MODERN_VERSIONS): the proxy has nothing to add
     has_session: bool  # the request carries Mcp-Session-Id

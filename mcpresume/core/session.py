@@ -261,6 +261,9 @@ class SessionAccess:
     epoch: str
     credentials: tuple[bytes, ...]  # digests (core/credentials.py); empty: the session began without any
     protocol_version: str | None  # the MCP-Protocol-Version its requests carried, if any (a ping says it)
+    # The upstream's own id of the session once it was begun again there (upstream_session_lost =
+    # "reinitialize"): requests carry it upstream instead of the client's. None: the client's own.
+    upstream_id: str | None = None
 
 
 class ClaimOutcome(enum.Enum):
@@ -378,6 +381,7 @@ class SessionState:
         "gone_standalone",
         "in_flight",
         "last_active",
+        "live_posts",
         "next_seq",
         "next_stream",
         "protocol_version",
@@ -430,6 +434,9 @@ class SessionState:
         # they count against max_streams_per_session as much as live streams do. Kept exact by
         # _remember_request and _forget_request, the only writers of the request map.
         self.in_flight = 0
+        # The live POST streams (what live_post_streams says): kept by open_stream and end_stream, the only
+        # places a stream begins or stops being live, so a claim or an idle check counts no streams.
+        self.live_posts = 0
         # Digests of the credentials the upstream accepted in this session (core/credentials.py), the newest
         # last; empty when the session began without any (then nothing is checked). And the
         # MCP-Protocol-Version its requests carried: what a verifying ping says.
@@ -462,6 +469,8 @@ class SessionState:
             self._remember_request(key, number)
         if origin is StreamOrigin.GET:
             self.standalone = number
+        else:
+            self.live_posts += 1
         self.last_active = now
         if not priming:
             self.version += 1  # a reader of the stream may wait on it (its end, say): the stream is news
@@ -505,6 +514,8 @@ class SessionState:
         if state is None or not _ENDS[state.live]:
             return
         state.live = False  # ended
+        if state.origin is StreamOrigin.POST:
+            self.live_posts -= 1
         # Never backwards (as ``touch``): a stream the proxy gave up as unattended ends as of when it was last
         # read or fed, so it gives its session no time of its own (``streams.pump``).
         if self.last_active < now:
@@ -569,7 +580,7 @@ class SessionState:
             return  # the common case (every append to a full window gets here)
         for number in gone:
             state = self.streams.pop(number)
-            window.forget_stream(number)
+            window.forget_emptied(number)  # its last event is evicted (or it had none): no walk
             self.gone = (*self.gone[1 - MAX_GONE_STREAMS :], (number, state.last_seq))
             gone_before = self.gone_standalone
             if state.origin is StreamOrigin.GET and (gone_before is None or number > gone_before[0]):
@@ -607,7 +618,7 @@ class SessionState:
         return sum(1 for s in self.streams.values() if s.live)
 
     def live_post_streams(self) -> int:
-        return sum(1 for s in self.streams.values() if s.live and s.origin is StreamOrigin.POST)
+        return self.live_posts
 
     # -- reading -----------------------------------------------------------------------------------------
 
@@ -809,7 +820,11 @@ class SessionState:
         would_evict = self.window.would_evict(count, size)
         if not would_evict:
             return None
-        return refusal(would_evict, guard, {n: s.delivered for n, s in self.streams.items()})
+        # The delivered marks of the streams the append would evict only (all ``refusal`` reads), not of
+        # every stream the session retains.
+        streams = self.streams
+        delivered = {n: state.delivered for n, _ in would_evict if (state := streams.get(n)) is not None}
+        return refusal(would_evict, guard, delivered)
 
     # -- credentials -----------------------------------------------------------------------------------
 

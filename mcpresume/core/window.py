@@ -361,6 +361,12 @@ class Window:
         if self._evicted_through and not self.has_events(stream):
             self._evicted_through.pop(stream, None)
 
+    def forget_emptied(self, stream: int) -> None:
+        """``forget_stream`` for a caller that knows ``stream`` holds no event any more (a session knows it
+        from the stream's last seq and ``evicted_through``): no walk over the segments."""
+        if self._evicted_through:
+            self._evicted_through.pop(stream, None)
+
     def has_events(self, stream: int) -> bool:
         """Whether any event of ``stream`` is retained (a walk over the segments: not for the hot path; a
         session knows it from the stream's last seq and ``evicted_through``)."""

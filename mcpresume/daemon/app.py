@@ -178,6 +178,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     housekeeping.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await housekeeping
+    if proxy.tasks is not None:
+        await proxy.tasks.close()
 
 
 class _Begin:

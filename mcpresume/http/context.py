@@ -52,6 +52,7 @@ class Action(enum.StrEnum):
     REFUSED = "refused"  # answered by the proxy itself with an error (its data.reason)
     HOPPED = "hopped"  # forwarded to the replica that owns the session (several replicas)
     ANSWERED = "answered"  # answered by the proxy itself, nothing sent upstream (a bridged session's)
+    TASK = "task"  # a long 2026-07-28 call made a task, or a tasks/* answered from the store (tasks.py)
 
 
 # What a request carries for its access line: what the proxy did (unless refused before anything else), the

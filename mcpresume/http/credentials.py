@@ -82,7 +82,8 @@ _VERSION_HEADERS: Final = {
 def resume_headers(ctx: ProxyContext, request: web.Request, session_id: str) -> tuple[tuple[str, str], ...]:
     """The headers with which a resume GET speaks for the client of this request: its session, protocol
     revision and credentials."""
-    headers = [(SESSION_HEADER, session_id)]
+    # The upstream's own id of a session begun again there (upstream_session_lost = "reinitialize").
+    headers = [(SESSION_HEADER, ctx.upstream.aliases.get(session_id, session_id))]
     version = request.headers.get(PROTOCOL_VERSION_HEADER)
     if version is not None:
         headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))

@@ -25,7 +25,7 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
 from mcpresume.http.context import DID, Action, ProxyContext
-from mcpresume.http.view import ClientWriter, Stalled
+from mcpresume.http.view import ClientWriter, HeldHeadResponse, Stalled
 from mcpresume.process.drain import Interrupted, end_for_drain
 from mcpresume.streams.heldget import HeldGet, NotHTTP11
 from mcpresume.streams.upstream import UpstreamAnswer, bad_encoding, caused_by
@@ -181,16 +181,26 @@ async def relay(
                 whole = await read_inflated(upstream, ctx.settings.max_event_bytes)
             except ProxyError as error:
                 return ctx.reject(request, error, request_id)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        length: int | None = None
+        if whole is not None:
+            length = len(whole)
+        elif (
+            not is_sse
+            and upstream.content_length is not None
+            and not (decoded and "Content-Encoding" in upstream.headers)
+        ):
+            length = upstream.content_length
+        # A body of known length (a JSON answer): its head goes out with it, in one write. Any other's
+        # head at once (an SSE stream may send nothing for long).
+        kind = web.StreamResponse if length is None else HeldHeadResponse
+        response = kind(status=upstream.status, reason=upstream.reason)
         for name, value in client_headers(ctx, upstream, decoded=decoded):
             response.headers.add(name, value)
         if is_sse:
             for name, value in SSE_RESPONSE_HEADERS[1:]:
                 response.headers[name] = value
-        elif whole is not None:
-            response.content_length = len(whole)
-        elif upstream.content_length is not None and not (decoded and "Content-Encoding" in upstream.headers):
-            response.content_length = upstream.content_length
+        elif length is not None:
+            response.content_length = length
         await response.prepare(request)
         if whole is not None:
             await response.write(whole)

@@ -19,7 +19,7 @@ from typing import Final, assert_never
 from aiohttp import web
 
 from mcpresume.core.cursor import encode_cursor
-from mcpresume.core.errors import SessionGone, UnknownSession
+from mcpresume.core.errors import SessionGone, UnknownSession, UpstreamSessionLost
 from mcpresume.core.get import (
     GetFacts,
     Join,
@@ -36,6 +36,7 @@ from mcpresume.core.get import (
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.session import SessionAccess, StreamOrigin
 from mcpresume.core.sse import encode_frame, priming_block
+from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize, remember_version, trusted
 from mcpresume.http.forward import SSE, passthrough, relay, upstream_headers
@@ -263,7 +264,7 @@ class Gets:
                 # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes,
                 # told so by the proxy's own 404 (with its reason), as for any session it no longer tracks.
                 await ctx.drop_session(session_id, granted.epoch)
-                raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
+                raise UpstreamSessionLost()
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
                 await remember_version(ctx, request, session_id, granted)
@@ -280,6 +281,7 @@ class Gets:
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
+                await reinit.standalone_opened(ctx, session_id, granted.epoch)
             if opened is not None:
                 reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)

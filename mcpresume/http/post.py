@@ -12,7 +12,6 @@ one cursor for them, so a re-attach with it follows them all.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import assert_never
 
 from aiohttp import web
@@ -64,13 +63,13 @@ class Posts:
         granted: SessionAccess | None = None
         while isinstance(step := plan_post(facts, **limits), Need):
             if step is Need.ROOM:
-                facts = replace(facts, room=await self.sender.has_room())
+                facts.room = await self.sender.has_room()
                 continue
             assert session_id is not None  # the other needs are a session's
             match step:
                 case Need.ACCESS:
                     granted = await store.access(session_id)
-                    facts = replace(facts, asked=True, known=granted is not None)
+                    facts.asked, facts.known = True, granted is not None
                 case Need.CREDENTIALS:
                     # Credentials the upstream has not accepted in the session claim nothing in it (not a
                     # request id the owner is about to send, not a view), and get nothing of its window.
@@ -78,21 +77,21 @@ class Posts:
                     refused = await authorize(ctx, request, session_id, granted, post.request_id)
                     if refused is not None:
                         return refused
-                    facts = replace(facts, authorized=True)
+                    facts.authorized = True
                 case Need.RESUME:
                     assert cursor_header is not None
                     resumed = await decide_cursor(ctx, session_id, cursor_header, granted)
-                    facts = replace(facts, resumed=resumed)
+                    facts.resumed = resumed
                 case Need.CLAIM:
                     assert granted is not None  # the claim is made in the incarnation checked only
                     keys, digests = message.request_keys, message.request_digests
                     limit = settings.max_streams_per_session
                     claim = await store.claim(session_id, keys, limit, granted.epoch, digests=digests)
-                    facts = replace(facts, claimed=True, claim=claim)
+                    facts.claimed, facts.claim = True, claim
                 case Need.ORIGINAL:
                     assert facts.claim is not None and facts.claim.stream is not None
                     view = await store.view(session_id, facts.claim.stream)
-                    facts = replace(facts, looked=True, original=None if view is None else view.stream)
+                    facts.looked, facts.original = True, None if view is None else view.stream
                 case _:  # pragma: no cover
                     assert_never(step)
         match step:

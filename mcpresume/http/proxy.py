@@ -68,6 +68,7 @@ from mcpresume.http.incoming import Post
 from mcpresume.http.post import Posts
 from mcpresume.http.route import Routing
 from mcpresume.http.send import Sender
+from mcpresume.http.tasks import Tasks
 from mcpresume.process.tracing import Span
 from mcpresume.streams.starter import PumpStarter
 
@@ -112,6 +113,7 @@ class Proxy:
         self.gets = Gets(ctx, self.pumps, openings)
         self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
         self.bridge = Bridge(ctx)  # handshake-era sessions in front of a modern-only upstream
+        self.tasks = Tasks(ctx) if ctx.settings.tasks else None  # durable long calls (2026-07-28)
         self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -140,8 +142,12 @@ class Proxy:
                 message = parse_client_body(body)
                 methods = message.methods
                 post = Post(request, body, message, request.headers.get(SESSION_HEADER))
-                routed = await self.routing.route(request, body, post.request_id)
-                response = routed.answer if routed.answer is not None else await self._post(post)
+                tasked = await self.tasks.serve(post) if self.tasks is not None else None
+                if tasked is not None:
+                    response = tasked
+                else:
+                    routed = await self.routing.route(request, body, post.request_id)
+                    response = routed.answer if routed.answer is not None else await self._post(post)
             elif method == "GET":
                 # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
                 ahead = self.gets.openings.arrive(request)

@@ -148,9 +148,11 @@ class Routing:
         ctx.metrics.takeovers.labels("taken" if orphans else "nothing_left").inc()
         # Where this replica's upstream never saw a session (the sidecar layout), it is retired first: its
         # streams end with an error each (their resumes get 404), and new requests get 404.
+        reinit_off = ctx.settings.upstream_session_lost == "end"
         for orphan in {o.session_id: o for o in orphans}.values():
             record = orphan.pump
-            if not await upstream_knows(ctx, record.path_qs, record.resume_headers):
+            # Under upstream_session_lost = "reinitialize" it is kept: its next POST begins it again here.
+            if reinit_off and not await upstream_knows(ctx, record.path_qs, record.resume_headers):
                 await ctx.store.retire(orphan.session_id, orphan.epoch, orphan.fence)
                 log.info(
                     "session %s: this replica's upstream does not know it; retired", log_id(orphan.session_id)

@@ -30,6 +30,7 @@ from mcpresume.core.errors import (
     UnknownSession,
     UpstreamBadResponse,
     UpstreamBadSessionId,
+    UpstreamSessionLost,
 )
 from mcpresume.core.headers import MAX_SESSION_ID_LEN, SESSION_HEADER, valid_session_id, visible_ascii
 from mcpresume.core.jsonrpc import error_response
@@ -45,6 +46,7 @@ from mcpresume.core.post import (
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
+from mcpresume.http import reinit
 from mcpresume.http.bridge import modern_headers
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
@@ -126,7 +128,9 @@ class Sender:
         elif forwarded.upstream is not None:
             forwarded.upstream.release()
 
-    async def _forward_and_open(self, post: Post, granted: SessionAccess | None) -> Forwarded:
+    async def _forward_and_open(
+        self, post: Post, granted: SessionAccess | None, *, recovered: bool = False
+    ) -> Forwarded:
         """``post.session_id`` None: an ``initialize``, whose 2xx answer with ``Mcp-Session-Id`` begins a
         session; else a request of the tracked session, ``granted`` its access. What becomes of the claim is
         ``core.post.CLAIM_ENDS``."""
@@ -138,6 +142,7 @@ class Sender:
         epoch = None if granted is None else granted.epoch
         if session_id is not None:
             await self.openings.after_gets(session_id)
+            reinit.learn(ctx, session_id, granted)
         try:
             headers = upstream_headers(request) if post.bridged is None else modern_headers(post)
             upstream = await ctx.upstream.request("POST", request.path_qs, headers, post.body, decoded=True)
@@ -169,11 +174,18 @@ class Sender:
         )
         claim_end = CLAIM_ENDS[outcome]
         if claim_end is ClaimEnd.DROP:  # the upstream forgot the session: the client must re-initialize
-            assert session_id is not None
+            assert session_id is not None and granted is not None
             upstream.release()
+            lost = UpstreamSessionLost()
+            if reinit.recording(ctx) and not recovered:  # begun again upstream, the request sent again
+                again = await reinit.recover(ctx, request, session_id, granted)
+                if isinstance(again, SessionAccess):
+                    return await self._forward_and_open(post, again, recovered=True)
+                lost = again
             await ctx.drop_session(session_id, epoch)
+            reinit.forget(ctx, session_id)
             # The proxy's own 404, with its reason (not the upstream's body): it ended the session here.
-            return Forwarded.failed(UnknownSession(SessionGone.UPSTREAM_FORGOT))
+            return Forwarded.failed(lost)
         if claim_end is ClaimEnd.RELEASE:  # refused: the same id may be sent again
             await self._end_claim(claim_end, session_id, keys, epoch)
             return Forwarded.of(upstream)
@@ -186,8 +198,10 @@ class Sender:
                 upstream.release()
                 return Forwarded.failed(begun)
             epoch = begun
+            await reinit.began(ctx, sid, epoch, post.body)
         elif granted is not None:
             await remember_version(ctx, request, sid, granted)
+            await reinit.shaped(ctx, sid, granted.epoch, message.methods, post.body)
         if outcome is Upstream.WRONG_TYPE:
             content_type = upstream.content_type
             upstream.release()

@@ -124,6 +124,7 @@ class ViewPlan:
 # Bytes aiohttp may add around a write (a chunk-size line and CRLF), when checking that a write fits.
 _FRAMING = 32
 _CRLF: Final = b"\r\n"
+_LAST_CRLF: Final = b"\r\n0\r\n\r\n"  # a chunk's CRLF, then the last (empty) chunk: the body's end
 
 
 @dataclass(slots=True)
@@ -153,7 +154,9 @@ class ClientWriter:
     stall_timeout: float
     drainer: AbstractStreamWriter | None = None  # request.writer: drain() waits while the buffer is full
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        """Write ``data``; ``last``: nothing follows it, so on the hot path the body's end goes out in the
+        same write (the response's ``write_eof`` then has nothing left to send)."""
         transport, writer = self.transport, self.drainer
         if (
             type(writer) is StreamWriter
@@ -163,7 +166,7 @@ class ClientWriter:
             and writer.on_body_write is None
             and not self.response.compression
         ):
-            await self._write_chunk(writer, transport, data)
+            await self._write_chunk(writer, transport, data, last)
             return
         if transport is not None and not transport.is_closing():
             buffered = transport.get_write_buffer_size()
@@ -179,19 +182,36 @@ class ClientWriter:
         except TimeoutError:
             raise Stalled from None
 
-    async def _write_chunk(self, writer: StreamWriter, transport: asyncio.Transport, data: bytes) -> None:
-        """``data`` as one chunk of the response's body, straight to the transport (the class docstring)."""
+    def send_head(self) -> None:
+        """Send the response's head if aiohttp still holds it (a view's is held for its first write)."""
+        if isinstance(self.drainer, StreamWriter):
+            self.drainer.send_headers()
+
+    async def _write_chunk(
+        self, writer: StreamWriter, transport: asyncio.Transport, data: bytes, last: bool = False
+    ) -> None:
+        """``data`` as one chunk of the response's body, straight to the transport (the class docstring):
+        with the head aiohttp held back at prepare(), if it is not sent yet, and (``last``) the body's end,
+        so a short answer is one write."""
         if not data:
             return  # an empty chunk would end the body (RFC 9112 7.1)
         if transport.is_closing():
             raise ConnectionResetError("the client connection is closing")
-        writer.send_headers()  # the head aiohttp held back at prepare(), before the first chunk
+        parts = [b"%x\r\n" % len(data), data, _LAST_CRLF if last else _CRLF]
+        held = getattr(writer, "_headers_buf", None)
+        if held and not getattr(writer, "_headers_written", True):
+            writer._headers_written = True  # as aiohttp's own send_headers() marks it, in the same write
+            writer._headers_buf = None
+            parts.insert(0, held)
+        else:
+            writer.send_headers()  # (aiohttp's without a held head: sent at prepare() already)
         writer.output_size += len(data)  # what aiohttp counts as the body sent (its access log)
-        head = b"%x\r\n" % len(data)
+        if last:
+            writer._eof = True  # the end is in this write: aiohttp's write_eof sends nothing more
         if type(transport).__module__.startswith("uvloop"):  # its writelines sends the parts: one writev
-            transport.writelines((head, data, _CRLF))
+            transport.writelines(parts)
         else:  # asyncio's writelines joins them anyway before 3.12 (and is not safe on some later ones)
-            transport.write(b"".join((head, data, _CRLF)))
+            transport.write(b"".join(parts))
         if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
             try:
                 async with asyncio.timeout(self.stall_timeout):
@@ -236,7 +256,9 @@ async def follow(
                 outcome.reason = ViewEnd.FELL_BEHIND_WINDOW
                 return outcome
             if result.segments:
-                await writer.write(result.body())
+                # The last events of the streams: the body's end goes in the same write (COMPLETE is
+                # answered with write_eof, which then has nothing to send).
+                await writer.write(result.body(), last=result.complete)
                 if caught_up is not None:
                     caught_up()
                     caught_up = None
@@ -262,6 +284,7 @@ async def follow(
                 return outcome
             version = result.version
             del result  # a parked view keeps no events alive: the window may evict them meanwhile
+            writer.send_head()  # a client waiting for events has its response's head meanwhile
             if not await local.news.wait(session_id, version, HEARTBEAT_SECONDS):
                 await writer.write(HEARTBEAT)
     except Stalled:
@@ -332,11 +355,19 @@ async def release_view(ctx: ProxyContext, session_id: str) -> None:
     await ctx.store.touch((session_id,), ctx.clock())
 
 
+class HeldHeadResponse(web.StreamResponse):
+    """A response whose head is held at ``prepare`` and goes out with the first write (a short answer's
+    head, body and end in one write). A view's: sent before it waits for events (``follow``); a relay's:
+    for a body of known length only (``forward.relay``)."""
+
+    _send_headers_immediately = False
+
+
 async def serve_view(
     ctx: ProxyContext, request: web.Request, session_id: str, plan: ViewPlan
 ) -> web.StreamResponse:
     """The SSE response of one view: headers, the preface, then ``follow`` until the stream completes."""
-    response = web.StreamResponse(status=200)
+    response = HeldHeadResponse(status=200)
     for name, value in plan.headers:
         response.headers.add(name, value)
     response.headers[SESSION_HEADER] = session_id

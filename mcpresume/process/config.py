@@ -134,11 +134,29 @@ class Settings(BaseSettings):
     upstream_resume_attempts: int = Field(
         5, ge=0, description="attempts to resume an upstream stream without progress before giving up"
     )
+    upstream_session_lost: Literal["end", "reinitialize"] = Field(
+        "end",
+        description="an upstream that lost a session (404 in it): end it (404 upstream_session_lost), or "
+        "keep what it takes to begin it again upstream (the initialize, the shaping requests)",
+    )
     credential_wait: float = Field(
         60.0,
         ge=0,
         description="seconds a stream whose upstream resume was refused 401/403 waits for a client of the "
         "session to bring credentials the upstream accepts",
+    )
+
+    # -- durable long calls (tasks, 2026-07-28 clients that declare the extension) -----------------------
+    tasks: bool = Field(
+        True,
+        description="turn a long 2026-07-28 tools/call into a task (io.modelcontextprotocol/tasks) when its "
+        "client declared the extension and the upstream answers with none",
+    )
+    task_after: float = Field(
+        10.0, gt=0, description="seconds a call may run before the client gets a task handle instead"
+    )
+    task_ttl: float = Field(
+        3600.0, gt=0, description="seconds a task and its result are kept from the task's creation"
     )
 
     # -- operations --------------------------------------------------------------------------------------

@@ -67,6 +67,13 @@ class Metrics:
         self.upstream_errors = Counter(
             "mcpresume_upstream_errors", "Upstream failures, by reason.", ["reason"], registry=r
         )
+        self.upstream_reinitializations = Counter(
+            "mcpresume_upstream_reinitializations",
+            "Sessions begun again upstream after the upstream lost them (upstream_session_lost = "
+            "reinitialize), by outcome (core.reinit.Outcome).",
+            ["outcome"],
+            registry=r,
+        )
         self.open_streams = Gauge("mcpresume_open_streams", "Client SSE responses open now.", registry=r)
         self.client_connections = Gauge(
             "mcpresume_client_connections", "Client connections open now (max_connections).", registry=r
@@ -155,6 +162,16 @@ class Metrics:
         )
         for abandon in Abandon:
             self.abandoned_streams.labels(abandon.value)
+        self.tasks = Counter(
+            "mcpresume_tasks",
+            "Durable long calls (2026-07-28 tools/call made a task), by event: created, completed, failed, "
+            "cancelled, expired.",
+            ["event"],
+            registry=r,
+        )
+        for event in ("created", "completed", "failed", "cancelled", "expired"):
+            self.tasks.labels(event)
+        self.task_polls = Counter("mcpresume_task_polls", "tasks/get the proxy answered.", registry=r)
         self.upstream_resumptions = Counter(
             "mcpresume_upstream_resumptions",
             "Upstream streams the proxy tried to resume itself, by outcome: resumed, refused, exhausted, "

@@ -366,6 +366,29 @@ class Inspection(Protocol):
         ...
 
 
-class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Inspection, Protocol):
+class Recipes(Protocol):
+    """``upstream_session_lost = "reinitialize"``: what it takes to begin a session again upstream
+    (``core.reinit.Recipe``, encoded), kept with the session and dropped with it. Written only on an
+    initialize and the session-shaping requests, never on the request path of any other."""
+
+    async def recipe(self, session_id: str, epoch: str) -> bytes | None:
+        """The session's recipe (None: none kept, or ``epoch`` is not the session's incarnation)."""
+        ...
+
+    async def keep_recipe(self, session_id: str, epoch: str, expected: bytes | None, recipe: bytes) -> bool:
+        """Compare and set: ``recipe`` replaces the one kept only while it is still ``expected`` (what the
+        caller read; None: none kept) in incarnation ``epoch``. False: another request of the session (on
+        any replica) wrote first, or the incarnation ended: the caller reads again and folds again."""
+        ...
+
+    async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
+        """Compare and set the upstream's id of the session (``SessionAccess.upstream_id``), once it was
+        begun again upstream: only while it is still ``expected`` (None: the client's own), in incarnation
+        ``epoch``. False: another replica mapped it first (its upstream session is the session's: one
+        upstream session per client session), or the incarnation ended."""
+        ...
+
+
+class SessionStore(Lifecycle, Sessions, Claims, Streams, Registry, Inspection, Recipes, Protocol):
     """The whole port, as a backend implements it and the daemon holds it; each caller is given the part it
     needs (``Streams`` a pump, ``Registry`` a lease)."""

@@ -54,11 +54,13 @@ SCRIPTS: Final = (
     "open",
     "orphans",
     "read",
+    "recipe",
     "release",
     "retire",
     "summary",
     "takeover",
     "touch",
+    "upstream",
     "view",
 )
 

@@ -129,6 +129,8 @@ class MemoryStore:
         self._replicas: dict[str, ReplicaEntry] = {}
         self._owners: dict[str, str] = {}  # session id -> owner, when not this store's only replica ("")
         self._fences: dict[str, int] = {}  # session id -> its fence, once it changed owner (else 0)
+        self._recipes: dict[str, tuple[str, bytes]] = {}  # session id -> (its epoch, its recipe)
+        self._upstream_ids: dict[str, tuple[str, str]] = {}  # session id -> (its epoch, the upstream's id)
 
     async def start(self) -> None:
         return None
@@ -211,6 +213,8 @@ class MemoryStore:
             self._trim_order.forget(session_id)
         self._owners.pop(session_id, None)
         self._fences.pop(session_id, None)
+        self._recipes.pop(session_id, None)
+        self._upstream_ids.pop(session_id, None)
         if session is not None:
             self._total_bytes -= session.window.bytes
         self._news(session_id, GONE)
@@ -278,7 +282,12 @@ class MemoryStore:
 
     async def access(self, session_id: str) -> SessionAccess | None:
         session = self._sessions.get(session_id)
-        return None if session is None else session.access()
+        if session is None:
+            return None
+        mapped = self._upstream_ids.get(session_id)
+        if mapped is not None and mapped[0] == session.epoch:
+            return replace(session.access(), upstream_id=mapped[1])
+        return session.access()
 
     async def accept_credential(
         self, session_id: str, epoch: str, digest: bytes, protocol_version: str | None
@@ -289,6 +298,28 @@ class MemoryStore:
 
     async def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
+
+    async def recipe(self, session_id: str, epoch: str) -> bytes | None:
+        kept = self._recipes.get(session_id)
+        return kept[1] if kept is not None and kept[0] == epoch else None
+
+    async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
+        # Twin: lua/upstream.lua
+        if self._incarnation(session_id, epoch) is None:
+            return False
+        mapped = self._upstream_ids.get(session_id)
+        current = mapped[1] if mapped is not None and mapped[0] == epoch else None
+        if current != expected:
+            return False
+        self._upstream_ids[session_id] = (epoch, upstream_id)
+        return True
+
+    async def keep_recipe(self, session_id: str, epoch: str, expected: bytes | None, recipe: bytes) -> bool:
+        # Twin: lua/recipe.lua
+        if self._incarnation(session_id, epoch) is None or await self.recipe(session_id, epoch) != expected:
+            return False
+        self._recipes[session_id] = (epoch, recipe)
+        return True
 
     def session(self, session_id: str) -> SessionState | None:
         """The live state of a session, to inspect (never to change: every change goes through the port's

@@ -595,7 +595,9 @@ class Pump:
             speaking = self.speaking_for
             path_qs, headers = speaking
             try:
-                response = await self.upstream.open_get(path_qs, [*headers, *asks])
+                # Not aliased: a stream resumes in the upstream session it was opened in (a session begun
+                # again upstream has new streams; this one's requests end with upstream_stream_lost).
+                response = await self.upstream.open_get(path_qs, [*headers, *asks], alias=False)
             except BadRequest as error:  # the upstream's own id cannot be sent back: retrying cannot help
                 self.failure = f"resuming the upstream stream failed: {error.message}"
                 outcomes.labels("refused").inc()

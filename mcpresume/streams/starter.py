@@ -43,6 +43,8 @@ class PumpStarter:
         self.pumps = pumps  # where every pump is registered (the drain ends them)
         self.store = store
         self._parts = (store, local, metrics, upstream, clock)  # what every pump is given
+        # A session its upstream does not know is kept, not retired: its next POST begins it again there.
+        self.retire_forgotten = settings.upstream_session_lost == "end"
         self.settings = PumpSettings(  # one for every pump
             max_event_bytes=settings.max_event_bytes,
             stall_timeout=settings.stall_timeout,
@@ -84,6 +86,6 @@ class PumpStarter:
 
     async def _adopted(self, pump: Pump, orphan: Orphan) -> None:
         await pump.run(None)
-        if pump.upstream_forgot:
+        if pump.upstream_forgot and self.retire_forgotten:
             await self.store.retire(orphan.session_id, orphan.epoch, orphan.fence)
             log.info("session %s: its upstream does not know it; new requests get 404", pump.job.log_id)

@@ -33,6 +33,8 @@ HAPPY_EYEBALLS: Final = 0.25
 # is). A request whose answer the proxy reads asks for identity itself (``request(decoded=True)``).
 NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 E = TypeVar("E", bound=BaseException)
+# Upstream URLs kept parsed (``Upstream._target``).
+MAX_TARGETS: Final = 64
 
 
 def caused_by(exc: BaseException, kind: type[E]) -> E | None:
@@ -94,6 +96,19 @@ class Upstream:
         self._ssl = ssl.create_default_context() if self.url.scheme == "https" else None
         # The application's (``process/tracing.py``): every request sent carries the current trace context.
         self.tracing = NO_TRACING
+        # Sessions begun again upstream (upstream_session_lost = "reinitialize"): the client's session id
+        # -> the upstream's, which every request of the session carries instead (``aliased``). Empty unless
+        # the setting is on and an upstream lost a session.
+        self.aliases: dict[str, str] = {}
+        # The upstream URL of each path (and query) asked lately: nearly every request asks the MCP
+        # endpoint's, and a URL parsed and joined costs ~5 us. Bounded: emptied when full.
+        self._targets: dict[str, URL] = {}
+
+    def aliased(self, headers: Sequence[tuple[str, str]]) -> Sequence[tuple[str, str]]:
+        """``headers`` with a re-initialized session's id swapped for the upstream's (as they are else)."""
+        if not self.aliases:
+            return headers
+        return [(n, self.aliases.get(v, v)) if n.lower() == "mcp-session-id" else (n, v) for n, v in headers]
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -136,12 +151,12 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not awaited"
         if decoded:
             headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
-        headers = self.tracing.inject(headers)
+        headers = self.tracing.inject(self.aliased(headers))
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
                     method,
-                    self.origin.join(URL(path_qs, encoded=True)),
+                    self._target(path_qs),
                     headers=list(headers),
                     skip_auto_headers=NO_AUTO_HEADERS,
                     data=data,
@@ -174,6 +189,15 @@ class Upstream:
             raise bad_encoding(encoding)
         return response
 
+    def _target(self, path_qs: str) -> URL:
+        """The upstream URL of ``path_qs`` (as the client sent it, encoded)."""
+        url = self._targets.get(path_qs)
+        if url is None:
+            if len(self._targets) >= MAX_TARGETS:
+                self._targets.clear()
+            url = self._targets[path_qs] = self.origin.join(URL(path_qs, encoded=True))
+        return url
+
     async def answers(self, within: float) -> bool:
         """Whether the upstream answers HTTP at its MCP endpoint within ``within`` seconds, any status (an
         MCP endpoint answers a bare GET with 400, 405 or 406): ``/readyz`` with ``ready_on_upstream``."""
@@ -189,13 +213,17 @@ class Upstream:
         response.close()  # the head is enough: an SSE answer would never end
         return True
 
-    async def open_get(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> HeldGet:
+    async def open_get(
+        self, path_qs: str, headers: Sequence[tuple[str, str]], *, alias: bool = True
+    ) -> HeldGet:
         """A GET whose answer may be held for long (the standalone stream, an upstream resume), on a
         connection of its own; returns once the upstream's head arrived. Raises as ``request`` does (an
         answer that is not HTTP/1.1 is ``UpstreamUnreachable``, as aiohttp's parse errors are there), and
-        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it."""
+        ``BadRequest`` for a header value HTTP/1.1 does not allow. The caller must release it. ``alias``:
+        False for a pump's resume, whose headers name the upstream session its stream was opened in."""
         try:
-            held = HeldGet(self._authority, path_qs, self.tracing.inject(headers))
+            sent = self.aliased(headers) if alias else headers
+            held = HeldGet(self._authority, path_qs, self.tracing.inject(sent))
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
             raise BadRequest(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
 import re
@@ -140,6 +141,26 @@ def _node_version(node: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", out)[:3])
 
 
+def npm_install(base: Path, spec: str, marker: Path) -> None:
+    """``npm install --prefix base spec`` when ``marker`` (a file the install makes) is missing and npm is on
+    PATH; under a lock beside ``base``, so test processes started together (pytest-xdist's workers) install
+    once and never read a half-made ``node_modules``. A failed install is left for the caller to report."""
+    npm = shutil.which("npm")
+    if npm is None or marker.exists():
+        return
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with open(base.parent / f"{base.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return
+        subprocess.run(
+            [npm, "install", "--prefix", str(base), "--no-audit", "--no-fund", "--loglevel=error", spec],
+            check=False,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+
+
 def find_runner(*, install: bool = False) -> Runner:
     """The installed runner, or `Unavailable` (``skip=True`` only when Node itself is missing or too old).
 
@@ -156,33 +177,19 @@ def find_runner(*, install: bool = False) -> Runner:
         )
     base = runner_dir()
     package = base / "node_modules" / "@modelcontextprotocol" / "conformance"
-    install = f"npm install --prefix {base} @modelcontextprotocol/conformance@{RUNNER_VERSION}"
-    npm = shutil.which("npm")
-    if install and npm is not None and not (package / "package.json").exists():
-        subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(base),
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                f"@modelcontextprotocol/conformance@{RUNNER_VERSION}",
-            ],
-            check=False,
-            timeout=600,
-            stdin=subprocess.DEVNULL,
-        )
+    spec = f"@modelcontextprotocol/conformance@{RUNNER_VERSION}"
+    command = f"npm install --prefix {base} {spec}"
+    if install:
+        npm_install(base, spec, package / "package.json")
     try:
         installed = json.loads((package / "package.json").read_text())["version"]
     except (OSError, ValueError, KeyError):
         raise Unavailable(
-            f"the MCP conformance runner is not installed in {base}; run: {install}", skip=False
+            f"the MCP conformance runner is not installed in {base}; run: {command}", skip=False
         ) from None
     if installed != RUNNER_VERSION:
         raise Unavailable(
-            f"{base} holds conformance {installed}, not {RUNNER_VERSION}; run: {install}", skip=False
+            f"{base} holds conformance {installed}, not {RUNNER_VERSION}; run: {command}", skip=False
         )
     return Runner(node, package / "dist" / "index.js")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.conformance import Unavailable
+from tests.support.conformance import Unavailable, npm_install
 
 SDK_VERSION = "1.32.2"
 """The pinned SDK: a 1.x release (the line clients and servers use), its engines field Node >= 18."""
@@ -56,23 +56,7 @@ def installed_sdk() -> tuple[str, Path]:
     base = sdk_dir()
     package = base / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
     install = f"npm install --prefix {base} @modelcontextprotocol/sdk@{SDK_VERSION}"
-    npm = shutil.which("npm")
-    if npm is not None and not package.exists():
-        subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(base),
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                f"@modelcontextprotocol/sdk@{SDK_VERSION}",
-            ],
-            check=False,
-            timeout=600,
-            stdin=subprocess.DEVNULL,
-        )
+    npm_install(base, f"@modelcontextprotocol/sdk@{SDK_VERSION}", package)
     try:
         installed = json.loads(package.read_text())["version"]
     except (OSError, ValueError, KeyError):
@@ -92,7 +76,10 @@ def with_script(source: Path) -> tuple[str, Path]:
     node, base = installed_sdk()
     script = base / source.name
     if not script.exists() or script.read_bytes() != source.read_bytes():
-        shutil.copyfile(source, script)
+        # Copied aside and renamed: a test process started together with this one may be running it.
+        aside = script.with_name(f"{script.name}.{os.getpid()}")
+        shutil.copyfile(source, aside)
+        os.replace(aside, script)
     return node, script
 
 

@@ -1,0 +1,345 @@
+"""The session outlives its upstream (issue #33): an upstream that lost a session the proxy tracks.
+
+The upstream here is the official MCP SDK's server in a process of its own (``python -m
+mcpresume.examples.upstream``), killed with SIGKILL and started again on the same port: every session it
+held is gone, as after a crash, an OOM kill or a redeploy beside the sidecar.
+
+``upstream_session_lost = "end"`` (the default): the proxy ends the session, and the client is told so by
+the proxy's own 404, ``data.reason`` ``upstream_session_lost`` (never the upstream's body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+
+import aiohttp
+import orjson
+import pytest
+
+from mcpresume.core.errors import SessionGone
+from mcpresume.core.reinit import Outcome, Recipe
+from mcpresume.daemon.app import RunningProxy
+from mcpresume.daemon.demo import PROTOCOL_VERSION
+from mcpresume.http.reinit import begin_again
+from tests.support.metrics import sample
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
+from tests.support.sdk import result_text, sdk_session
+
+REINITS = "mcpresume_upstream_reinitializations_total"
+TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class UpstreamProcess:
+    """The example upstream (official SDK server) as a process on a fixed port: killed -9, started again."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mcpresume.examples.upstream", "--port", str(self.port), "--any-host"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # printed once it listens
+        assert line.strip() == f"example MCP upstream: {self.url}", line
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, every session of the process lost."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@contextmanager
+def upstream_process() -> Iterator[UpstreamProcess]:
+    upstream = UpstreamProcess(free_port())
+    upstream.start()
+    try:
+        yield upstream
+    finally:
+        upstream.stop()
+
+
+@asynccontextmanager
+async def restarted(upstream: UpstreamProcess) -> AsyncIterator[None]:
+    """Kill the upstream -9 and start it again on its port (off the loop: the start reads a pipe)."""
+    await asyncio.to_thread(upstream.kill)
+    await asyncio.to_thread(upstream.start)
+    yield
+
+
+async def call(http: aiohttp.ClientSession, client: ScriptedClient) -> aiohttp.ClientResponse:
+    _, body = client.tool_call("add", {"a": 1, "b": 2})
+    return await http.post(client.url, data=body, headers=client.headers())
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_end_an_upstream_restarted_under_a_session_is_the_proxys_404_upstream_session_lost(
+    method: str,
+) -> None:
+    """``end``: after a kill -9 and restart of the SDK server, the next request of the session (a call, or
+    the standalone GET) gets the proxy's own 404 with ``data.reason`` ``upstream_session_lost``; the session
+    is no longer tracked, and a new one begins as usual."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url) as proxy, aiohttp.ClientSession() as http:
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                async with await call(http, client) as response:
+                    assert response.status == 200
+                    messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                    assert messages[-1]["result"]["content"][0]["text"] == "3"
+                async with restarted(upstream):
+                    pass
+                request = (
+                    await call(http, client)
+                    if method == "POST"
+                    else await http.get(client.url, headers=client.headers(Accept="text/event-stream"))
+                )
+                async with request as response:
+                    assert response.status == 404
+                    error = await error_of(response)
+                assert error["data"]["reason"] == "upstream_session_lost"
+                assert error["message"] == SessionGone.UPSTREAM_FORGOT.value
+                assert not await proxy.ctx.store.has_session(client.session_id)
+                again = ScriptedClient(http, proxy.url)  # the client re-initializes: a new session
+                await again.initialize()
+                async with await call(http, again) as response:
+                    assert response.status == 200
+
+
+async def request(
+    http: aiohttp.ClientSession, client: ScriptedClient, method: str, params: dict[str, object]
+) -> int:
+    """One request of the session to its answer's end; the HTTP status."""
+    body = orjson.dumps({"jsonrpc": "2.0", "id": client._id(), "method": method, "params": params})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        await response.read()
+        return response.status
+
+
+@pytest.mark.parametrize("setting", ["end", "reinitialize"])
+async def test_reinitialize_records_the_initialize_and_the_shaping_requests_and_end_records_nothing(
+    setting: str,
+) -> None:
+    """``reinitialize``: the session's recipe holds the client's initialize params, the last level, the
+    subscriptions left after an unsubscribe, and the standalone GET; other requests add nothing. ``end``:
+    the store keeps no recipe (nothing is parsed or written on the request path)."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost=setting) as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                for method, params in [
+                    ("logging/setLevel", {"level": "debug"}),
+                    ("resources/subscribe", {"uri": "file:///a"}),
+                    ("resources/subscribe", {"uri": "file:///b"}),
+                    ("logging/setLevel", {"level": "error"}),
+                    ("resources/unsubscribe", {"uri": "file:///a"}),
+                    ("tools/list", {}),
+                ]:
+                    assert await request(http, client, method, params) == 200
+                async with http.get(client.url, headers=client.headers(Accept="text/event-stream")) as get:
+                    assert get.status == 200
+                    granted = await proxy.ctx.store.access(client.session_id)
+                    assert granted is not None
+                    kept = await proxy.ctx.store.recipe(client.session_id, granted.epoch)
+        if setting == "end":
+            assert kept is None
+            return
+        assert kept is not None
+        recipe = Recipe.decode(kept)
+        assert recipe.params["clientInfo"] == {"name": "mcpresume-demo", "version": "1"}
+        assert recipe.params["protocolVersion"] == PROTOCOL_VERSION
+        assert recipe.level == "error" and recipe.subscriptions == {"file:///b"} and recipe.standalone
+
+
+async def recorded_session(
+    http: aiohttp.ClientSession, proxy_url: str, proxy: RunningProxy
+) -> tuple[ScriptedClient, Recipe]:
+    client = ScriptedClient(http, proxy_url)
+    await client.initialize()
+    assert await request(http, client, "logging/setLevel", {"level": "debug"}) == 200
+    granted = await proxy.ctx.store.access(client.session_id)
+    assert granted is not None
+    kept = await proxy.ctx.store.recipe(client.session_id, granted.epoch)
+    assert kept is not None
+    return client, Recipe.decode(kept)
+
+
+async def test_begin_again_replays_the_recipe_into_a_restarted_sdk_server_and_counts_it() -> None:
+    """``http.reinit.begin_again`` after a kill -9 and restart: the SDK server gives a new session, which
+    serves a call at once (the handshake and the level were replayed); counted once, ``reinitialized``."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, recipe = await recorded_session(http, proxy.url, proxy)
+                async with restarted(upstream):
+                    pass
+                begun = await begin_again(proxy.ctx, "/mcp", [], recipe)
+                assert begun.outcome is Outcome.REINITIALIZED and begun.upstream_id is not None
+                assert begun.upstream_id != client.session_id  # the upstream's own, new
+                direct = ScriptedClient(http, upstream.url)
+                direct.session_id = begun.upstream_id
+                async with await call(http, direct) as response:
+                    assert response.status == 200
+                    messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                assert messages[-1]["result"]["content"][0]["text"] == "3"
+                count = sample(proxy.ctx.metrics, REINITS, outcome="reinitialized")
+                assert count == 1
+
+
+@pytest.mark.parametrize(
+    ("told", "outcome"),
+    [
+        ({"version": "2024-11-05"}, Outcome.VERSION_CHANGED),
+        ({"capabilities": {"tools": {"listChanged": True}, "sampling": {}}}, Outcome.FEWER_CAPABILITIES),
+    ],
+    ids=["another-version", "fewer-capabilities"],
+)
+async def test_begin_again_refuses_an_upstream_that_offers_other_terms_and_ends_its_session(
+    told: dict[str, object], outcome: Outcome
+) -> None:
+    """The client was told another version, or capabilities the new upstream does not offer: not begun
+    again (the session ends with a reason), and the upstream session begun for it is ended there."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                _, recipe = await recorded_session(http, proxy.url, proxy)
+                version, caps = told.get("version", PROTOCOL_VERSION), told.get("capabilities", {})
+                assert isinstance(version, str) and isinstance(caps, dict)
+                recipe = replace(recipe, version=version, capabilities=caps)
+                begun = await begin_again(proxy.ctx, "/mcp", [], recipe)
+                assert begun.outcome is outcome and begun.upstream_id is None
+                assert sample(proxy.ctx.metrics, REINITS, outcome=outcome.value) == 1
+
+
+async def test_reinitialize_the_next_call_in_the_same_session_succeeds_after_a_kill_9() -> None:
+    """``reinitialize``, a raw client: the SDK server killed -9 and started again under the session; the
+    next call, same session id, is answered (begun again upstream, the call sent again: it never ran); the
+    client's id never changes; one re-initialization is counted, and a second call needs none."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, _ = await recorded_session(http, proxy.url, proxy)
+                async with restarted(upstream):
+                    pass
+                for _ in range(2):
+                    async with await call(http, client) as response:
+                        assert response.status == 200, await response.text()
+                        assert "Mcp-Session-Id" not in response.headers or (
+                            response.headers["Mcp-Session-Id"] == client.session_id
+                        )
+                        messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                    assert messages[-1]["result"]["content"][0]["text"] == "3"
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+                granted = await proxy.ctx.store.access(client.session_id)
+                assert granted is not None and granted.upstream_id not in (None, client.session_id)
+
+
+async def test_reinitialize_with_the_official_python_sdk_client() -> None:
+    """The official Python SDK client: a call, the SDK server killed -9 and restarted, the next call in the
+    same ``ClientSession`` succeeds."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy:
+                async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+                    assert result_text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+                    async with restarted(upstream):
+                        pass
+                    assert result_text(await session.call_tool("add", {"a": 2, "b": 2})) == "4"
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+
+
+async def test_end_the_official_python_sdk_clients_next_call_fails() -> None:
+    """``end`` (the default), the same kill -9: the SDK client's next call fails (404), as before."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url) as proxy:
+                async with sdk_session(
+                    proxy.url, read_timeout_seconds=30, terminate_on_close=False
+                ) as session:
+                    assert result_text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+                    async with restarted(upstream):
+                        pass
+                    with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for a 404
+                        await session.call_tool("add", {"a": 2, "b": 2})
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 0
+
+
+async def test_a_call_in_flight_at_the_kill_ends_with_the_synthesized_error_once_and_the_window_stays() -> (
+    None
+):
+    """``reinitialize``: a call in flight when the SDK server is killed -9 ends with ``upstream_stream_lost``,
+    once (its execution is lost: its stream is not resumed in the new upstream session); the next call is
+    answered; a re-attach with a cursor from before the kill still reads the window, the error included."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize", retry_ms=50) as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, _ = await recorded_session(http, proxy.url, proxy)
+                slow_id, slow = client.tool_call("count_slowly", {"n": 10000, "delay": 0.05})
+                inflight = await http.post(client.url, data=slow, headers=client.headers())
+                assert inflight.status == 200
+                events = aiter(sse_events(inflight))
+                first = None
+                while first is None:  # the first progress event: a cursor from before the kill
+                    event = await anext(events)
+                    first = event if event.data and b"progress" in event.data else None
+                cursor = first.id
+                assert cursor
+                async with restarted(upstream):
+                    pass
+                async with await call(http, client) as response:
+                    assert response.status == 200, await response.text()
+                    answered = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                assert answered[-1]["result"]["content"][0]["text"] == "3"
+                rest = [orjson.loads(e.data) async for e in events if e.data]
+                inflight.release()
+                ends = [m for m in rest if m.get("id") == slow_id]
+                assert len(ends) == 1 and ends[0]["error"]["data"]["reason"] == "upstream_stream_lost"
+                again = await reattach(http, client, proxy.url, cursor)
+                assert [m for m in again if m.get("id") == slow_id] == ends
+                assert not any("result" in m for m in again if m.get("id") == slow_id)
