@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 from pathlib import Path
@@ -18,8 +19,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpresume.daemon.demo import ScriptedClient, sse_events
+from mcpresume.examples.upstream import RunningUpstream, build_example_app
 from tests.support.conformance import Unavailable
-from tests.support.modern_upstream import MODERN_VERSION, serve_modern_upstream
+from tests.support.modern_upstream import MODERN_VERSION, ModernOnly, serve_modern_upstream
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
@@ -95,7 +97,9 @@ async def test_a_handshake_era_sdk_client_gets_a_bridged_session() -> None:
         calls = [h for h in guard.headers if h.get("mcp-method") == "tools/call"]
         assert {h.get("mcp-name") for h in calls} == {"echo", "count_slowly"}
         assert all("mcp-session-id" not in h for h in guard.headers)
-        assert proxy.ctx.metrics.era_requests.labels("handshake", "bridged")._value.get() >= 5
+        eras = proxy.ctx.metrics.era_requests
+        assert eras.labels("handshake", "bridged")._value.get() >= 5
+        assert eras.labels("handshake", "resumable")._value.get() == 0  # the refused initialize: bridged
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -164,7 +168,10 @@ async def test_a_json_answer_is_a_one_event_stream_resumable_like_any() -> None:
         assert [m["id"] for m in again] == [request_id]
 
 
-async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end() -> None:
+async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_session_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcpresume.access")
     async with (
         serve_modern_upstream() as (url, guard),
         running_proxy(url) as proxy,
@@ -184,9 +191,6 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
             proxy.url, data=orjson.dumps({**ping, "id": 52}), headers=client.headers()
         ) as response:
             assert response.status == 200
-        # The standalone GET: 405 from the proxy (the upstream has no GET stream, nothing to ask it).
-        async with http.get(proxy.url, headers=client.headers(Accept="text/event-stream")) as response:
-            assert response.status == 405
         async with http.delete(proxy.url, headers=client.headers()) as response:
             assert response.status == 200
         async with http.post(
@@ -196,6 +200,9 @@ async def test_the_proxy_answers_ping_and_delete_and_an_unknown_method_is_no_ses
                 response.status == 404 and (await error_of(response))["data"]["reason"] == "unknown_session"
             )
         assert "DELETE" not in guard.refused and "GET" not in guard.refused and "ping" not in guard.methods
+        lines = [r.getMessage() for r in caplog.records if r.name == "mcpresume.access"]
+        assert any(" 200 answered " in line and "rpc=ping" in line for line in lines), lines
+        assert any(" 200 forwarded " in line and "rpc=completion/nothing" in line for line in lines), lines
 
 
 async def test_bridge_off_leaves_a_handshake_era_client_the_upstreams_refusal() -> None:
@@ -406,3 +413,42 @@ async def test_a_bridged_initialize_past_max_sessions_is_503() -> None:
         async with http.post(proxy.url, data=orjson.dumps(initialize), headers=second.headers()) as response:
             assert response.status == 503
             assert (await error_of(response))["data"]["reason"] == "too_many_sessions"
+
+
+async def test_a_dual_era_upstream_sees_no_probe_and_the_same_requests() -> None:
+    """``bridge = "auto"`` in front of an upstream that takes the handshake era: no server/discover, no
+    translation; what it is sent is what the client sent."""
+    guard = ModernOnly(build_example_app(), refuse=False)
+    async with (
+        RunningUpstream(guard) as upstream,
+        running_proxy(upstream.url) as proxy,
+        sdk_session(proxy.url, read_timeout_seconds=30) as session,
+    ):
+        assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+        await session.send_ping()
+    assert guard.methods[:3] == ["initialize", "notifications/initialized", "tools/call"]
+    assert "server/discover" not in guard.methods and "ping" in guard.methods
+    assert all(h.get("mcp-protocol-version") != MODERN_VERSION for h in guard.headers)
+    assert all("mcp-session-id" in h for h in guard.headers[1:])
+
+
+async def test_the_standalone_get_is_the_upstreams_listen_stream() -> None:
+    """A bridged session's GET: the upstream's subscriptions/listen, its list-changed notifications."""
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        sdk_session(proxy.url, message_handler=on_message, read_timeout_seconds=30) as session,
+    ):
+        await until(
+            lambda: "subscriptions/listen" in guard.methods, timeout=30, what="the listen stream open"
+        )
+        assert result_text(await session.call_tool("change_tools", {})) == "changed"
+        async with asyncio.timeout(30):
+            await changed.wait()
+        assert "GET" not in guard.refused

@@ -12,6 +12,8 @@ from mcpresume.core.bridge import (
     facts_of_initialize,
     header_value,
     initialize_result,
+    listen_filter,
+    listen_request,
     treat,
 )
 from mcpresume.core.era import (
@@ -181,3 +183,17 @@ def test_names_outside_visible_ascii_are_base64() -> None:
     assert header_value("echo") == "echo"
     assert header_value("écho") == "=?base64?w6ljaG8=?="
     assert header_value(" padded") == "=?base64?IHBhZGRlZA==?="
+
+
+def test_the_listen_filter_is_what_discover_offers() -> None:
+    offered = {
+        "tools": {"listChanged": True},
+        "prompts": {},
+        "resources": {"listChanged": True, "subscribe": True},
+    }
+    assert listen_filter(offered) == {"toolsListChanged": True, "resourcesListChanged": True}
+    assert listen_filter({"tools": {}}) == {} and listen_filter(None) == {}
+    listen = listen_request("mcpresume-listen-1", {"toolsListChanged": True}, FACTS)
+    assert listen["method"] == "subscriptions/listen"
+    assert listen["params"]["notifications"] == {"toolsListChanged": True}
+    assert listen["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"

@@ -21,6 +21,9 @@ any other request                            sent upstream as a 2026-07-28 reque
 any other notification, or a response        202, not sent (2026-07-28 defines no client notifications;
                                              responses answer the bridge's own requests: MRTR, later)
 a batch (2025-03-26)                         400 ``batch_not_bridged``: a modern request is one message
+the standalone GET (no ``Last-Event-ID``)    the upstream's ``subscriptions/listen`` for the list-changed
+                                             notifications it offers (``listen_filter``), relayed; 405
+                                             when it offers none
 ===========================================  =====================================================
 """
 
@@ -245,3 +248,25 @@ def retry_body(
     else:
         params.pop("requestState", None)
     return {**original, "params": params}
+
+
+def listen_filter(capabilities: object) -> dict[str, bool]:
+    """What a bridged standalone GET's ``subscriptions/listen`` opts in to: the list-changed notifications
+    the upstream's ``server/discover`` capabilities offer (empty: it offers none, the GET gets 405)."""
+    offered = capabilities if isinstance(capabilities, Mapping) else {}
+    wanted = {}
+    for feature, key in (
+        ("tools", "toolsListChanged"),
+        ("prompts", "promptsListChanged"),
+        ("resources", "resourcesListChanged"),
+    ):
+        entry = offered.get(feature)
+        if isinstance(entry, Mapping) and entry.get("listChanged") is True:
+            wanted[key] = True
+    return wanted
+
+
+def listen_request(request_id: str, notifications: Mapping[str, bool], facts: ClientFacts) -> dict[str, Any]:
+    """The 2026-07-28 ``subscriptions/listen`` a bridged standalone GET stands for."""
+    params = {"notifications": dict(notifications), "_meta": envelope(facts)}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen", "params": params}

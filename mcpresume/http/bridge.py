@@ -40,6 +40,8 @@ from mcpresume.core.bridge import (
     facts_of_initialize,
     initialize_result,
     input_required,
+    listen_filter,
+    listen_request,
     retry_body,
     treat,
 )
@@ -65,9 +67,9 @@ from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
-from mcpresume.http.context import ProxyContext
+from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
-from mcpresume.http.forward import upstream_headers
+from mcpresume.http.forward import relay, upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
@@ -196,14 +198,20 @@ class Bridge:
             if self.era is UpstreamEra.MODERN_ONLY:
                 self._count(Era.HANDSHAKE, "bridged")
                 return await self._initialize(post)
-            self._count(Era.HANDSHAKE, "resumable")
-            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``)
+            request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``); counted once served
             return None
         if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
             return None
         self._count(Era.HANDSHAKE, "bridged")
         return await self._in_session(post, session_id, serve_post)
+
+    def served(self, post: Post) -> None:
+        """An ``initialize`` served as without the bridge, counted now that it is known whether the bridge
+        answered it after the upstream refused it."""
+        if self.on and post.message.is_initialize and post.session_id is None:
+            bridged = post.request.get(DID) is Action.ANSWERED
+            self._count(Era.HANDSHAKE, "bridged" if bridged else "resumable")
 
     def _count(self, era: Era, treatment: str) -> None:
         child = self._counters.get((era, treatment))
@@ -222,7 +230,6 @@ class Bridge:
             upstream.release()
         refused = initialize_refused(upstream.status, _last_message(body))
         if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
-            self._count(Era.HANDSHAKE, "bridged")
             return await self._initialize(post)
         return web.Response(status=upstream.status, body=body, content_type=JSON)
 
@@ -262,6 +269,7 @@ class Bridge:
             facts.version,
         )
         answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        request[DID] = Action.ANSWERED
         return web.Response(
             body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
         )
@@ -271,6 +279,7 @@ class Bridge:
         doc = orjson.loads(post.body)
         facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
         if self._answers_input(session_id, doc):
+            request[DID] = Action.ANSWERED
             return web.Response(status=202)
         request[BRIDGE] = self
         request[MODERN_CHECK] = True
@@ -292,6 +301,7 @@ class Bridge:
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
                     ctx.pumps.cancel_requests(session_id, post.message.cancelled)
                     await self._cancel_awaiting(session_id, post.message.cancelled)
+                request[DID] = Action.ANSWERED
                 if result is None:
                     return web.Response(status=202)
                 answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
@@ -425,14 +435,40 @@ class Bridge:
                 "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
             )
 
-    def standalone(self, request: web.Request) -> web.StreamResponse | None:
-        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): 405, as
-        the handshake revisions allow, without asking the upstream (a 2026-07-28 one has no GET stream).
-        None otherwise."""
+    async def standalone(self, request: web.Request) -> web.StreamResponse | None:
+        """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): the
+        upstream's ``subscriptions/listen`` stream for the list-changed notifications it offers, relayed as
+        it comes (not resumable: a client that loses it opens another GET); 405, as the handshake revisions
+        allow, when it offers none. None for a GET of another session."""
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
             return None
-        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        ctx = self.ctx
+        wanted = listen_filter(self.discover.get("capabilities") if self.discover else None)
+        granted = await ctx.store.access(session_id)
+        if granted is None:
+            return ctx.reject(request, UnknownSession())
+        refused = await authorize(ctx, request, session_id, granted)
+        if refused is not None:
+            return refused
+        if not wanted:
+            request[DID] = Action.ANSWERED
+            return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, facts)
+        kept = [(n, v) for n, v in upstream_headers(request) if n.lower() not in _DROPPED]
+        headers = [
+            *kept,
+            ("Content-Type", JSON),
+            ("Accept", f"{JSON}, text/event-stream"),
+            (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
+            ("Mcp-Method", "subscriptions/listen"),
+        ]
+        with ctx.drain.upstream_wait():
+            upstream = await ctx.upstream.request(
+                "POST", request.path_qs, headers, orjson.dumps(listen), decoded=True
+            )
+        return await relay(ctx, request, upstream)
 
     def _bridged(self, session_id: str) -> bool:
         return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)
@@ -455,6 +491,7 @@ class Bridge:
         for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
             del self.awaiting[request_id]
         log.info("session %s ends (DELETE), bridged", log_id(session_id))
+        request[DID] = Action.ANSWERED
         return web.Response(status=200)
 
 

@@ -51,6 +51,7 @@ class Action(enum.StrEnum):
     JOINED = "joined"  # a view of the session's live standalone stream, opened upstream by another GET
     REFUSED = "refused"  # answered by the proxy itself with an error (its data.reason)
     HOPPED = "hopped"  # forwarded to the replica that owns the session (several replicas)
+    ANSWERED = "answered"  # answered by the proxy itself, nothing sent upstream (a bridged session's)
     TASK = "task"  # a long 2026-07-28 call made a task, or a tasks/* answered from the store (tasks.py)
 
 

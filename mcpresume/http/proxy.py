@@ -161,7 +161,8 @@ class Proxy:
                     response = (
                         routed.answer
                         if routed.answer is not None
-                        else self.bridge.standalone(request) or await self.gets.serve(request, routed, ahead)
+                        else await self.bridge.standalone(request)
+                        or await self.gets.serve(request, routed, ahead)
                     )
                 finally:
                     ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)
@@ -184,7 +185,10 @@ class Proxy:
     async def _post(self, post: Post) -> web.StreamResponse:
         """A POST in this replica: bridged (http/bridge.py) or served as any."""
         response = await self.bridge.serve(post, self.posts.serve)
-        return response if response is not None else await self.posts.serve(post)
+        if response is None:
+            response = await self.posts.serve(post)
+            self.bridge.served(post)
+        return response
 
     def _ended(
         self,

@@ -37,8 +37,9 @@ UNSUPPORTED_PROTOCOL_VERSION = -32022
 class ModernOnly:
     """ASGI guard: refuse the handshake era as a modern-only server does; count what it refused."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, refuse: bool = True) -> None:
         self.app = app
+        self.refuse = refuse  # False: a dual-era server, only what it is asked is recorded
         self.refused: list[str] = []  # "GET", "DELETE", or the refused POST's method
         self.methods: list[str] = []  # the methods of the modern POSTs it let through
         self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
@@ -53,9 +54,12 @@ class ModernOnly:
         if authorization in self.bad_tokens:
             await _answer(send, 401, b"", [(b"www-authenticate", b'Bearer error="invalid_token"')])
             return
-        if method in ("GET", "DELETE"):
+        if method in ("GET", "DELETE") and self.refuse:
             self.refused.append(method)
             await _answer(send, 405, b"", [(b"allow", b"POST")])
+            return
+        if method != "POST":
+            await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
         more = True
@@ -70,7 +74,8 @@ class ModernOnly:
         except ValueError:
             parsed = None
         rpc_method = parsed.get("method") if isinstance(parsed, dict) else None
-        if rpc_method == "initialize" or headers.get("mcp-protocol-version") != MODERN_VERSION:
+        handshake = rpc_method == "initialize" or headers.get("mcp-protocol-version") != MODERN_VERSION
+        if handshake and self.refuse:
             self.refused.append(str(rpc_method))
             request_id = parsed.get("id") if isinstance(parsed, dict) else None
             refusal = {
@@ -133,6 +138,11 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
         word = (content or {}).get("word", "") if isinstance(content, dict) else ""
         return f"you said {word} ({ctx.request_state})"
+
+    @server.tool(description="Tell the listening clients the tool list changed.")
+    async def change_tools(ctx: Context[Any, Any]) -> str:
+        await ctx.notify_tools_changed()
+        return "changed"
 
     @server.tool(description="Wait `delay` seconds, then count this call (a side effect).")
     async def slow_tally(ctx: Context[Any, Any], delay: float = 0.5) -> int:
