@@ -64,6 +64,20 @@ class Buffered:
     response: Any
 
 
+class Progress:
+    """A call's newest progress, as its reader saw it (``_settle`` stores it with the task)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
+    def seen(self, data: bytes) -> None:
+        if b"notifications/progress" in data:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self.message = plan.progress_message(orjson.loads(data)) or self.message
+
+
 def find_response(content_type: str, body: bytes, request_id: Any, limit: int) -> Any:
     """The JSON-RPC response to ``request_id`` in an answer (JSON, or an SSE stream's events)."""
     docs: list[Any] = []
@@ -185,8 +199,9 @@ class Tasks:
         ctx = self.ctx
         request[DID] = Action.RELAYED
         call = orjson.dumps({**doc, "params": plan.upstream_params(doc["params"])})
+        progress = Progress()
         reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, upstream_headers(request), call, doc["id"])
+            self._call(request.path_qs, upstream_headers(request), call, doc["id"], progress)
         )
         try:
             done, _ = await asyncio.wait({reader}, timeout=ctx.settings.task_after)
@@ -203,7 +218,7 @@ class Tasks:
                 log.warning("a task could not be stored (%s); the call is answered when it ends", exc)
             else:
                 ctx.metrics.tasks.labels("created").inc()
-                self._start_settling(task, reader)
+                self._start_settling(task, reader, progress)
                 request[DID] = Action.TASK
                 return answer(doc["id"], plan.created_result(task, self.poll_ms))
         try:
@@ -213,7 +228,12 @@ class Tasks:
         return web.Response(status=buffered.status, headers=buffered.headers, body=buffered.body)
 
     async def _call(
-        self, path_qs: str, headers: list[tuple[str, str]], body: bytes, request_id: Any
+        self,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        request_id: Any,
+        progress: Progress | None = None,
     ) -> Buffered:
         """Send the call and read its whole answer (a cancellation closes it: the upstream's cancel)."""
         ctx = self.ctx
@@ -221,9 +241,13 @@ class Tasks:
         upstream = await ctx.upstream.request("POST", path_qs, headers, body, decoded=True)
         try:
             raw = bytearray()
+            events = SSEParser(limit) if progress is not None and upstream.content_type == SSE else None
             try:
                 async for chunk in upstream.content.iter_any():
                     raw += chunk
+                    if events is not None and progress is not None:
+                        for event in events.feed(chunk):
+                            progress.seen(event.data)
                     if len(raw) > limit:
                         raise UpstreamBadResponse(f"the call's answer is over {limit} bytes", limit=limit)
             except OSError as exc:
@@ -242,16 +266,18 @@ class Tasks:
         finally:
             upstream.release()
 
-    def _start_settling(self, task: Task, reader: asyncio.Task[Buffered]) -> None:
+    def _start_settling(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
         self._running[task.task_id] = reader
-        settle = asyncio.get_running_loop().create_task(self._settle(task, reader))
+        settle = asyncio.get_running_loop().create_task(self._settle(task, reader, progress))
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
 
-    async def _settle(self, task: Task, reader: asyncio.Task[Buffered]) -> None:
+    async def _settle(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
         """Wait for the call's answer and move the task on with it; meanwhile, every poll interval, look
-        whether another replica cancelled it (then close the call here)."""
+        whether another replica cancelled it (then close the call here), and store the call's newest
+        progress with it (its ``statusMessage``)."""
         ctx = self.ctx
+        told = task.message
         try:
             while True:
                 done, _ = await asyncio.wait({reader}, timeout=self.poll_ms / 1000)
@@ -264,6 +290,11 @@ class Tasks:
                         with contextlib.suppress(BaseException):
                             await reader
                         return
+                    if progress.message is not None and progress.message != told:
+                        told = progress.message
+                        news = plan.progressed(stored, told, ctx.clock())
+                        if isinstance(news, Task):
+                            await self.store.advance(news, Status.WORKING, ctx.clock())
             if reader.cancelled() and not self._closing:
                 return  # tasks/cancel here: the task says so already
             nxt = self._outcome(task, reader)
@@ -341,10 +372,11 @@ class Tasks:
         if task.request_state is not None:
             retry["requestState"] = task.request_state
         body = orjson.dumps({**call, "params": retry})
+        progress = Progress()
         reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"])
+            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"], progress)
         )
-        self._start_settling(nxt, reader)
+        self._start_settling(nxt, reader, progress)
         return answer(doc["id"], {"resultType": "complete"})
 
 
