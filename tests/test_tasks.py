@@ -367,3 +367,20 @@ async def test_a_working_task_carries_the_calls_newest_progress(example_upstream
         await until(progressed, timeout=20, what="a progress message on the task", every=0.1)
         assert messages[0].startswith("step ") and messages[0].endswith(" of 12")
         assert (await completed(proxy.url, task_id))["status"] == "completed"
+
+
+async def test_a_long_calls_notifications_do_not_add_up_against_max_event_bytes(
+    example_upstream: str,
+) -> None:
+    async with running_proxy(example_upstream, **FAST, max_event_bytes=1024) as proxy:
+        meta_ = {**meta(), "progressToken": "p"}
+        params = {"name": "count_slowly", "arguments": {"n": 40, "delay": 0.05}, "_meta": meta_}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
+        ):
+            task_id = (await r.json())["result"]["taskId"]
+        final = await completed(proxy.url, task_id)  # ~6 KB of progress events, each under 1 KiB: a task early
+        assert final["status"] == "completed", final
+        assert final["result"]["structuredContent"] == {"result": "counted to 40"}
