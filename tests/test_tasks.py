@@ -381,6 +381,6 @@ async def test_a_long_calls_notifications_do_not_add_up_against_max_event_bytes(
             http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
         ):
             task_id = (await r.json())["result"]["taskId"]
-        final = await completed(proxy.url, task_id)  # ~6 KB of progress events, each under 1 KiB: a task early
+        final = await completed(proxy.url, task_id)  # ~6 KB of events, each < 1 KiB: a task early
         assert final["status"] == "completed", final
         assert final["result"]["structuredContent"] == {"result": "counted to 40"}
