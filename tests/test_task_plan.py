@@ -209,3 +209,31 @@ def test_poll_interval_is_bounded() -> None:
 )
 def test_an_upstream_that_declares_the_extension_makes_its_own_tasks(response: Any, makes: bool) -> None:
     assert t.upstream_makes_tasks(response) is makes
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {"method": "notifications/progress", "params": {"progress": 2, "total": 5, "message": "step 2"}},
+            "step 2",
+        ),
+        ({"method": "notifications/progress", "params": {"progress": 2, "total": 5}}, "2/5"),
+        ({"method": "notifications/progress", "params": {"progress": 0.5}}, "0.5"),
+        ({"method": "notifications/progress", "params": {"message": "x" * 2000, "progress": 1}}, "x" * 1024),
+        ({"method": "notifications/progress", "params": {}}, None),
+        ({"method": "notifications/message", "params": {"progress": 1}}, None),
+        ([], None),
+    ],
+)
+def test_progress_as_a_status_message(doc: Any, message: str | None) -> None:
+    assert t.progress_message(doc) == message
+
+
+def test_only_a_working_task_takes_progress() -> None:
+    task = t.new_task("id", "o", b"{}", 10.0, 60.0)
+    moved = t.progressed(task, "half", 11.0)
+    assert isinstance(moved, t.Task) and moved.message == "half" and moved.status is Status.WORKING
+    assert t.get_result(moved, 100)["statusMessage"] == "half"
+    done = t.advance(task, Event.ANSWERED, 12.0, result={})
+    assert isinstance(done, t.Task) and t.progressed(done, "late", 13.0) is t.REFUSED

@@ -341,3 +341,46 @@ async def test_a_task_whose_replica_stops_fails_with_proxy_shutdown(
         status, polled = await get(two.url, task_id)
         assert status == 200 and polled["result"]["status"] == "failed"
         assert polled["result"]["error"]["data"]["reason"] == "proxy_shutdown"
+
+
+async def test_a_working_task_carries_the_calls_newest_progress(example_upstream: str) -> None:
+    async with running_proxy(example_upstream, **FAST) as proxy:
+        params = {
+            "name": "count_slowly",
+            "arguments": {"n": 12, "delay": 0.25},
+            "_meta": {**meta(), "progressToken": "p"},
+        }
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
+        ):
+            task_id = (await r.json())["result"]["taskId"]
+        messages: list[str] = []
+
+        async def progressed() -> bool:
+            _, doc = await get(proxy.url, task_id)
+            if doc["result"]["status"] == "working" and "statusMessage" in doc["result"]:
+                messages.append(doc["result"]["statusMessage"])
+            return len(messages) > 0
+
+        await until(progressed, timeout=20, what="a progress message on the task", every=0.1)
+        assert messages[0].startswith("step ") and messages[0].endswith(" of 12")
+        assert (await completed(proxy.url, task_id))["status"] == "completed"
+
+
+async def test_a_long_calls_notifications_do_not_add_up_against_max_event_bytes(
+    example_upstream: str,
+) -> None:
+    async with running_proxy(example_upstream, **FAST, max_event_bytes=1024) as proxy:
+        meta_ = {**meta(), "progressToken": "p"}
+        params = {"name": "count_slowly", "arguments": {"n": 40, "delay": 0.05}, "_meta": meta_}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
+        ):
+            task_id = (await r.json())["result"]["taskId"]
+        final = await completed(proxy.url, task_id)  # ~6 KB of events, each < 1 KiB: a task early
+        assert final["status"] == "completed", final
+        assert final["result"]["structuredContent"] == {"result": "counted to 40"}

@@ -53,6 +53,7 @@ TASK_METHODS: Final = frozenset({TASKS_GET, TASKS_UPDATE, TASKS_CANCEL})
 TASK_ID_BYTES: Final = 32
 TASK_ID_PREFIX: Final = "mcpr-"  # the proxy's own task ids; any other id is the upstream's, passed on
 MAX_TASK_ID_LEN: Final = 128
+MAX_STATUS_MESSAGE: Final = 1024  # a progress message kept with a task, at most (it is polled often)
 
 
 class Status(Enum):
@@ -337,3 +338,27 @@ def upstream_makes_tasks(response: Any) -> bool:
     caps = result.get("capabilities") if isinstance(result, dict) else None
     extensions = caps.get("extensions") if isinstance(caps, dict) else None
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
+
+
+def progress_message(doc: Any) -> str | None:
+    """What a ``notifications/progress`` says, as a task's ``statusMessage`` (the extension's place for a
+    working task's progress): its message, else ``progress/total``."""
+    if not isinstance(doc, dict) or doc.get("method") != "notifications/progress":
+        return None
+    params = doc.get("params")
+    if not isinstance(params, dict):
+        return None
+    message = params.get("message")
+    if isinstance(message, str) and message:
+        return message[:MAX_STATUS_MESSAGE]
+    progress, total = params.get("progress"), params.get("total")
+    if not isinstance(progress, int | float):
+        return None
+    return f"{progress}/{total}" if isinstance(total, int | float) else f"{progress}"
+
+
+def progressed(task: Task, message: str, now: float) -> Task | Refused:
+    """A working task with its newest progress (a status message; the status does not change)."""
+    if task.status is not Status.WORKING:
+        return REFUSED
+    return replace(task, message=message, updated_at=now)

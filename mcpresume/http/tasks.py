@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from asyncio import FIRST_COMPLETED
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,6 +63,26 @@ class Buffered:
     headers: list[tuple[str, str]]
     body: bytes
     response: Any
+
+
+class Progress:
+    """A call's newest progress, as its reader saw it (``_settle`` stores it with the task)."""
+
+    __slots__ = ("full", "handed", "message")
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+        self.handed = False  # the client got the task's handle: the answer's bytes are no longer kept
+        self.full = asyncio.Event()  # an SSE answer outgrew max_event_bytes before task_after: a task now
+
+    def seen(self, data: bytes) -> None:
+        if b"notifications/progress" in data:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self.message = plan.progress_message(orjson.loads(data)) or self.message
+
+
+def _dumps(doc: Any) -> str:
+    return orjson.dumps(doc).decode()
 
 
 def find_response(content_type: str, body: bytes, request_id: Any, limit: int) -> Any:
@@ -185,15 +206,20 @@ class Tasks:
         ctx = self.ctx
         request[DID] = Action.RELAYED
         call = orjson.dumps({**doc, "params": plan.upstream_params(doc["params"])})
+        progress = Progress()
         reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, upstream_headers(request), call, doc["id"])
+            self._call(request.path_qs, upstream_headers(request), call, doc["id"], progress)
         )
+        full = asyncio.get_running_loop().create_task(progress.full.wait())
         try:
-            done, _ = await asyncio.wait({reader}, timeout=ctx.settings.task_after)
+            # A task at task_after, or sooner when the answer outgrows what may be held for the client.
+            await asyncio.wait({reader, full}, timeout=ctx.settings.task_after, return_when=FIRST_COMPLETED)
         except asyncio.CancelledError:  # the client left before task_after: the call is cancelled, as today
             reader.cancel()
             raise
-        if not done:
+        finally:
+            full.cancel()
+        if not reader.done():
             now = ctx.clock()
             task_id = plan.TASK_ID_PREFIX + secrets.token_urlsafe(plan.TASK_ID_BYTES)
             task = plan.new_task(task_id, self._owner(request), call, now, ctx.settings.task_ttl)
@@ -203,27 +229,56 @@ class Tasks:
                 log.warning("a task could not be stored (%s); the call is answered when it ends", exc)
             else:
                 ctx.metrics.tasks.labels("created").inc()
-                self._start_settling(task, reader)
+                progress.handed = True
+                self._start_settling(task, reader, progress)
                 request[DID] = Action.TASK
                 return answer(doc["id"], plan.created_result(task, self.poll_ms))
         try:
             buffered = await reader
         except ProxyError as error:
             return ctx.reject(request, error, doc["id"])
+        if progress.handed:  # outgrew the buffer (and no task was made of it): the response alone
+            if buffered.response is None:
+                return ctx.reject(
+                    request, UpstreamBadResponse("the call's answer ended without one"), doc["id"]
+                )
+            return web.json_response(buffered.response, status=buffered.status, dumps=_dumps)
         return web.Response(status=buffered.status, headers=buffered.headers, body=buffered.body)
 
     async def _call(
-        self, path_qs: str, headers: list[tuple[str, str]], body: bytes, request_id: Any
+        self,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        request_id: Any,
+        progress: Progress | None = None,
     ) -> Buffered:
-        """Send the call and read its whole answer (a cancellation closes it: the upstream's cancel)."""
+        """Send the call and read its whole answer (a cancellation closes it: the upstream's cancel). An
+        SSE answer is parsed as it comes (its progress, its response); once the task's handle was answered
+        (``Progress.handed``) its bytes are no longer kept (nobody gets them as they came), only the
+        response: a long call's many notifications do not add up against ``max_event_bytes``."""
         ctx = self.ctx
         limit = ctx.settings.max_event_bytes
         upstream = await ctx.upstream.request("POST", path_qs, headers, body, decoded=True)
         try:
             raw = bytearray()
+            events = SSEParser(limit) if upstream.content_type == SSE else None
+            found: Any = None
             try:
                 async for chunk in upstream.content.iter_any():
-                    raw += chunk
+                    if events is None or progress is None or not progress.handed:
+                        raw += chunk  # a JSON answer is its response: kept whole
+                        if events is not None and progress is not None and len(raw) > limit:
+                            progress.handed = True  # an SSE answer too long to hold: a task now
+                            progress.full.set()
+                            raw.clear()
+                    elif raw:
+                        raw.clear()
+                    if events is not None:
+                        for event in events.feed(chunk):
+                            if progress is not None:
+                                progress.seen(event.data)
+                            found = found or find_response("application/json", event.data, request_id, limit)
                     if len(raw) > limit:
                         raise UpstreamBadResponse(f"the call's answer is over {limit} bytes", limit=limit)
             except OSError as exc:
@@ -234,24 +289,27 @@ class Tasks:
                 raise UpstreamUnreachable(f"the call's answer was lost: {type(exc).__name__}") from None
             kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in _FRAMING]
             body_bytes = bytes(raw)
-            response = find_response(upstream.content_type, body_bytes, request_id, limit)
-            return Buffered(upstream.status, kept, body_bytes, response)
+            if events is None:
+                found = find_response(upstream.content_type, body_bytes, request_id, limit)
+            return Buffered(upstream.status, kept, body_bytes, found)
         except asyncio.CancelledError:
             upstream.close()  # closing the answer cancels the call upstream (2026-07-28)
             raise
         finally:
             upstream.release()
 
-    def _start_settling(self, task: Task, reader: asyncio.Task[Buffered]) -> None:
+    def _start_settling(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
         self._running[task.task_id] = reader
-        settle = asyncio.get_running_loop().create_task(self._settle(task, reader))
+        settle = asyncio.get_running_loop().create_task(self._settle(task, reader, progress))
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
 
-    async def _settle(self, task: Task, reader: asyncio.Task[Buffered]) -> None:
+    async def _settle(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
         """Wait for the call's answer and move the task on with it; meanwhile, every poll interval, look
-        whether another replica cancelled it (then close the call here)."""
+        whether another replica cancelled it (then close the call here), and store the call's newest
+        progress with it (its ``statusMessage``)."""
         ctx = self.ctx
+        told = task.message
         try:
             while True:
                 done, _ = await asyncio.wait({reader}, timeout=self.poll_ms / 1000)
@@ -264,6 +322,11 @@ class Tasks:
                         with contextlib.suppress(BaseException):
                             await reader
                         return
+                    if progress.message is not None and progress.message != told:
+                        told = progress.message
+                        news = plan.progressed(stored, told, ctx.clock())
+                        if isinstance(news, Task):
+                            await self.store.advance(news, Status.WORKING, ctx.clock())
             if reader.cancelled() and not self._closing:
                 return  # tasks/cancel here: the task says so already
             nxt = self._outcome(task, reader)
@@ -341,10 +404,12 @@ class Tasks:
         if task.request_state is not None:
             retry["requestState"] = task.request_state
         body = orjson.dumps({**call, "params": retry})
+        progress = Progress()
+        progress.handed = True  # a retry's answer goes to the task only
         reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"])
+            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"], progress)
         )
-        self._start_settling(nxt, reader)
+        self._start_settling(nxt, reader, progress)
         return answer(doc["id"], {"resultType": "complete"})
 
 
