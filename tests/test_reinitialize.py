@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -32,6 +33,7 @@ from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
 from tests.support.sdk import result_text, sdk_session
 
+ROOT = Path(__file__).resolve().parent.parent
 REINITS = "mcpresume_upstream_reinitializations_total"
 TIMEOUT = 60  # generous: a loaded machine starts a Python process slowly
 
@@ -46,8 +48,9 @@ def free_port() -> int:
 class UpstreamProcess:
     """The example upstream (official SDK server) as a process on a fixed port: killed -9, started again."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, shaped: bool = False) -> None:
         self.port = port
+        self.shaped = shaped  # tests/support/shaped_upstream.py instead of the example upstream
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -55,14 +58,19 @@ class UpstreamProcess:
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def start(self) -> None:
+        if self.shaped:
+            args, ready = ["tests.support.shaped_upstream"], f"shaped upstream at {self.url}"
+        else:
+            args, ready = ["mcpresume.examples.upstream", "--any-host"], f"example MCP upstream: {self.url}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mcpresume.examples.upstream", "--port", str(self.port), "--any-host"],
+            [sys.executable, "-m", *args, "--port", str(self.port)],
             stdout=subprocess.PIPE,
             text=True,
+            cwd=ROOT,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # printed once it listens
-        assert line.strip() == f"example MCP upstream: {self.url}", line
+        assert line.strip() == ready, line
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, every session of the process lost."""
@@ -79,8 +87,8 @@ class UpstreamProcess:
 
 
 @contextmanager
-def upstream_process() -> Iterator[UpstreamProcess]:
-    upstream = UpstreamProcess(free_port())
+def upstream_process(*, shaped: bool = False) -> Iterator[UpstreamProcess]:
+    upstream = UpstreamProcess(free_port(), shaped)
     upstream.start()
     try:
         yield upstream
@@ -343,3 +351,40 @@ async def test_a_call_in_flight_at_the_kill_ends_with_the_synthesized_error_once
                 again = await reattach(http, client, proxy.url, cursor)
                 assert [m for m in again if m.get("id") == slow_id] == ends
                 assert not any("result" in m for m in again if m.get("id") == slow_id)
+
+
+async def test_the_log_level_and_a_subscription_are_in_force_after_the_upstream_restarted() -> None:
+    """An SDK server that keeps each session's level and subscriptions (tests/support/shaped_upstream.py),
+    killed -9 and restarted: the session begun again tells the same state, set by the replayed requests
+    (the level last set; the subscription left after an unsubscribe)."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process(shaped=True) as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                for method, params in [
+                    ("logging/setLevel", {"level": "debug"}),
+                    ("resources/subscribe", {"uri": "test://a"}),
+                    ("resources/subscribe", {"uri": "test://b"}),
+                    ("logging/setLevel", {"level": "warning"}),
+                    ("resources/unsubscribe", {"uri": "test://a"}),
+                ]:
+                    assert await request(http, client, method, params) == 200
+                before = await state_of(http, client)
+                assert before == {"level": "warning", "subscriptions": ["test://b"]}
+                async with restarted(upstream):
+                    pass
+                assert await state_of(http, client) == before
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+
+
+async def state_of(http: aiohttp.ClientSession, client: ScriptedClient) -> dict[str, object]:
+    _, body = client.tool_call("state", {})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        assert response.status == 200, await response.text()
+        messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+    told: dict[str, object] = orjson.loads(messages[-1]["result"]["content"][0]["text"])
+    return told
