@@ -11,6 +11,7 @@ the proxy's own 404, ``data.reason`` ``upstream_session_lost`` (never the upstre
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -29,9 +30,11 @@ from mcpresume.core.reinit import Outcome, Recipe
 from mcpresume.daemon.app import RunningProxy
 from mcpresume.daemon.demo import PROTOCOL_VERSION
 from mcpresume.http.reinit import begin_again
+from tests.support.conformance import Unavailable
 from tests.support.metrics import sample
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
 from tests.support.sdk import result_text, sdk_session
+from tests.support.ts_sdk import with_script
 
 ROOT = Path(__file__).resolve().parent.parent
 REINITS = "mcpresume_upstream_reinitializations_total"
@@ -388,3 +391,50 @@ async def state_of(http: aiohttp.ClientSession, client: ScriptedClient) -> dict[
         messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
     told: dict[str, object] = orjson.loads(messages[-1]["result"]["content"][0]["text"])
     return told
+
+
+TS_CLIENT = Path(__file__).parent / "support" / "ts_sdk_reinit_client.mjs"
+
+
+@pytest.mark.parametrize("setting", ["end", "reinitialize"])
+async def test_the_typescript_sdk_client_across_a_kill_9_of_the_upstream(setting: str) -> None:
+    """The official TypeScript SDK client, one session: a call; the SDK server killed -9 and restarted; the
+    next call in the same session succeeds with ``reinitialize``, and fails (the session's 404) with
+    ``end``; the client's session id never changes."""
+    try:
+        node, script = with_script(TS_CLIENT)  # beside its node_modules, where node resolves the SDK from
+    except Unavailable as exc:
+        if exc.skip:
+            pytest.skip(str(exc))
+        raise
+    async with asyncio.timeout(TIMEOUT * 2):
+        with upstream_process() as upstream:
+            async with running_proxy(upstream.url, upstream_session_lost=setting) as proxy:
+                client = await asyncio.create_subprocess_exec(
+                    node,
+                    str(script),
+                    proxy.url,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                try:
+                    assert client.stdout is not None and client.stdin is not None
+                    first = json.loads(await client.stdout.readline())
+                    assert first["first"] == "3"
+                    async with restarted(upstream):
+                        pass
+                    client.stdin.write(b"go\n")
+                    await client.stdin.drain()
+                    second = json.loads(await client.stdout.readline())
+                    assert second["sessionId"] == first["sessionId"]
+                    if setting == "reinitialize":
+                        assert second["second"] == "4"
+                        assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+                    else:
+                        assert second["second"].startswith("error")
+                    assert await client.wait() == 0
+                finally:
+                    if client.returncode is None:
+                        client.kill()
+                        await client.wait()
