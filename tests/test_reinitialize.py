@@ -438,3 +438,25 @@ async def test_the_typescript_sdk_client_across_a_kill_9_of_the_upstream(setting
                     if client.returncode is None:
                         client.kill()
                         await client.wait()
+
+
+async def test_reinitialize_a_standalone_get_first_after_the_restart_begins_the_session_again() -> None:
+    """The first request after the kill -9 is the client's standalone GET (an SDK client reopens it at
+    once): the session is begun again and the stream opened in the new upstream session; the next call is
+    answered with no second re-initialization."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, _ = await recorded_session(http, proxy.url, proxy)
+                async with restarted(upstream):
+                    pass
+                async with http.get(client.url, headers=client.headers(Accept="text/event-stream")) as get:
+                    assert get.status == 200, await get.text()
+                    async with await call(http, client) as response:
+                        assert response.status == 200
+                        messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                    assert messages[-1]["result"]["content"][0]["text"] == "3"
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1

@@ -115,6 +115,7 @@ class ProxyContext:
         """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
         if await self.store.delete_session(session_id, epoch) or epoch is None:
             self.pumps.cancel_session(session_id)
+            self.upstream.aliases.pop(session_id, None)  # begun again upstream (reinitialize): no more
 
     def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
         """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""
