@@ -27,12 +27,15 @@ import pytest
 
 from mcpresume.core.errors import SessionGone
 from mcpresume.core.reinit import Outcome, Recipe
+from mcpresume.core.window import WindowLimits
 from mcpresume.daemon.app import RunningProxy
 from mcpresume.daemon.demo import PROTOCOL_VERSION
 from mcpresume.http.reinit import begin_again
 from tests.support.conformance import Unavailable
 from tests.support.metrics import sample
+from tests.support.pods import kill, pods
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
+from tests.support.redis import MakeRedisStore
 from tests.support.sdk import result_text, sdk_session
 from tests.support.ts_sdk import with_script
 
@@ -460,3 +463,44 @@ async def test_reinitialize_a_standalone_get_first_after_the_restart_begins_the_
                         messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
                     assert messages[-1]["result"]["content"][0]["text"] == "3"
                 assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+
+
+async def test_sidecar_layout_with_redis_a_pod_killed_the_client_goes_on_with_its_session_on_another(
+    redis_db: str, redis_stores: MakeRedisStore
+) -> None:
+    """Two pods (each an SDK upstream with a proxy as its sidecar) over Redis; the session's pod killed -9
+    mid-call. The call in flight ends with ``upstream_stream_lost`` (re-attached on b: the window's tail,
+    then the error); b's upstream never saw the session, and under ``reinitialize`` the takeover keeps it:
+    its next call on b begins it again on b's upstream, from the recipe in Redis, and is answered."""
+    store = await redis_stores(redis_db, WindowLimits(256, 1 << 20, 300.0), session_ttl=60.0)
+    settings = {"owner_lease_ttl": 1.0, "session_ttl": 60.0, "upstream_session_lost": "reinitialize"}
+    async with (
+        asyncio.timeout(TIMEOUT),
+        pods(store, 2, **settings) as (a, b),
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        _, slow = client.tool_call("count_slowly", {"n": 200, "delay": 0.05})
+        async with http.post(a.url, data=slow, headers=client.headers()) as response:
+            head = await collect(response, limit=3)
+            await kill(a.proxy)  # kill -9, mid-call
+        cursor = head[-1].id
+        assert cursor is not None
+        tail = await reattach(http, client, b.url, cursor)
+        (error,) = [m for m in tail if "error" in m]
+        assert error["error"]["data"]["reason"] == "upstream_stream_lost"
+        async with await call(http, client_on(client, b.url)) as answer:
+            assert answer.status == 200, await answer.text()
+            messages = [orjson.loads(e.data) for e in await collect(answer) if e.data]
+        assert messages[-1]["result"]["content"][0]["text"] == "3"
+        assert sample(b.proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+        granted = await store.access(client.session_id)
+        assert granted is not None and granted.upstream_id not in (None, client.session_id)
+
+
+def client_on(client: ScriptedClient, url: str) -> ScriptedClient:
+    """The same session's client, its requests sent to another pod."""
+    moved = ScriptedClient(client.http, url)
+    moved.session_id, moved.next_id = client.session_id, client.next_id
+    return moved
