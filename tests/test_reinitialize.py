@@ -197,6 +197,9 @@ async def test_reinitialize_records_the_initialize_and_the_shaping_requests_and_
         assert recipe.params["clientInfo"] == {"name": "mcpresume-demo", "version": "1"}
         assert recipe.params["protocolVersion"] == PROTOCOL_VERSION
         assert recipe.level == "error" and recipe.subscriptions == {"file:///b"} and recipe.standalone
+        # What the initialize's answer told the client (kept on its notifications/initialized).
+        assert recipe.version == PROTOCOL_VERSION
+        assert recipe.capabilities is not None and "tools" in recipe.capabilities
 
 
 async def recorded_session(

@@ -25,7 +25,19 @@ from aiohttp import web
 from mcpresume.core.errors import ProxyError, UpstreamSessionLost, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import proxy_request_id
-from mcpresume.core.reinit import SHAPING, Outcome, Recipe, Step, begin, fold, judge, replay, with_standalone
+from mcpresume.core.reinit import (
+    INITIALIZED,
+    SHAPING,
+    Outcome,
+    Recipe,
+    Step,
+    begin,
+    fold,
+    judge,
+    replay,
+    told,
+    with_standalone,
+)
 from mcpresume.core.session import SessionAccess
 from mcpresume.core.sse import SSEParser
 from mcpresume.http.context import ProxyContext
@@ -34,6 +46,7 @@ from mcpresume.process.logs import log_id
 
 log = logging.getLogger("mcpresume.proxy")
 
+FIRST_STREAM: Final = 1  # a session's first stream: its initialize's answer, when it was an SSE stream
 ATTEMPTS: Final = 8  # compare-and-set rounds before giving up (each lost round: another writer progressed)
 
 
@@ -65,8 +78,13 @@ async def began(ctx: ProxyContext, session_id: str, epoch: str, body: bytes) -> 
 async def shaped(
     ctx: ProxyContext, session_id: str, epoch: str, methods: tuple[str, ...], body: bytes
 ) -> None:
-    """The upstream answered 2xx to a POST of the session: its shaping requests folded into the recipe."""
-    if not recording(ctx) or SHAPING.isdisjoint(methods):
+    """The upstream answered 2xx to a POST of the session: its shaping requests folded into the recipe;
+    its ``notifications/initialized``: what the initialize's answer told the client, kept with it."""
+    if not recording(ctx):
+        return
+    if INITIALIZED in methods:
+        await _told(ctx, session_id, epoch)
+    if SHAPING.isdisjoint(methods):
         return
     requests = [
         (m["method"], m.get("params"))
@@ -81,6 +99,31 @@ async def shaped(
         return changed
 
     await _keep(ctx, session_id, epoch, change)
+
+
+async def _told(ctx: ProxyContext, session_id: str, epoch: str) -> None:
+    """The initialize's answer, as its SSE stream (the session's first) kept it: the protocol version and
+    the capabilities the client was told, which a new upstream is judged by (``core.reinit.judge``). Once
+    per session (the client's ``notifications/initialized``); an answer not kept (a JSON one, evicted)
+    leaves the recipe without them."""
+    try:
+        kept = await ctx.store.read(session_id, [FIRST_STREAM], 0)
+    except ProxyError:
+        return
+    if kept is None:
+        return
+    parser = SSEParser(ctx.settings.max_event_bytes)
+    answer: Any = None
+    for event in parser.feed(kept.body()):
+        try:
+            doc = orjson.loads(event.data) if event.data else None
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("result"), dict):
+            answer = doc["result"]
+            break
+    if answer is not None:
+        await _keep(ctx, session_id, epoch, lambda recipe: told(recipe, answer))
 
 
 async def standalone_opened(ctx: ProxyContext, session_id: str, epoch: str) -> None:
