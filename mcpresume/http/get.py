@@ -293,7 +293,7 @@ class Gets:
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
-                await reinit.standalone_opened(ctx, session_id, granted.epoch)
+                await reinit.standalone_opened(ctx, session_id, granted.epoch, opened.number)
             if opened is not None:
                 reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)

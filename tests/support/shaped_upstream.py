@@ -18,7 +18,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
+from mcp.server.lowlevel import NotificationOptions, Server
 
 from mcpresume.examples.upstream import MCP_PATH, RunningUpstream
 
@@ -32,6 +32,16 @@ _ADD_TOOL = types.Tool(
     description="a + b",
     input_schema={"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
 )
+
+
+class _ListChanging(Server[Any]):
+    """Announces ``tools.listChanged`` (the low-level server's default is false): a session begun again
+    upstream is followed by ``notifications/tools/list_changed`` to the client."""
+
+    def create_initialization_options(
+        self, notification_options: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        return super().create_initialization_options(NotificationOptions(tools_changed=True), *args, **kwargs)
 
 
 def build_server() -> Server[Any]:
@@ -79,7 +89,7 @@ def build_server() -> Server[Any]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # logging is deprecated in a later revision; 2025-11-25 has it
-        return Server(
+        return _ListChanging(
             "mcpresume-shaped-upstream",
             version="1.0.0",
             on_list_tools=list_tools,
