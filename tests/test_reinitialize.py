@@ -31,6 +31,7 @@ from mcpresume.core.window import WindowLimits
 from mcpresume.daemon.app import RunningProxy
 from mcpresume.daemon.demo import PROTOCOL_VERSION
 from mcpresume.http.reinit import begin_again
+from mcpresume.store.memory import MemoryStore
 from tests.support.conformance import Unavailable
 from tests.support.metrics import sample
 from tests.support.pods import kill, pods
@@ -534,3 +535,46 @@ async def test_the_client_is_told_the_lists_may_have_changed_where_its_capabilit
                 assert note == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
                 assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
                 assert proxy.ctx.list_changes == {}
+
+
+class RecipeCounting(MemoryStore):
+    """A memory store counting the calls ``reinitialize`` adds (recipe reads and writes, the mapping)."""
+
+    def __init__(self) -> None:
+        super().__init__(WindowLimits(256, 1 << 20, 300.0), session_ttl=300.0, max_sessions=100, retry_ms=100)
+        self.calls = 0
+
+    async def recipe(self, session_id: str, epoch: str) -> bytes | None:
+        self.calls += 1
+        return await super().recipe(session_id, epoch)
+
+    async def keep_recipe(self, session_id: str, epoch: str, expected: bytes | None, recipe: bytes) -> bool:
+        self.calls += 1
+        return await super().keep_recipe(session_id, epoch, expected, recipe)
+
+    async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
+        self.calls += 1
+        return await super().map_upstream(session_id, epoch, expected, upstream_id)
+
+
+async def test_end_asks_the_store_nothing_more_on_any_request() -> None:
+    """``end`` (the default): an initialize, the shaping requests, a call and a standalone GET make no
+    recipe or mapping call to the store (the request path costs what it did); ``reinitialize`` makes some."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process(shaped=True) as upstream:
+            for setting, expected_none in (("end", True), ("reinitialize", False)):
+                store = RecipeCounting()
+                async with (
+                    running_proxy(upstream.url, upstream_session_lost=setting, store_instance=store) as proxy,
+                    aiohttp.ClientSession() as http,
+                ):
+                    client = ScriptedClient(http, proxy.url)
+                    await client.initialize()
+                    assert await request(http, client, "logging/setLevel", {"level": "info"}) == 200
+                    assert await request(http, client, "resources/subscribe", {"uri": "test://a"}) == 200
+                    assert await state_of(http, client) == {"level": "info", "subscriptions": ["test://a"]}
+                    async with http.get(
+                        client.url, headers=client.headers(Accept="text/event-stream")
+                    ) as get:
+                        assert get.status == 200
+                assert (store.calls == 0) is expected_none, (setting, store.calls)
