@@ -29,7 +29,7 @@ every statement the clients received against it.
 | ``lost_call`` | neither a result nor an error within the call deadline (nothing told the client) |
 | ``silent_gap`` | progress with a hole (or short of the last step) followed by a result, or by nothing |
 | ``progress_out_of_order`` | a progress step received after a later one, never before |
-| ``retired_live_session`` | 404 ``unknown_session`` (or ``upstream_session_lost``) while the session was not gone |
+| ``retired_live_session`` | 404 ``unknown_session`` or ``upstream_session_lost``, the session not gone |
 | ``false_stream_lost`` | ``upstream_stream_lost`` while the execution was not lost |
 | ``false_store_unavailable`` | 503 ``store_unavailable`` with no store fault near |
 | ``untruthful_error`` | another reason, with nothing near that makes it true (see `Checker.judge`) |
