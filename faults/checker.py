@@ -29,7 +29,7 @@ every statement the clients received against it.
 | ``lost_call`` | neither a result nor an error within the call deadline (nothing told the client) |
 | ``silent_gap`` | progress with a hole (or short of the last step) followed by a result, or by nothing |
 | ``progress_out_of_order`` | a progress step received after a later one, never before |
-| ``retired_live_session`` | 404 ``unknown_session`` while the session was not gone |
+| ``retired_live_session`` | 404 ``unknown_session`` or ``upstream_session_lost``, the session not gone |
 | ``false_stream_lost`` | ``upstream_stream_lost`` while the execution was not lost |
 | ``false_store_unavailable`` | 503 ``store_unavailable`` with no store fault near |
 | ``untruthful_error`` | another reason, with nothing near that makes it true (see `Checker.judge`) |
@@ -478,7 +478,8 @@ class Checker:
     ) -> bool:
         """Whether an answer with ``reason`` at ``t`` told the truth; flags it if it did not.
 
-        ``unknown_session``: the session was gone; ``upstream_stream_lost``: the execution was lost;
+        ``unknown_session`` (and ``upstream_session_lost``, the one its upstream lost): the session was
+        gone; ``upstream_stream_lost``: the execution was lost;
         ``store_unavailable``: a store fault near; ``owner_unreachable``, ``owner_lost``, ``misrouted_hop``:
         a replica fault near; ``upstream_unreachable``, ``upstream_timeout``: an upstream fault near (a
         restart; in the sidecar layout also a pod's kill), or a proxy's pause (every deadline a frozen
@@ -486,7 +487,7 @@ class Checker:
         (a cursor rejection of a cursor the proxy issued, a limit this load never reaches, ``shutting_down``
         from a proxy never asked to stop) is never true in a campaign."""
         world = self.world
-        if reason == "unknown_session":
+        if reason in ("unknown_session", "upstream_session_lost"):
             if world.session_gone(sid, t):
                 return True
             holder = world.session_holder.get(sid or "")

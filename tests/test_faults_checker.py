@@ -209,10 +209,12 @@ def test_unknown_session_while_the_session_lives_is_a_retired_live_session() -> 
     assert story.verdict().violations[0].cell == str(FaultKind.REDIS_FULL)
 
 
-def test_unknown_session_after_its_upstream_died_is_true() -> None:
+@pytest.mark.parametrize("reason", ["unknown_session", "upstream_session_lost"])
+def test_unknown_session_after_its_upstream_died_is_true(reason: str) -> None:
+    """Either 404 the proxy gives a session its upstream lost (``upstream_session_lost`` says so)."""
     story = Story().fault(5, 8, FaultKind.RESTART_UPSTREAM)
     story.proc(5, "upstream-a", UPSTREAM_PID, "killed").proc(7, "upstream-a", 101, "started")
-    story.call("c1", 4, result=None).http(9, 404, "unknown_session", "c1").error(9, "c1", "unknown_session")
+    story.call("c1", 4, result=None).http(9, 404, reason, "c1").error(9, "c1", reason)
     verdict = story.verdict()
     assert verdict.violations == []
     assert verdict.cells[str(FaultKind.RESTART_UPSTREAM)].truthful == 1

@@ -150,6 +150,7 @@ class Outcome(enum.Enum):
     REFUSED = "refused"  # the upstream refused the initialize, or a shaping request
     VERSION_CHANGED = "version_changed"  # it negotiated another protocol version than the client's
     FEWER_CAPABILITIES = "fewer_capabilities"  # it offers less than the client was told
+    SUPERSEDED = "superseded"  # another replica mapped the session to its upstream session first
 
 
 def covers(offered: Any, told_: Any) -> bool:

@@ -254,6 +254,8 @@ async def reap_once(ctx: ProxyContext) -> None:
     dropped, evicted = await ctx.store.reap(now)
     for session_id in dropped:
         ctx.pumps.cancel_session(session_id)
+        ctx.upstream.aliases.pop(session_id, None)  # begun again upstream (reinitialize): no more
+        ctx.list_changes.pop(session_id, None)
         log.info("session %s expired after %.0f s idle", log_id(session_id), ctx.settings.session_ttl)
     ctx.metrics.expired_sessions.inc(len(dropped))
     ctx.metrics.evicted(evicted)

@@ -89,6 +89,12 @@ class ProxyContext:
     # The store is this app's, closed when it stops (False: shared with other proxies of this process, as
     # in tests, and closed by whoever made it).
     owns_store: bool = True
+    # Sessions begun again upstream here (upstream_session_lost = "reinitialize") whose */list_changed
+    # notifications wait for a standalone stream to carry them to the client (``http/reinit.py``).
+    list_changes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The re-initializations running here, by session: a request of the session that meets the upstream's
+    # 404 meanwhile waits for the one running (``http.reinit.recover``) rather than begin another.
+    reinitializing: dict[str, Any] = field(default_factory=dict)
 
     # -- what the drain closes (``drain.Closing``) -----------------------------------------------------------
 
@@ -117,6 +123,8 @@ class ProxyContext:
         """Forget the session (only its incarnation ``epoch``, when given) and stop its pumps."""
         if await self.store.delete_session(session_id, epoch) or epoch is None:
             self.pumps.cancel_session(session_id)
+            self.upstream.aliases.pop(session_id, None)  # begun again upstream (reinitialize): no more
+            self.list_changes.pop(session_id, None)
 
     def reject(self, request: web.Request, error: ProxyError, request_id: Any = None) -> web.Response:
         """The answer to a refusal: status, JSON-RPC error body with a stable reason, one log line."""

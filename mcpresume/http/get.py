@@ -260,6 +260,18 @@ class Gets:
             with ctx.drain.upstream_wait(standalone=True):
                 upstream = answer = await ctx.upstream.open_get(request.path_qs, upstream_headers(request))
             ahead.settle()  # the head came: the upstream has the stream before the session's next call
+            if answer.status == 404 and reinit.recording(ctx) and trusted(ctx, request, granted):
+                answer.release()  # the upstream lost the session: begin it again, open the stream there
+                upstream = None
+                again = await reinit.recover(ctx, request, session_id, granted)
+                if not isinstance(again, SessionAccess):
+                    await ctx.drop_session(session_id, granted.epoch)
+                    raise again
+                granted = again
+                with ctx.drain.upstream_wait(standalone=True):
+                    upstream = answer = await ctx.upstream.open_get(
+                        request.path_qs, upstream_headers(request)
+                    )
             if answer.status == 404 and trusted(ctx, request, granted):
                 # Forgotten (the upstream says so to credentials accepted in it): the client re-initializes,
                 # told so by the proxy's own 404 (with its reason), as for any session it no longer tracks.
@@ -281,7 +293,7 @@ class Gets:
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)
                     raise UnknownSession(SessionGone.ENDED_WHILE_OPENING)
-                await reinit.standalone_opened(ctx, session_id, granted.epoch)
+                await reinit.standalone_opened(ctx, session_id, granted.epoch, opened.number)
             if opened is not None:
                 reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
                 job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)

@@ -25,15 +25,30 @@ from aiohttp import web
 from mcpresume.core.errors import ProxyError, UpstreamSessionLost, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import proxy_request_id
-from mcpresume.core.reinit import SHAPING, Outcome, Recipe, Step, begin, fold, judge, replay, with_standalone
-from mcpresume.core.session import SessionAccess
-from mcpresume.core.sse import SSEParser
+from mcpresume.core.reinit import (
+    INITIALIZED,
+    SHAPING,
+    Outcome,
+    Recipe,
+    Step,
+    begin,
+    fold,
+    judge,
+    list_changed,
+    replay,
+    told,
+    with_standalone,
+)
+from mcpresume.core.session import NewEvent, SessionAccess
+from mcpresume.core.sse import SSEParser, frame_body
+from mcpresume.core.window import EventKind
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.forward import upstream_headers
 from mcpresume.process.logs import log_id
 
 log = logging.getLogger("mcpresume.proxy")
 
+FIRST_STREAM: Final = 1  # a session's first stream: its initialize's answer, when it was an SSE stream
 ATTEMPTS: Final = 8  # compare-and-set rounds before giving up (each lost round: another writer progressed)
 
 
@@ -65,8 +80,13 @@ async def began(ctx: ProxyContext, session_id: str, epoch: str, body: bytes) -> 
 async def shaped(
     ctx: ProxyContext, session_id: str, epoch: str, methods: tuple[str, ...], body: bytes
 ) -> None:
-    """The upstream answered 2xx to a POST of the session: its shaping requests folded into the recipe."""
-    if not recording(ctx) or SHAPING.isdisjoint(methods):
+    """The upstream answered 2xx to a POST of the session: its shaping requests folded into the recipe;
+    its ``notifications/initialized``: what the initialize's answer told the client, kept with it."""
+    if not recording(ctx):
+        return
+    if INITIALIZED in methods:
+        await _told(ctx, session_id, epoch)
+    if SHAPING.isdisjoint(methods):
         return
     requests = [
         (m["method"], m.get("params"))
@@ -83,10 +103,68 @@ async def shaped(
     await _keep(ctx, session_id, epoch, change)
 
 
-async def standalone_opened(ctx: ProxyContext, session_id: str, epoch: str) -> None:
-    """A standalone GET of the session opened upstream: a re-initialization opens one again."""
+async def _told(ctx: ProxyContext, session_id: str, epoch: str) -> None:
+    """The initialize's answer, as its SSE stream (the session's first) kept it: the protocol version and
+    the capabilities the client was told, which a new upstream is judged by (``core.reinit.judge``). Once
+    per session (the client's ``notifications/initialized``); an answer not kept (a JSON one, evicted)
+    leaves the recipe without them."""
+    try:
+        kept = await ctx.store.read(session_id, [FIRST_STREAM], 0)
+    except ProxyError:
+        return
+    if kept is None:
+        return
+    parser = SSEParser(ctx.settings.max_event_bytes)
+    answer: Any = None
+    for event in parser.feed(kept.body()):
+        try:
+            doc = orjson.loads(event.data) if event.data else None
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("result"), dict):
+            answer = doc["result"]
+            break
+    if answer is not None:
+        await _keep(ctx, session_id, epoch, lambda recipe: told(recipe, answer))
+
+
+async def standalone_opened(ctx: ProxyContext, session_id: str, epoch: str, stream: int) -> None:
+    """A standalone GET of the session opened upstream (stream ``stream``, its pump not started yet):
+    kept with the recipe, and the client told of a re-initialization's list changes first."""
     if recording(ctx):
         await _keep(ctx, session_id, epoch, lambda recipe: with_standalone(recipe, True))
+        names = ctx.list_changes.pop(session_id, ())
+        if names:
+            await _notify(ctx, session_id, stream, names)
+
+
+async def _notify(ctx: ProxyContext, session_id: str, stream: int, names: tuple[str, ...]) -> None:
+    """The ``*/list_changed`` notifications appended to a standalone stream of the session (the new upstream
+    may list other tools, prompts, resources: the client lists them again)."""
+    events = [
+        NewEvent(frame_body(orjson.dumps({"jsonrpc": "2.0", "method": name})), EventKind.MESSAGE)
+        for name in names
+    ]
+    try:
+        await ctx.store.append(session_id, stream, events, ctx.clock())
+    except ProxyError as error:
+        log.warning("session %s: list changes not sent: %s", log_id(session_id), error.message)
+
+
+async def told_list_changes(ctx: ProxyContext, session_id: str, recipe: Recipe) -> None:
+    """After a re-initialization: the notifications the capabilities the client was told allow, on the
+    session's live standalone stream, or on the next one opened here (``standalone_opened``)."""
+    names = list_changed(recipe)
+    if not names:
+        return
+    try:
+        stream = await ctx.store.standalone_stream(session_id)
+    except ProxyError:
+        stream = None
+    if stream is None:
+        ctx.list_changes[session_id] = names
+    else:
+        await _notify(ctx, session_id, stream, names)
 
 
 async def _keep(
@@ -147,7 +225,8 @@ async def begin_again(
     base = [(n, v) for n, v in credentials if n.lower() not in _NOT_CARRIED]
     base += [("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
     begun = await _handshake(ctx, path_qs, base, recipe)
-    ctx.metrics.upstream_reinitializations.labels(begun.outcome.value).inc()
+    if begun.outcome is not Outcome.REINITIALIZED:  # a success is counted once mapped (``recover``)
+        ctx.metrics.upstream_reinitializations.labels(begun.outcome.value).inc()
     return begun
 
 
@@ -274,9 +353,29 @@ async def recover(
     """The upstream answered 404 to a request of a session it served (it lost it): begin it again there
     from its recipe with this request's credentials, and map the client's id to the upstream's new one by
     compare-and-set (the replica that loses ends the upstream session it began, and uses the winner's).
-    The access the request is forwarded again with, or why the session ends instead."""
+    The access the request is forwarded again with, or why the session ends instead. Requests of one
+    session that meet the 404 together here share one re-initialization."""
+    running = ctx.reinitializing.get(session_id)
+    if running is None:
+        running = asyncio.ensure_future(_recover(ctx, request, session_id, granted))
+        ctx.reinitializing[session_id] = running
+        running.add_done_callback(lambda _: ctx.reinitializing.pop(session_id, None))
+    again: SessionAccess | UpstreamSessionLost = await asyncio.shield(running)
+    return again
+
+
+async def _recover(
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
+) -> SessionAccess | UpstreamSessionLost:
     store = ctx.store
     try:
+        fresh = await store.access(session_id)
+        if fresh is None or fresh.epoch != granted.epoch:
+            return UpstreamSessionLost(outcome="ended_meanwhile")
+        if fresh.upstream_id != granted.upstream_id:  # begun again since this request was read: use it
+            if fresh.upstream_id is not None:
+                ctx.upstream.aliases[session_id] = fresh.upstream_id
+            return fresh
         kept = await store.recipe(session_id, granted.epoch)
     except ProxyError as error:
         log.warning("session %s: its recipe could not be read: %s", log_id(session_id), error.message)
@@ -303,7 +402,10 @@ async def recover(
         )
         return UpstreamSessionLost(outcome=Outcome.REFUSED.value)
     ctx.upstream.aliases[session_id] = upstream_id
+    outcome = Outcome.REINITIALIZED if won else Outcome.SUPERSEDED
+    ctx.metrics.upstream_reinitializations.labels(outcome.value).inc()
     if won:
+        await told_list_changes(ctx, session_id, recipe)
         log.info(
             "session %s: begun again upstream (its upstream lost it): upstream session %s; the client's id, "
             "cursors and window unchanged",
