@@ -203,6 +203,7 @@ class ClientWriter:
             writer._headers_written = True  # as aiohttp's own send_headers() marks it, in the same write
             writer._headers_buf = None
             parts.insert(0, held)
+            writer.output_size += len(held)  # as aiohttp counts a head it sends (the access log subtracts it)
         else:
             writer.send_headers()  # (aiohttp's without a held head: sent at prepare() already)
         writer.output_size += len(data)  # what aiohttp counts as the body sent (its access log)
