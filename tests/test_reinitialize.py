@@ -578,3 +578,27 @@ async def test_end_asks_the_store_nothing_more_on_any_request() -> None:
                     ) as get:
                         assert get.status == 200
                 assert (store.calls == 0) is expected_none, (setting, store.calls)
+
+
+async def test_a_new_upstream_offering_fewer_capabilities_ends_the_session_with_its_reason() -> None:
+    """The server restarted on the same port is another one (the shaped upstream: no prompts, which the
+    client was told of): not begun again; the call gets the proxy's 404 ``upstream_session_lost`` with
+    ``data.outcome`` ``fewer_capabilities``, the session ends, and it is counted so."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client, recipe = await recorded_session(http, proxy.url, proxy)
+                assert recipe.capabilities is not None and "prompts" in recipe.capabilities
+                await asyncio.to_thread(upstream.kill)
+                upstream.shaped = True
+                await asyncio.to_thread(upstream.start)
+                async with await call(http, client) as response:
+                    assert response.status == 404
+                    error = await error_of(response)
+                assert error["data"] == {"reason": "upstream_session_lost", "outcome": "fewer_capabilities"}
+                assert not await proxy.ctx.store.has_session(client.session_id)
+                assert sample(proxy.ctx.metrics, REINITS, outcome="fewer_capabilities") == 1
+                assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 0
