@@ -1,0 +1,162 @@
+"""The sidecar layout over Redis, every part a real process, a whole pod killed -9 (issue #33, Deliver 6).
+
+Each pod is the official SDK server (``python -m mcpresume.examples.upstream``, knowing only its own
+sessions) and a ``mcpresume serve`` process as its sidecar; both pods share a real ``redis-server``. The
+session's pod is killed with SIGKILL, proxy and upstream both (a node lost, an eviction), while a call of
+the session streams. The client goes on with its next request at the other pod, as a balancer would send
+it there: once the dead pod's lease lapses, that pod takes the session over.
+
+``reinitialize``: the takeover keeps the session, whose next call begins it again on the other pod's
+upstream from the recipe in Redis and is answered, in the same session id; the call in flight at the kill
+ends with ``upstream_stream_lost``, once; a re-attach with a cursor from before the kill gets what
+followed it. ``end`` (the default): the other pod's upstream never saw the session, so it ends, and the
+client's next request gets the proxy's own 404 with a ``data.reason`` (today's behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from mcpresume.core.errors import SessionGone
+from tests.support.poll import until
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach
+from tests.test_redis_scale import Sidecar
+from tests.test_reinitialize import UpstreamProcess, free_port
+
+TIMEOUT = 120  # generous: four Python processes start on a loaded two-core machine
+# What another pod answers while the dead owner's lease has not lapsed yet (its requests forwarded to a
+# pod that does not answer), or before the takeover is decided: a truthful retry, never the session's end.
+RETRY_REASONS = frozenset({"owner_unreachable", "owner_lost"})
+
+
+@dataclass
+class PodProcesses:
+    """One pod: the SDK server and its sidecar proxy, each a process of its own."""
+
+    upstream: UpstreamProcess
+    proxy: Sidecar
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    async def kill(self) -> None:
+        """kill -9 of the whole pod: the proxy first (it writes nothing after), then its upstream."""
+        self.proxy.signal(9)
+        await self.proxy.wait()
+        await asyncio.to_thread(self.upstream.kill)
+
+
+@contextlib.asynccontextmanager
+async def pod_processes(store: str, count: int, **settings: Any) -> AsyncIterator[list[PodProcesses]]:
+    tag = uuid.uuid4().hex[:6]  # replica names of their own: the registry outlives a test in one Redis
+    async with contextlib.AsyncExitStack() as stack:
+        running: list[PodProcesses] = []
+        for index in range(count):
+            upstream = UpstreamProcess(free_port())
+            await asyncio.to_thread(upstream.start)  # off the loop: it reads a pipe
+            stack.callback(upstream.stop)
+            proxy = Sidecar(f"pod-{'ab'[index]}-{tag}", upstream.url, store, **settings)
+            await proxy.start()
+            stack.push_async_callback(proxy.stop)
+            running.append(PodProcesses(upstream, proxy))
+        yield running
+
+
+async def call_after_takeover(
+    http: aiohttp.ClientSession, client: ScriptedClient, url: str
+) -> tuple[int, dict[str, Any]]:
+    """``add(1, 2)`` in the session at ``url``, sent again while the answer is a retry (the dead owner's
+    lease not lapsed yet); the final status and its JSON-RPC answer (the result's, or the refusal's)."""
+    while True:
+        _, body = client.tool_call("add", {"a": 1, "b": 2})
+        async with http.post(url, data=body, headers=client.headers()) as response:
+            if response.status == 200:
+                assert response.headers.get("Mcp-Session-Id", client.session_id) == client.session_id
+                messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+                (answer,) = [m for m in messages if "result" in m or "error" in m]
+                return 200, answer
+            error = await error_of(response)
+            if response.status in (502, 503) and error["data"]["reason"] in RETRY_REASONS:
+                await asyncio.sleep(0.2)
+                continue
+            return response.status, error
+
+
+async def request(http: aiohttp.ClientSession, client: ScriptedClient, method: str, params: Any) -> int:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": client._id(), "method": method, "params": params})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        await response.read()
+        return response.status
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("setting", ["reinitialize", "end"])
+async def test_a_whole_pod_killed_9_the_client_goes_on_with_its_session_on_the_other_pod(
+    redis_server: str, setting: str
+) -> None:
+    async with (
+        asyncio.timeout(TIMEOUT),
+        pod_processes(redis_server, 2, upstream_session_lost=setting) as (a, b),
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        assert await request(http, client, "logging/setLevel", {"level": "debug"}) == 200
+        slow_id, slow = client.tool_call("count_slowly", {"n": 1000, "delay": 0.05})
+        async with http.post(a.url, data=slow, headers=client.headers()) as response:
+            assert response.status == 200
+            head = await collect(response, limit=4)  # progress 1..4 at least: the call is running
+            await a.kill()
+            with contextlib.suppress(aiohttp.ClientError):  # the connection ends with the pod
+                head += await collect(response)
+        seen = [(e.id, orjson.loads(e.data)) for e in head if e.data and e.id]
+        progress = [m["params"]["progress"] for _, m in seen if m.get("method") == "notifications/progress"]
+        assert progress[:4] == [1, 2, 3, 4] and progress == list(range(1, len(progress) + 1))
+        assert not any(m.get("id") == slow_id for _, m in seen)  # it was in flight at the kill
+        early = seen[1][0]  # a cursor from before the kill: after progress 1 (or its priming)
+        assert early is not None
+
+        status, answer = await call_after_takeover(http, client, b.url)
+        if setting == "end":
+            # b's upstream never saw the session: it ends, and the client is told so by the proxy's 404.
+            assert status == 404, answer
+            assert answer["data"]["reason"] == "unknown_session"
+            assert answer["message"] == SessionGone.UNTRACKED.value
+            return
+
+        # The next call, in the same session id, is answered on b (begun again on b's upstream).
+        assert status == 200, (answer, b.proxy.log[-20:])
+        assert answer["result"]["content"][0]["text"] == "3"
+        await until(
+            lambda: any("begun again upstream" in line for line in b.proxy.log),
+            timeout=30,
+            what="b's log line for the re-initialization",
+        )
+        assert sum("begun again upstream" in line for line in b.proxy.log) == 1
+        # The call in flight at the kill: ended with upstream_stream_lost, once; a re-attach with a cursor
+        # from before the kill gets what followed it (the progress the client had, then the rest kept).
+        tail = await reattach(http, client, b.url, early)
+        after = [m for _, m in seen[2:]]
+        assert tail[: len(after)] == after
+        more = [m["params"]["progress"] for m in tail if m.get("method") == "notifications/progress"]
+        assert more == list(range(more[0], more[0] + len(more))) and more[0] <= 3
+        ends = [m for m in tail if m.get("id") == slow_id]
+        assert len(ends) == 1, ends
+        assert ends[0]["error"]["data"]["reason"] == "upstream_stream_lost"
+        assert tail[-1] == ends[0]  # nothing after its end
+        # Once, whichever cursor it is re-attached from.
+        assert [m for m in await reattach(http, client, b.url, seen[-1][0]) if m.get("id") == slow_id] == ends
+        # The session goes on: another call, no second re-initialization.
+        status, answer = await call_after_takeover(http, client, b.url)
+        assert status == 200 and answer["result"]["content"][0]["text"] == "3"
+        assert sum("begun again upstream" in line for line in b.proxy.log) == 1
