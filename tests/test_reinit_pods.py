@@ -11,6 +11,9 @@ upstream from the recipe in Redis and is answered, in the same session id; the c
 ends with ``upstream_stream_lost``, once; a re-attach with a cursor from before the kill gets what
 followed it. ``end`` (the default): the other pod's upstream never saw the session, so it ends, and the
 client's next request gets the proxy's own 404 with a ``data.reason`` (today's behaviour).
+
+Replicas in front of one upstream: the session's mapping to its new upstream session lives in the store,
+and every upstream-bound request of the session, on any replica, goes to the upstream session it names.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ import orjson
 import pytest
 
 from mcpresume.core.errors import SessionGone
+from mcpresume.core.window import WindowLimits
+from tests.support.metrics import sample
 from tests.support.poll import until
-from tests.support.proxy import ScriptedClient, collect, error_of, reattach
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy
+from tests.support.redis import MakeRedisStore
 from tests.test_redis_scale import Sidecar
-from tests.test_reinitialize import UpstreamProcess, free_port
+from tests.test_reinitialize import REINITS, UpstreamProcess, call, free_port, restarted, upstream_process
 
 TIMEOUT = 120  # generous: four Python processes start on a loaded two-core machine
 # What another pod answers while the dead owner's lease has not lapsed yet (its requests forwarded to a
@@ -160,3 +166,53 @@ async def test_a_whole_pod_killed_9_the_client_goes_on_with_its_session_on_the_o
         status, answer = await call_after_takeover(http, client, b.url)
         assert status == 200 and answer["result"]["content"][0]["text"] == "3"
         assert sum("begun again upstream" in line for line in b.proxy.log) == 1
+
+
+async def test_a_get_and_a_delete_on_another_replica_go_to_the_upstream_session_the_store_maps(
+    redis_db: str, redis_stores: MakeRedisStore
+) -> None:
+    """Two replicas over Redis in front of one SDK server (no owner routing: either serves any request).
+    The server killed -9 and restarted; x begins the session again on a call. y never served the session:
+    its standalone GET opens in the new upstream session (read from the store with the session's access,
+    not learnt by y), with no second re-initialization; its DELETE ends the new upstream session."""
+    limits = WindowLimits(256, 1 << 20, 300.0)
+    store_x, store_y = await redis_stores(redis_db, limits), await redis_stores(redis_db, limits)
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process() as upstream:
+            async with (
+                running_proxy(
+                    upstream.url, upstream_session_lost="reinitialize", store_instance=store_x
+                ) as x,
+                running_proxy(
+                    upstream.url, upstream_session_lost="reinitialize", store_instance=store_y
+                ) as y,
+                aiohttp.ClientSession() as http,
+            ):
+                client = ScriptedClient(http, x.url)
+                await client.initialize()
+                async with restarted(upstream):
+                    pass
+                async with await call(http, client) as response:
+                    assert response.status == 200, await response.text()
+                    await response.read()
+                assert sample(x.ctx.metrics, REINITS, outcome="reinitialized") == 1
+                granted = await store_x.access(client.session_id)
+                assert granted is not None and granted.upstream_id not in (None, client.session_id)
+                mapped = granted.upstream_id
+                assert client.session_id not in y.ctx.upstream.aliases  # y never learnt it on a POST
+
+                at_y = ScriptedClient(http, y.url)
+                at_y.session_id, at_y.next_id = client.session_id, client.next_id
+                async with http.get(y.url, headers=at_y.headers(Accept="text/event-stream")) as get:
+                    assert get.status == 200, await get.text()
+                assert sample(y.ctx.metrics, REINITS, outcome="reinitialized") == 0
+                again = await store_y.access(client.session_id)
+                assert again is not None and again.upstream_id == mapped  # not begun a second time
+
+                async with http.delete(y.url, headers=at_y.headers()) as response:
+                    assert response.status == 200, await response.text()
+                assert not await store_y.has_session(client.session_id)
+                direct = ScriptedClient(http, upstream.url)  # the upstream session the DELETE ended
+                direct.session_id = mapped
+                async with await call(http, direct) as response:
+                    assert response.status == 404
