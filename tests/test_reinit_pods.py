@@ -33,10 +33,19 @@ from mcpresume.core.errors import SessionGone
 from mcpresume.core.window import WindowLimits
 from tests.support.metrics import sample
 from tests.support.poll import until
-from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
 from tests.support.redis import MakeRedisStore
 from tests.test_redis_scale import Sidecar
-from tests.test_reinitialize import REINITS, UpstreamProcess, call, free_port, restarted, upstream_process
+from tests.test_reinitialize import (
+    REINITS,
+    UpstreamProcess,
+    call,
+    client_on,
+    free_port,
+    restarted,
+    touch,
+    upstream_process,
+)
 
 TIMEOUT = 120  # generous: four Python processes start on a loaded two-core machine
 # What another pod answers while the dead owner's lease has not lapsed yet (its requests forwarded to a
@@ -63,12 +72,14 @@ class PodProcesses:
 
 
 @contextlib.asynccontextmanager
-async def pod_processes(store: str, count: int, **settings: Any) -> AsyncIterator[list[PodProcesses]]:
+async def pod_processes(
+    store: str, count: int, *, shaped: bool = False, **settings: Any
+) -> AsyncIterator[list[PodProcesses]]:
     tag = uuid.uuid4().hex[:6]  # replica names of their own: the registry outlives a test in one Redis
     async with contextlib.AsyncExitStack() as stack:
         running: list[PodProcesses] = []
         for index in range(count):
-            upstream = UpstreamProcess(free_port())
+            upstream = UpstreamProcess(free_port(), shaped)
             await asyncio.to_thread(upstream.start)  # off the loop: it reads a pipe
             stack.callback(upstream.stop)
             proxy = Sidecar(f"pod-{'ab'[index]}-{tag}", upstream.url, store, **settings)
@@ -166,6 +177,75 @@ async def test_a_whole_pod_killed_9_the_client_goes_on_with_its_session_on_the_o
         status, answer = await call_after_takeover(http, client, b.url)
         assert status == 200 and answer["result"]["content"][0]["text"] == "3"
         assert sum("begun again upstream" in line for line in b.proxy.log) == 1
+
+
+@pytest.mark.processes
+async def test_the_standalone_stream_re_attached_on_the_other_pod_goes_on_in_the_session_begun_again(
+    redis_server: str,
+) -> None:
+    """``reinitialize``, the shaped SDK server in each pod: the client subscribed to a resource and holds its
+    standalone stream on a. Pod a killed -9. The client re-attaches the standalone stream on b with its
+    cursor, and its next call on b begins the session again on b's upstream (the subscription replayed):
+    b, which took the stream over, opens it again in its upstream's new session, and the re-attached view
+    gets ``notifications/tools/list_changed`` and then the ``resources/updated`` b's upstream sends."""
+    async with (
+        asyncio.timeout(TIMEOUT),
+        pod_processes(redis_server, 2, shaped=True, upstream_session_lost="reinitialize") as (a, b),
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        assert await request(http, client, "resources/subscribe", {"uri": "test://a"}) == 200
+        updated = {
+            "jsonrpc": "2.0",
+            "method": "notifications/resources/updated",
+            "params": {"uri": "test://a"},
+        }
+        async with http.get(a.url, headers=client.headers(Accept="text/event-stream")) as get:
+            assert get.status == 200
+            events = aiter(sse_events(get))
+            assert await touch(http, client) == "1"
+            cursor = None
+            while cursor is None:  # the notification, with its cursor
+                event = await anext(events)
+                if event.data:
+                    assert orjson.loads(event.data) == updated
+                    cursor = event.id
+            await a.kill()
+        assert cursor is not None
+        headers = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
+        async with http.get(b.url, headers=headers) as view:
+            assert view.status == 200, await view.text()
+            received: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+            async def read_view() -> None:
+                async for event in sse_events(view):
+                    if event.data:
+                        await received.put(orjson.loads(event.data))
+                await received.put(None)
+
+            reader = asyncio.ensure_future(read_view())
+            try:
+                at_b = client_on(client, b.url)
+                status, answer = await call_after_takeover(http, at_b, b.url)
+                assert status == 200, (answer, b.proxy.log[-20:])
+                assert await received.get() == {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/tools/list_changed",
+                }
+                while True:  # touched until b's upstream has the stream open again (sent before: not kept)
+                    assert await touch(http, at_b) == "1"
+                    try:
+                        async with asyncio.timeout(1.0):
+                            message = await received.get()
+                    except TimeoutError:
+                        continue
+                    assert message == updated, message
+                    break
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
 
 
 async def test_a_get_and_a_delete_on_another_replica_go_to_the_upstream_session_the_store_maps(
