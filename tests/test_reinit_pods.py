@@ -38,13 +38,17 @@ from tests.support.redis import MakeRedisStore
 from tests.test_redis_scale import Sidecar
 from tests.test_reinitialize import (
     REINITS,
+    TOOLS_CHANGED,
+    UPDATED,
     UpstreamProcess,
     call,
     client_on,
     free_port,
     restarted,
     touch,
+    until_received,
     upstream_process,
+    view_messages,
 )
 
 TIMEOUT = 120  # generous: four Python processes start on a loaded two-core machine
@@ -196,11 +200,6 @@ async def test_the_standalone_stream_re_attached_on_the_other_pod_goes_on_in_the
         client = ScriptedClient(http, a.url)
         await client.initialize()
         assert await request(http, client, "resources/subscribe", {"uri": "test://a"}) == 200
-        updated = {
-            "jsonrpc": "2.0",
-            "method": "notifications/resources/updated",
-            "params": {"uri": "test://a"},
-        }
         async with http.get(a.url, headers=client.headers(Accept="text/event-stream")) as get:
             assert get.status == 200
             events = aiter(sse_events(get))
@@ -209,43 +208,19 @@ async def test_the_standalone_stream_re_attached_on_the_other_pod_goes_on_in_the
             while cursor is None:  # the notification, with its cursor
                 event = await anext(events)
                 if event.data:
-                    assert orjson.loads(event.data) == updated
+                    assert orjson.loads(event.data) == UPDATED
                     cursor = event.id
             await a.kill()
         assert cursor is not None
         headers = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
         async with http.get(b.url, headers=headers) as view:
             assert view.status == 200, await view.text()
-            received: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-            async def read_view() -> None:
-                async for event in sse_events(view):
-                    if event.data:
-                        await received.put(orjson.loads(event.data))
-                await received.put(None)
-
-            reader = asyncio.ensure_future(read_view())
-            try:
+            async with view_messages(view) as received:
                 at_b = client_on(client, b.url)
                 status, answer = await call_after_takeover(http, at_b, b.url)
                 assert status == 200, (answer, b.proxy.log[-20:])
-                assert await received.get() == {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/tools/list_changed",
-                }
-                while True:  # touched until b's upstream has the stream open again (sent before: not kept)
-                    assert await touch(http, at_b) == "1"
-                    try:
-                        async with asyncio.timeout(1.0):
-                            message = await received.get()
-                    except TimeoutError:
-                        continue
-                    assert message == updated, message
-                    break
-            finally:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+                assert await received.get() == TOOLS_CHANGED
+                await until_received(http, at_b, received, UPDATED)
 
 
 async def test_a_get_and_a_delete_on_another_replica_go_to_the_upstream_session_the_store_maps(

@@ -633,43 +633,46 @@ async def test_the_standalone_stream_the_client_holds_goes_on_in_the_session_beg
                 headers = client.headers(Accept="text/event-stream")
                 async with http.get(client.url, headers=headers) as get:
                     assert get.status == 200
-                    received: asyncio.Queue[dict[str, object] | None] = asyncio.Queue()
-
-                    async def read_view() -> None:
-                        async for event in sse_events(get):
-                            if event.data:
-                                await received.put(orjson.loads(event.data))
-                        await received.put(None)  # the view ended
-
-                    reader = asyncio.ensure_future(read_view())
-                    try:
-                        updated = {
-                            "jsonrpc": "2.0",
-                            "method": "notifications/resources/updated",
-                            "params": {"uri": "test://a"},
-                        }
-                        await until_received(http, client, received, updated)  # before the restart
+                    async with view_messages(get) as received:
+                        await until_received(http, client, received, UPDATED)  # before the restart
                         async with restarted(upstream):
                             pass
                         async with await call(http, client) as response:  # begins the session again
                             assert response.status == 200, await response.text()
                             await response.read()
                         assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
-                        note = await received.get()
-                        assert note == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+                        assert await received.get() == TOOLS_CHANGED
                         # The new upstream's notification for the replayed subscription, on the same view.
-                        await until_received(http, client, received, updated)
-                    finally:
-                        reader.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await reader
+                        await until_received(http, client, received, UPDATED)
+
+
+UPDATED = {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "test://a"}}
+TOOLS_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+Received = asyncio.Queue[dict[str, object] | None]
+
+
+@asynccontextmanager
+async def view_messages(view: aiohttp.ClientResponse) -> AsyncIterator[Received]:
+    """The JSON-RPC messages of an SSE response, as they come (None once it ended), read in a task."""
+    received: Received = asyncio.Queue()
+
+    async def read() -> None:
+        async for event in sse_events(view):
+            if event.data:
+                await received.put(orjson.loads(event.data))
+        await received.put(None)  # the view ended
+
+    reader = asyncio.ensure_future(read())
+    try:
+        yield received
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
 
 
 async def until_received(
-    http: aiohttp.ClientSession,
-    client: ScriptedClient,
-    received: asyncio.Queue[dict[str, object] | None],
-    expected: dict[str, object],
+    http: aiohttp.ClientSession, client: ScriptedClient, received: Received, expected: dict[str, object]
 ) -> None:
     """``touch`` until the view receives ``expected`` (a notification the upstream sends before its standalone
     GET is open again is not delivered: the next touch is); the view must not end meanwhile."""

@@ -251,6 +251,16 @@ class Pumps:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _done_within(waiter: asyncio.Future[None], wait: float) -> bool:
+    """Whether ``waiter`` is done within ``wait`` seconds (a pump waiting for a client of its session)."""
+    try:
+        async with asyncio.timeout(wait):
+            await waiter
+    except TimeoutError:
+        return False
+    return True
+
+
 def _holding(events: SSERun | list[NewEvent]) -> str:
     return f"holding {len(events)} event(s) read upstream"
 
@@ -729,13 +739,9 @@ class Pump:
         )
         waiter = self._begun = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(wait):
-                await waiter
-        except TimeoutError:
-            return False
+            return await _done_within(waiter, wait)
         finally:
             self._begun = None
-        return True
 
     @property
     def speaking_for(self) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -771,13 +777,9 @@ class Pump:
         )
         waiter = self._credentials = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(wait):
-                await waiter
-        except TimeoutError:
-            return False
+            return await _done_within(waiter, wait)
         finally:
             self._credentials = None
-        return True
 
     # -- given up: cancelled, or unattended --------------------------------------------------------------
 
