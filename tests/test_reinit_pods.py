@@ -9,8 +9,10 @@ it there: once the dead pod's lease lapses, that pod takes the session over.
 ``reinitialize``: the takeover keeps the session, whose next call begins it again on the other pod's
 upstream from the recipe in Redis and is answered, in the same session id; the call in flight at the kill
 ends with ``upstream_stream_lost``, once; a re-attach with a cursor from before the kill gets what
-followed it. ``end`` (the default): the other pod's upstream never saw the session, so it ends, and the
-client's next request gets the proxy's own 404 with a ``data.reason`` (today's behaviour).
+followed it; the official Python SDK client behind a round-robin balancer goes on as well, and the
+standalone stream re-attached on the other pod goes on in the session begun again. ``end`` (the
+default): the other pod's upstream never saw the session, so it ends, and the client's next request gets
+the proxy's own 404 with a ``data.reason`` (today's behaviour).
 
 Replicas in front of one upstream: the session's mapping to its new upstream session lives in the store,
 and every upstream-bound request of the session, on any replica, goes to the upstream session it names.
@@ -28,13 +30,16 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from mcp.shared.exceptions import MCPError
 
+from faults.balancer import Balancer
 from mcpresume.core.errors import SessionGone
 from mcpresume.core.window import WindowLimits
 from tests.support.metrics import sample
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach, running_proxy, sse_events
 from tests.support.redis import MakeRedisStore
+from tests.support.sdk import result_text, sdk_session
 from tests.test_redis_scale import Sidecar
 from tests.test_reinitialize import (
     REINITS,
@@ -55,6 +60,7 @@ TIMEOUT = 120  # generous: four Python processes start on a loaded two-core mach
 # What another pod answers while the dead owner's lease has not lapsed yet (its requests forwarded to a
 # pod that does not answer), or before the takeover is decided: a truthful retry, never the session's end.
 RETRY_REASONS = frozenset({"owner_unreachable", "owner_lost"})
+BEGUN = "begun again upstream (its upstream lost it)"  # the proxy's log line for a re-initialization
 
 
 @dataclass
@@ -159,11 +165,11 @@ async def test_a_whole_pod_killed_9_the_client_goes_on_with_its_session_on_the_o
         assert status == 200, (answer, b.proxy.log[-20:])
         assert answer["result"]["content"][0]["text"] == "3"
         await until(
-            lambda: any("begun again upstream" in line for line in b.proxy.log),
+            lambda: any(BEGUN in line for line in b.proxy.log),
             timeout=30,
             what="b's log line for the re-initialization",
         )
-        assert sum("begun again upstream" in line for line in b.proxy.log) == 1
+        assert sum(BEGUN in line for line in b.proxy.log) == 1
         # The call in flight at the kill: ended with upstream_stream_lost, once; a re-attach with a cursor
         # from before the kill gets what followed it (the progress the client had, then the rest kept).
         tail = await reattach(http, client, b.url, early)
@@ -180,7 +186,56 @@ async def test_a_whole_pod_killed_9_the_client_goes_on_with_its_session_on_the_o
         # The session goes on: another call, no second re-initialization.
         status, answer = await call_after_takeover(http, client, b.url)
         assert status == 200 and answer["result"]["content"][0]["text"] == "3"
-        assert sum("begun again upstream" in line for line in b.proxy.log) == 1
+        assert sum(BEGUN in line for line in b.proxy.log) == 1
+
+
+@pytest.mark.processes
+async def test_the_official_sdk_client_behind_a_balancer_goes_on_after_its_pod_is_killed_9(
+    redis_server: str,
+) -> None:
+    """The official Python SDK client behind a round-robin balancer with no affinity (``faults.balancer``:
+    a refused connection goes to the next pod), one ``ClientSession``: its initialize lands on a (the
+    balancer's first turn). A call in flight when pod a is killed -9 (proxy and upstream) ends with the
+    synthesized ``upstream_stream_lost`` (the SDK re-attaches its stream on b, which took the session over);
+    its next call, retried while b answers that the owner is not reachable yet, succeeds in the same
+    session, begun again on b's upstream."""
+    async with (
+        asyncio.timeout(TIMEOUT),
+        pod_processes(redis_server, 2, upstream_session_lost="reinitialize") as (a, b),
+    ):
+        balancer = Balancer([a.proxy.port, b.proxy.port])
+        await balancer.start()
+        try:
+            async with sdk_session(balancer.url, read_timeout_seconds=60) as session:
+                assert result_text(await session.call_tool("add", {"a": 1, "b": 2})) == "3"
+                progressed = asyncio.Event()
+
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    if progress >= 3:
+                        progressed.set()
+
+                slow = asyncio.ensure_future(
+                    session.call_tool(
+                        "count_slowly", {"n": 1000, "delay": 0.05}, progress_callback=on_progress
+                    )
+                )
+                await progressed.wait()
+                await a.kill()
+                with pytest.raises(MCPError) as lost:
+                    await slow
+                assert lost.value.error.data["reason"] == "upstream_stream_lost", lost.value.error
+                while True:
+                    try:
+                        result = await session.call_tool("add", {"a": 2, "b": 2})
+                        break
+                    except MCPError as refused:  # b cannot reach a, or has not taken its sessions over yet
+                        data = refused.error.data
+                        assert isinstance(data, dict) and data.get("reason") in RETRY_REASONS, refused.error
+                        await asyncio.sleep(0.2)
+                assert result_text(result) == "4"
+        finally:
+            await balancer.close()
+        assert sum(BEGUN in line for line in b.proxy.log) == 1, "\n".join(b.proxy.log)
 
 
 @pytest.mark.processes
