@@ -184,6 +184,18 @@ def test_after_a_resume_replayed_ids_are_dropped_in_runs_and_single_events() -> 
     assert response.kind is EventKind.RESPONSE and response.response_key == "n:7"
 
 
+def test_a_stream_opened_again_in_a_new_upstream_session_forgets_the_old_ids() -> None:
+    """``reopened`` (the session begun again upstream, its standalone stream opened there): the new
+    session's ids may repeat the old one's; none is a replay, and a resume starts from the new ones."""
+    events = UpstreamEvents()
+    feed(events, note(1, b"u1") + note(2, b"u2"))
+    events.resumed()
+    events.reopened()
+    assert events.resume_cursor is None
+    assert flatten(feed(events, note(1, b"u1"))) == [("run", 1)] and events.duplicates == 0
+    assert events.resume_cursor == "u1"
+
+
 def test_replays_are_kept_until_the_stream_is_resumed() -> None:
     """Before a resume, a repeated upstream id is the upstream's business: nothing is dropped."""
     events = UpstreamEvents()

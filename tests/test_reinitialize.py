@@ -11,6 +11,7 @@ the proxy's own 404, ``data.reason`` ``upstream_session_lost`` (never the upstre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -602,3 +603,86 @@ async def test_a_new_upstream_offering_fewer_capabilities_ends_the_session_with_
                 assert not await proxy.ctx.store.has_session(client.session_id)
                 assert sample(proxy.ctx.metrics, REINITS, outcome="fewer_capabilities") == 1
                 assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 0
+
+
+async def touch(http: aiohttp.ClientSession, client: ScriptedClient) -> str:
+    """The shaped upstream's ``touch``: resources/updated per URI subscribed, on the standalone stream."""
+    _, body = client.tool_call("touch", {})
+    async with http.post(client.url, data=body, headers=client.headers()) as response:
+        assert response.status == 200, await response.text()
+        messages = [orjson.loads(e.data) for e in await collect(response) if e.data]
+    text: str = messages[-1]["result"]["content"][0]["text"]
+    return text
+
+
+async def test_the_standalone_stream_the_client_holds_goes_on_in_the_session_begun_again() -> None:
+    """The client holds its standalone GET open, subscribed to a resource; the SDK server killed -9 and
+    restarted. Its view of the standalone stream never ends: once the session is begun again (by the next
+    call, which replays the subscription), the proxy opens the stream again in the new upstream session,
+    and the same view carries ``notifications/tools/list_changed`` and then the ``resources/updated`` the
+    new upstream sends for the replayed subscription."""
+    async with asyncio.timeout(TIMEOUT):
+        with upstream_process(shaped=True) as upstream:
+            async with (
+                running_proxy(upstream.url, upstream_session_lost="reinitialize") as proxy,
+                aiohttp.ClientSession() as http,
+            ):
+                client = ScriptedClient(http, proxy.url)
+                await client.initialize()
+                assert await request(http, client, "resources/subscribe", {"uri": "test://a"}) == 200
+                headers = client.headers(Accept="text/event-stream")
+                async with http.get(client.url, headers=headers) as get:
+                    assert get.status == 200
+                    async with view_messages(get) as received:
+                        await until_received(http, client, received, UPDATED)  # before the restart
+                        async with restarted(upstream):
+                            pass
+                        async with await call(http, client) as response:  # begins the session again
+                            assert response.status == 200, await response.text()
+                            await response.read()
+                        assert sample(proxy.ctx.metrics, REINITS, outcome="reinitialized") == 1
+                        assert await received.get() == TOOLS_CHANGED
+                        # The new upstream's notification for the replayed subscription, on the same view.
+                        await until_received(http, client, received, UPDATED)
+
+
+UPDATED = {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "test://a"}}
+TOOLS_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+Received = asyncio.Queue[dict[str, object] | None]
+
+
+@asynccontextmanager
+async def view_messages(view: aiohttp.ClientResponse) -> AsyncIterator[Received]:
+    """The JSON-RPC messages of an SSE response, as they come (None once it ended), read in a task."""
+    received: Received = asyncio.Queue()
+
+    async def read() -> None:
+        async for event in sse_events(view):
+            if event.data:
+                await received.put(orjson.loads(event.data))
+        await received.put(None)  # the view ended
+
+    reader = asyncio.ensure_future(read())
+    try:
+        yield received
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
+async def until_received(
+    http: aiohttp.ClientSession, client: ScriptedClient, received: Received, expected: dict[str, object]
+) -> None:
+    """``touch`` until the view receives ``expected`` (a notification the upstream sends before its standalone
+    GET is open again is not delivered: the next touch is); the view must not end meanwhile."""
+    while True:
+        assert await touch(http, client) == "1"
+        try:
+            async with asyncio.timeout(1.0):
+                message = await received.get()
+        except TimeoutError:
+            continue
+        assert message is not None, "the client's view of the standalone stream ended"
+        assert message == expected, message
+        return

@@ -203,6 +203,14 @@ class UpstreamEvents:
         """The upstream stream was reopened from ``last_id``: from now on, drop what it replays."""
         self._seen = set(self._recent or ())
 
+    def reopened(self) -> None:
+        """The standalone stream was opened again in another upstream session (the session begun again
+        there, ``upstream_session_lost = "reinitialize"``): its ids are that session's, nothing it sends is
+        a replay of the old one's, and a resume starts from what it sends."""
+        self.last_id = None
+        self._recent = None
+        self._seen = _NONE_SEEN
+
     def cancel(self, keys: Iterable[str]) -> bool:
         """The client cancelled these requests (those of them pending here count); whether the stream is
         ``moot`` now. A response to one may still come (an upstream that answers anyway): it is appended and

@@ -20,12 +20,16 @@ it cannot read
 =============================  ==========================================================================
 
 ``replay`` is what is sent to begin again, in order: ``initialize`` with the recorded params,
-``notifications/initialized``, the level, each subscription (sorted: a replay is deterministic), then the
-standalone GET if one was open. ``judge`` holds the new upstream's answer to the initialize against what
-the client was told (``Outcome``): another protocol version, or fewer capabilities, ends the session
-instead, since the client would go on under terms the upstream no longer offers. ``list_changed`` names the
-notifications the client is sent afterwards (the new upstream may list other tools, prompts, resources),
-only those the capabilities the client was told allow.
+``notifications/initialized``, the level, each subscription (sorted: a replay is deterministic). The
+standalone GET is no step of it: the session's live standalone stream, if there is one, is opened again in
+the new upstream session by its own pump once the session is begun again (``streams/pump.py``), so the
+client's view of it goes on as the same stream.
+
+``judge`` holds the new upstream's answer to the initialize against what the client was told
+(``Outcome``): another protocol version, or fewer capabilities, ends the session instead, since the client
+would go on under terms the upstream no longer offers. ``list_changed`` names the notifications the client
+is sent afterwards (the new upstream may list other tools, prompts, resources), only those the capabilities
+the client was told allow.
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ class Step:
 
 
 def replay(recipe: Recipe) -> tuple[Step, ...]:
-    """The messages that begin the session again, in order (the standalone GET is ``recipe.standalone``)."""
+    """The messages that begin the session again, in order (the standalone stream's pump opens it again)."""
     steps = [Step("initialize", recipe.params), Step(INITIALIZED, None, notification=True)]
     if recipe.level is not None:
         steps.append(Step(SET_LEVEL, {"level": recipe.level}))

@@ -50,6 +50,7 @@ from mcpresume.core.errors import (
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import MODERN_VERSIONS, proxy_request_id
 from mcpresume.core.session import SessionAccess
+from mcpresume.http import reinit
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.forward import upstream_headers
 from mcpresume.process.logs import log_id
@@ -148,6 +149,7 @@ async def _verify(
     ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess, digest: bytes
 ) -> None:
     """Ask the upstream whether these credentials may use the session; raises the refusal."""
+    reinit.learn(ctx, session_id, granted)  # a session begun again upstream: the ping goes to the new one
     ping_id = proxy_request_id("ping", secrets.token_hex(8))
     keep = _PING_KEEPS.union(ctx.settings.credential_headers)
     headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]

@@ -257,6 +257,9 @@ class Gets:
         plan: ViewPlan | None = None
         upstream: UpstreamAnswer | None = None
         try:
+            # A session begun again upstream (by any replica, or by this one before a restart): its GET goes
+            # to the upstream session the store maps it to now (the access read just now carries it).
+            reinit.learn(ctx, session_id, granted)
             with ctx.drain.upstream_wait(standalone=True):
                 upstream = answer = await ctx.upstream.open_get(request.path_qs, upstream_headers(request))
             ahead.settle()  # the head came: the upstream has the stream before the session's next call

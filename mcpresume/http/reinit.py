@@ -338,9 +338,17 @@ async def _end(ctx: ProxyContext, path_qs: str, headers: list[tuple[str, str]]) 
 
 
 def learn(ctx: ProxyContext, session_id: str, granted: SessionAccess | None) -> None:
-    """A session begun again upstream (by any replica): its requests from here carry the upstream's id."""
+    """A session begun again upstream (by any replica, as its access read from the store says): its
+    requests from here carry the upstream's id, and its standalone stream, if its pump here waits for that,
+    opens again there."""
     if granted is not None and granted.upstream_id is not None:
-        ctx.upstream.aliases[session_id] = granted.upstream_id
+        _mapped(ctx, session_id, granted.upstream_id)
+
+
+def _mapped(ctx: ProxyContext, session_id: str, upstream_id: str) -> None:
+    if ctx.upstream.aliases.get(session_id) != upstream_id:
+        ctx.upstream.aliases[session_id] = upstream_id
+        ctx.pumps.begun_again(session_id)
 
 
 def forget(ctx: ProxyContext, session_id: str) -> None:
@@ -373,8 +381,7 @@ async def _recover(
         if fresh is None or fresh.epoch != granted.epoch:
             return UpstreamSessionLost(outcome="ended_meanwhile")
         if fresh.upstream_id != granted.upstream_id:  # begun again since this request was read: use it
-            if fresh.upstream_id is not None:
-                ctx.upstream.aliases[session_id] = fresh.upstream_id
+            learn(ctx, session_id, fresh)
             return fresh
         kept = await store.recipe(session_id, granted.epoch)
     except ProxyError as error:
@@ -401,7 +408,7 @@ async def _recover(
             "session %s: not mapped to its new upstream session: %s", log_id(session_id), error.message
         )
         return UpstreamSessionLost(outcome=Outcome.REFUSED.value)
-    ctx.upstream.aliases[session_id] = upstream_id
+    _mapped(ctx, session_id, upstream_id)  # and its standalone stream, waiting here, opens again there
     outcome = Outcome.REINITIALIZED if won else Outcome.SUPERSEDED
     ctx.metrics.upstream_reinitializations.labels(outcome.value).inc()
     if won:

@@ -143,7 +143,9 @@ class Settings(BaseSettings):
         60.0,
         ge=0,
         description="seconds a stream whose upstream resume was refused 401/403 waits for a client of the "
-        "session to bring credentials the upstream accepts",
+        "session to bring credentials the upstream accepts (and, under upstream_session_lost = "
+        "reinitialize, a standalone stream whose upstream lost the session waits for a request of the "
+        "session to begin it again)",
     )
 
     # -- durable long calls (tasks, 2026-07-28 clients that declare the extension) -----------------------

@@ -45,8 +45,9 @@ import aiohttp
 
 from mcpresume.core.errors import BadRequest, EventTooLarge, ProxyError, StoreUnavailable, UpstreamStreamLost
 from mcpresume.core.flow import Appended, Guard, may_pass
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
 from mcpresume.core.pump import (
+    RESUMABLE_ENDS,
     Abandon,
     Batch,
     End,
@@ -124,6 +125,9 @@ class PumpSettings:
     window_bytes: int | None = None  # the window's byte limit: a slice holds about half of it at most
     cancel_grace: float = 5.0  # how long a moot stream (every request cancelled) stays open unread
     credential_wait: float = 60.0  # how long a resume refused 401/403 waits for fresh credentials
+    # upstream_session_lost = "reinitialize": a standalone stream whose upstream lost the session waits this
+    # long for a request of the session to begin it again here, then opens again there (0: it ends).
+    reopen_wait: float = 0.0
 
 
 # Pump task names. A drain waits for the pumps of POST streams (each ends with its response) and cancels
@@ -203,6 +207,12 @@ class Pumps:
         for pump in self._pumps.get(session_id, ()):
             pump.refresh(path_qs, resume_headers)
 
+    def begun_again(self, session_id: str) -> None:
+        """The session was begun again upstream here (``upstream_session_lost = "reinitialize"``): its
+        standalone stream, if its pump waits for that, opens again in the new upstream session."""
+        for pump in self._pumps.get(session_id, ()):
+            pump.begun_again()
+
     def stop_unattended(self, now: float, ttl: float) -> int:
         """Stop every POST stream's pump that no view read and no upstream event fed for ``ttl``
         (``core.pump.unattended``); how many."""
@@ -241,6 +251,16 @@ class Pumps:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _done_within(waiter: asyncio.Future[None], wait: float) -> bool:
+    """Whether ``waiter`` is done within ``wait`` seconds (a pump waiting for a client of its session)."""
+    try:
+        async with asyncio.timeout(wait):
+            await waiter
+    except TimeoutError:
+        return False
+    return True
+
+
 def _holding(events: SSERun | list[NewEvent]) -> str:
     return f"holding {len(events)} event(s) read upstream"
 
@@ -250,6 +270,8 @@ class Pump:
 
     # One per live upstream stream: slots, no instance dict (it would be most of a pump's size).
     __slots__ = (
+        "_begun",
+        "_begun_early",
         "_connection",
         "_credentials",
         "_cursor_of",
@@ -312,6 +334,10 @@ class Pump:
         self.stopping: Abandon | None = None  # why it was stopped, when it was
         self._lapse: asyncio.TimerHandle | None = None  # a moot stream's cancel_grace (``cancel``)
         self._credentials: asyncio.Future[None] | None = None  # a resume waiting for fresh credentials
+        # The session was begun again upstream (``begun_again``): a standalone pump that waits for it, or
+        # that comes to wait after, opens its stream again there (``_reopen``).
+        self._begun: asyncio.Future[None] | None = None
+        self._begun_early = False
 
     @property
     def pending(self) -> dict[str, str | int]:
@@ -325,11 +351,13 @@ class Pump:
         try:
             if current is None and not self.events.complete:
                 current = await self._resume()
+                if current is None and self.job.standalone:  # taken over where the upstream lost it
+                    current = await self._reopen()
             while current is not None:
                 end = await self._read(current)
-                if not self.events.resumable(end):
-                    break
-                current = await self._resume()
+                current = await self._resume() if self.events.resumable(end) else None
+                if current is None and self.job.standalone and end in RESUMABLE_ENDS:
+                    current = await self._reopen()
         except asyncio.CancelledError as exc:
             self.task = None  # ending: nothing stops it again
             if exc.args == (HAND_OVER,):
@@ -636,6 +664,85 @@ class Pump:
         outcomes.labels("exhausted").inc()
         return None
 
+    # -- opened again in a session begun again upstream (upstream_session_lost = "reinitialize") -----------
+
+    async def _reopen(self) -> UpstreamAnswer | None:
+        """The standalone stream's upstream connection ended and cannot be resumed: under ``reinitialize``,
+        when the upstream lost the session (it answers the stream's GET 404), wait up to ``reopen_wait`` for
+        a request of the session to begin it again here (``begun_again``; that request carries the client's
+        credentials, never this pump), then open the stream in the new upstream session and go on appending
+        to the same stream: the client's view of it never ends. None: it ends as it would under ``end``
+        (the upstream does not answer, it refuses, or nothing began the session again in time)."""
+        wait = self.settings.reopen_wait
+        self._begun_early = False  # only a beginning from now on (or while its first GET is on its way)
+        if wait <= 0 or self.stopping is not None:
+            return None
+        path_qs, headers = self.speaking_for
+        # The client's session id: ``open_get`` puts the upstream session the session is mapped to now.
+        session = SESSION_HEADER.lower()
+        asks = [(n, v) for n, v in headers if n.lower() != session]
+        asks += [(SESSION_HEADER, self.job.session_id), ("Accept", _SSE)]
+        waited, attempts = False, 0
+        while True:
+            try:
+                response = await self.upstream.open_get(path_qs, asks)
+            except BadRequest:
+                return None
+            except ProxyError as error:  # not up again yet (a restart): tried again as a resume is
+                attempts += 1
+                if attempts >= self.settings.resume_attempts:
+                    self.failure = f"opening the standalone stream again failed: {error.message}"
+                    return None
+                await asyncio.sleep(resume_delay(self.settings.retry_ms, attempts - 1))
+                continue
+            if response.status == 200 and response.content_type == _SSE:
+                self.events.reopened()
+                self._begun_early = False
+                log.info(
+                    "session %s stream %d: the standalone stream opened again in the session begun again "
+                    "upstream",
+                    self.job.log_id,
+                    self.job.stream,
+                )
+                return response
+            status = response.status
+            response.release()
+            if status != 404 or waited:
+                self.failure = f"the upstream answered {status} to opening the standalone stream again"
+                return None
+            waited = True
+            if not await self._begun_again_within(wait):
+                self.failure = (
+                    f"the upstream lost the session, and no request began it again within {wait:g} s"
+                )
+                return None
+
+    def begun_again(self) -> None:
+        """The session was begun again upstream here: a ``_reopen`` waiting for it goes on (or the next
+        one does not wait)."""
+        waiter = self._begun
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        elif self.job.standalone:
+            self._begun_early = True
+
+    async def _begun_again_within(self, wait: float) -> bool:
+        if self._begun_early:
+            self._begun_early = False
+            return True
+        log.info(
+            "session %s stream %d: the upstream lost the session; the standalone stream waits up to %g s for "
+            "a request of the session to begin it again",
+            self.job.log_id,
+            self.job.stream,
+            wait,
+        )
+        waiter = self._begun = asyncio.get_running_loop().create_future()
+        try:
+            return await _done_within(waiter, wait)
+        finally:
+            self._begun = None
+
     @property
     def speaking_for(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         """Where a resume GET goes and the headers it speaks for the client with: the newest credentials
@@ -670,13 +777,9 @@ class Pump:
         )
         waiter = self._credentials = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(wait):
-                await waiter
-        except TimeoutError:
-            return False
+            return await _done_within(waiter, wait)
         finally:
             self._credentials = None
-        return True
 
     # -- given up: cancelled, or unattended --------------------------------------------------------------
 

@@ -57,6 +57,7 @@ class PumpStarter:
             window_bytes=settings.window_bytes,
             cancel_grace=settings.cancel_grace,
             credential_wait=settings.credential_wait,
+            reopen_wait=0.0 if self.retire_forgotten else settings.credential_wait,
         )
 
     def _pump(self, job: PumpJob) -> Pump:

@@ -1,6 +1,8 @@
 """An official-SDK upstream (the low-level ``Server``) that keeps per-session state set by the session-shaping
 requests and tells it: ``logging/setLevel`` and ``resources/subscribe``/``unsubscribe`` change the
-session's state, and the tool ``state`` answers it as JSON (``{"level": ..., "subscriptions": [...]}``).
+session's state, and the tool ``state`` answers it as JSON (``{"level": ..., "subscriptions": [...]}``);
+the tool ``touch`` sends ``notifications/resources/updated`` for each URI the session subscribes to, on the
+session's standalone stream (as a server does when a resource changes).
 
 What ``upstream_session_lost = "reinitialize"`` must bring back after the upstream lost a session, made
 visible: a session begun again upstream with its shaping requests replayed tells the same state. Served by a
@@ -26,6 +28,11 @@ READY = "shaped upstream at "
 
 _STATE_TOOL = types.Tool(
     name="state", description="This session's level and subscriptions", input_schema={"type": "object"}
+)
+_TOUCH_TOOL = types.Tool(
+    name="touch",
+    description="notifications/resources/updated for each subscribed URI, on the standalone stream",
+    input_schema={"type": "object"},
 )
 _ADD_TOOL = types.Tool(
     name="add",
@@ -53,7 +60,7 @@ def build_server() -> Server[Any]:
         return sessions.setdefault(session_id, {"level": None, "subscriptions": set()})
 
     async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[_STATE_TOOL, _ADD_TOOL])
+        return types.ListToolsResult(tools=[_STATE_TOOL, _TOUCH_TOOL, _ADD_TOOL])
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -61,6 +68,11 @@ def build_server() -> Server[Any]:
         if params.name == "add":
             args = params.arguments or {}
             text = str(int(args.get("a", 0)) + int(args.get("b", 0)))
+        elif params.name == "touch":
+            uris = sorted(state(ctx)["subscriptions"])
+            for uri in uris:  # no related request: the session's standalone stream carries them
+                await ctx.session.send_resource_updated(uri)
+            text = str(len(uris))
         else:
             kept = state(ctx)
             text = json.dumps({"level": kept["level"], "subscriptions": sorted(kept["subscriptions"])})
