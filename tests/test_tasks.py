@@ -6,8 +6,10 @@ replica); cancel; another token's 404; what stays as today."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from aiohttp import web
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import InputRequiredResult
 
+from mcpresume.core.sse import SSEParser
 from mcpresume.daemon.app import PROXY, RunningProxy
 from mcpresume.examples.upstream import RunningUpstream, local_transport_security
 from tests.support.poll import until
@@ -27,6 +30,22 @@ from tests.test_redis_proxy import on_redis
 TASKS_EXT = "io.modelcontextprotocol/tasks"
 CAPS = "io.modelcontextprotocol/clientCapabilities"
 FAST = {"tasks": True, "task_after": 0.5, "task_ttl": 60.0}
+
+
+def messages_of(content_type: str, raw: bytes) -> list[Any]:
+    """The JSON-RPC messages of an answer: a JSON body's, or an event stream's, in order."""
+    if content_type != "text/event-stream":
+        return [orjson.loads(raw)]
+    parser = SSEParser(1 << 24)
+    events = parser.feed(raw)
+    parser.close()
+    return [orjson.loads(e.data) for e in events if e.data]
+
+
+async def answer_of(r: aiohttp.ClientResponse) -> Any:
+    """The JSON-RPC response in an answer (JSON, or the event stream's response)."""
+    docs = messages_of(r.content_type, await r.read())
+    return next(d for d in docs if "id" in d and ("result" in d or "error" in d))
 
 
 def meta(tasks: bool = True) -> dict[str, Any]:
@@ -69,7 +88,7 @@ async def call(url: str, n: int, delay: float, *, tasks: bool = True, rid: int =
         aiohttp.ClientSession() as http,
         http.post(url, data=orjson.dumps(body), headers=headers("tools/call", "count_slowly")) as r,
     ):
-        return r.status, orjson.loads(await r.read())
+        return r.status, await answer_of(r)
 
 
 async def get(url: str, task_id: str, token: str = "alice") -> Any:
@@ -267,7 +286,7 @@ async def test_an_input_required_answer_waits_for_tasks_update_and_the_call_is_r
             aiohttp.ClientSession() as http,
             http.post(proxy.url, data=body, headers=headers("tools/call", "approve")) as r,
         ):
-            task_id = (await r.json())["result"]["taskId"]
+            task_id = (await answer_of(r))["result"]["taskId"]
         waiting = await completed(proxy.url, task_id)
         assert waiting["status"] == "input_required", waiting
         assert waiting["inputRequests"]["q1"]["method"] == "elicitation/create"
@@ -355,7 +374,7 @@ async def test_a_working_task_carries_the_calls_newest_progress(example_upstream
             aiohttp.ClientSession() as http,
             http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
         ):
-            task_id = (await r.json())["result"]["taskId"]
+            task_id = (await answer_of(r))["result"]["taskId"]
         messages: list[str] = []
 
         async def progressed() -> bool:
@@ -380,7 +399,119 @@ async def test_a_long_calls_notifications_do_not_add_up_against_max_event_bytes(
             aiohttp.ClientSession() as http,
             http.post(proxy.url, data=body, headers=headers("tools/call", "count_slowly")) as r,
         ):
-            task_id = (await r.json())["result"]["taskId"]
+            task_id = (await answer_of(r))["result"]["taskId"]
         final = await completed(proxy.url, task_id)  # ~6 KB of events, each < 1 KiB: a task early
         assert final["status"] == "completed", final
         assert final["result"]["structuredContent"] == {"result": "counted to 40"}
+
+
+# -- the answer before task_after: relayed as it comes ------------------------------------------------
+
+
+def gated_app(gate: asyncio.Event) -> Any:
+    """An SDK server (modern path: an event stream per call) whose one tool reports progress at once, then
+    waits for the test to open ``gate``: a proxy that held the progress back until the answer ended would
+    never let the test see it, and the test would wait in vain."""
+    server: MCPServer[Any] = MCPServer("gated", log_level="WARNING")
+
+    @server.tool(description="Report progress, wait for the gate, answer.")
+    async def gated(ctx: Context[Any, Any]) -> str:
+        await ctx.report_progress(1, 2, "halfway")
+        await gate.wait()
+        return "released"
+
+    return server.streamable_http_app(
+        streamable_http_path="/mcp", transport_security=local_transport_security()
+    )
+
+
+@contextlib.asynccontextmanager
+async def gated_call(url: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    params = {"name": "gated", "arguments": {}, "_meta": {**meta(), "progressToken": "p"}}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, data=body, headers=headers("tools/call", "gated")) as r,
+    ):
+        yield r
+
+
+async def next_message(r: aiohttp.ClientResponse, parser: SSEParser) -> Any:
+    """The stream's next JSON-RPC message, read as it comes (None at its end)."""
+    while True:
+        chunk = await r.content.readany()
+        if not chunk:
+            return None
+        events = [e for e in parser.feed(chunk) if e.data]
+        if events:
+            assert len(events) == 1, "one message at a time: the upstream waits between them"
+            return orjson.loads(events[0].data)
+
+
+async def test_a_call_that_ends_before_task_after_streams_its_progress_as_it_comes() -> None:
+    gate = asyncio.Event()
+    async with (
+        RunningUpstream(gated_app(gate)) as upstream,
+        running_proxy(upstream.url, **{**FAST, "task_after": 60.0}) as proxy,
+    ):
+        async with gated_call(proxy.url) as r:
+            assert r.status == 200 and r.content_type == "text/event-stream"
+            parser = SSEParser(1 << 20)
+            progress = await asyncio.wait_for(next_message(r, parser), timeout=30)
+            assert progress["method"] == "notifications/progress"  # while the call still runs
+            assert progress["params"]["message"] == "halfway"
+            gate.set()
+            done = await asyncio.wait_for(next_message(r, parser), timeout=30)
+            assert done["id"] == 1 and done["result"]["content"][0]["text"] == "released"
+            assert await next_message(r, parser) is None
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+async def test_a_call_outlasting_task_after_gets_its_handle_as_the_last_event_of_the_same_stream() -> None:
+    gate = asyncio.Event()
+    async with (
+        RunningUpstream(gated_app(gate)) as upstream,
+        running_proxy(upstream.url, **FAST) as proxy,
+    ):
+        async with gated_call(proxy.url) as r:
+            assert r.status == 200 and r.content_type == "text/event-stream"
+            parser = SSEParser(1 << 20)
+            progress = await asyncio.wait_for(next_message(r, parser), timeout=30)
+            assert progress["method"] == "notifications/progress"
+            handle = await asyncio.wait_for(next_message(r, parser), timeout=30)  # at task_after
+            assert handle["id"] == 1 and handle["result"]["resultType"] == "task"
+            assert await next_message(r, parser) is None  # the stream ends with the handle
+        task_id = handle["result"]["taskId"]
+        _, polled = await get(proxy.url, task_id)
+        assert polled["result"]["status"] == "working"  # the call goes on: the gate is shut
+        gate.set()
+        final = await completed(proxy.url, task_id)
+        assert final["status"] == "completed" and final["result"]["content"][0]["text"] == "released"
+
+
+async def test_a_json_answer_within_task_after_stays_json_whatever_its_size(serve: Any) -> None:
+    """A JSON answer is relayed as it comes, not held: max_event_bytes does not limit it (it does not
+    without tasks either)."""
+    big = "x" * 200_000
+
+    async def mcp(request: web.Request) -> web.Response:
+        doc = await request.json()
+        result: dict[str, Any] = {"resultType": "complete", "capabilities": {"tools": {}}}
+        if doc["method"] == "tools/call":
+            result = {"content": [{"type": "text", "text": big}]}
+        return web.json_response({"jsonrpc": "2.0", "id": doc["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    url = await serve(app)
+    async with running_proxy(url, **FAST, max_event_bytes=1024) as proxy:
+        params = {"name": "big", "arguments": {}, "_meta": meta()}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(proxy.url, data=body, headers=headers("tools/call", "big")) as r,
+        ):
+            assert r.status == 200 and r.content_type == "application/json"
+            doc = await r.json()
+        assert doc["id"] == 7 and doc["result"]["content"][0]["text"] == big
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0

@@ -5,11 +5,14 @@ the I/O. ``Tasks.serve`` returns None for everything it leaves as today (``http/
 through), else its answer:
 
 * An eligible call is forwarded without the extension and its whole answer read in a task of its own
-  (``_call``). Answered within ``task_after``: the client gets that answer as the upstream gave it (status,
-  headers, body; the body whole, not streamed). Not: a ``Task`` is stored (``TaskStore.create``, durable
-  before the handle is returned, as the extension requires), the client gets its ``CreateTaskResult``,
-  and the read goes on (``_settle``): the upstream's answer is never closed, which would cancel the call.
-  A client that leaves before ``task_after`` cancels the call, as today.
+  (``_call``), which hands it to the client as it comes (``Relay``): an event stream event by event (the
+  call's progress reaches the client while it runs, as without tasks), a JSON answer as its bytes come
+  (it is the response: no task is made of it, and no bound applies that would not without tasks). An
+  event stream whose response has not come within ``task_after``, or an answer not begun by then: a
+  ``Task`` is stored (``TaskStore.create``, durable before the handle is returned, as the extension
+  requires), and the client gets its ``CreateTaskResult`` as the stream's last event (or as a JSON answer
+  when none began); the read goes on (``_settle``): the upstream's answer is never closed, which would
+  cancel the call. A client that leaves before its handle cancels the call, as today.
 * ``tasks/get`` is answered from the store (any replica sharing it); ``tasks/cancel`` marks the task
   cancelled (a compare-and-set: a result that came first wins) and closes the upstream request (the
   revision's cancellation): at once on this replica, within a poll interval from another (``_settle``
@@ -26,22 +29,24 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from asyncio import FIRST_COMPLETED
 from dataclasses import dataclass
 from typing import Any, Final
 
+import aiohttp
 import orjson
 from aiohttp import web
 
 from mcpresume.core import tasks as plan
 from mcpresume.core.credentials import credential_digest, credential_fields
 from mcpresume.core.errors import ProxyError, UnknownTask, UpstreamBadResponse, UpstreamUnreachable
+from mcpresume.core.headers import SSE_RESPONSE_HEADERS
 from mcpresume.core.jsonrpc import DISCOVER, proxy_request_id
-from mcpresume.core.sse import SSEParser
+from mcpresume.core.sse import SSEParser, encode_event, frame_body
 from mcpresume.core.tasks import Event, Status, Task
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.forward import SSE, client_headers, upstream_headers
 from mcpresume.http.incoming import Post, stateless
+from mcpresume.http.view import ClientWriter, Stalled
 from mcpresume.store.tasks import MemoryTasks, RedisTasks, TaskStore
 
 log = logging.getLogger("mcpresume.tasks")
@@ -55,30 +60,80 @@ CLOSE_WAIT: Final = 2.0  # seconds the stop waits for the store to take the clos
 
 
 @dataclass(frozen=True, slots=True)
-class Buffered:
-    """The upstream's whole answer to a call: as the client gets it if it came within ``task_after``, and
-    the JSON-RPC response in it (None if none)."""
+class Answered:
+    """The upstream's answer to a call, as its task needs it: its status, and the JSON-RPC response in it
+    (None if none)."""
 
     status: int
-    headers: list[tuple[str, str]]
-    body: bytes
     response: Any
 
 
-class Progress:
-    """A call's newest progress, as its reader saw it (``_settle`` stores it with the task)."""
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The upstream answer's status line and headers, as the client gets them (``sse``: an event stream)."""
 
-    __slots__ = ("full", "handed", "message")
+    status: int
+    reason: str | None
+    headers: list[tuple[str, str]]
+    sse: bool
 
-    def __init__(self) -> None:
+
+class Relay:
+    """A call's answer as ``Tasks._call`` reads it: its newest progress (``_settle`` stores it with the task)
+    and, until the client has the task's handle (``handed``), the answer on its way to the client
+    (``Tasks._tools_call`` writes it): the upstream's head, then each SSE event as it completes (framed
+    again, so the handle can follow any of them), or any other body's bytes as they come. At most ``limit``
+    bytes (``max_event_bytes``: one event's bound) wait for the client; beyond, the read waits for it, so a
+    client slower than the upstream slows the call, as a plain relay does."""
+
+    __slots__ = ("_room", "answered", "handed", "head", "limit", "message", "news", "pending", "size")
+
+    def __init__(self, limit: int, *, live: bool = True) -> None:
+        self.limit = limit
         self.message: str | None = None
-        self.handed = False  # the client got the task's handle: the answer's bytes are no longer kept
-        self.full = asyncio.Event()  # an SSE answer outgrew max_event_bytes before task_after: a task now
+        self.handed = not live  # the client has the task's handle (or nobody reads the answer as it comes)
+        self.head: Head | None = None
+        self.answered = False  # the call's response is on its way to the client: no task is made of it
+        self.pending: list[bytes] = []
+        self.size = 0
+        self.news = asyncio.Event()  # a head, bytes to send, or the read's end
+        self._room = asyncio.Event()
+
+    @property
+    def committed(self) -> bool:
+        """The answer reaches the client as it would without tasks: its response went by, or it is not an
+        event stream (a JSON answer is relayed as it comes; a handle cannot follow it)."""
+        return self.answered or (self.head is not None and not self.head.sse)
 
     def seen(self, data: bytes) -> None:
         if b"notifications/progress" in data:
             with contextlib.suppress(orjson.JSONDecodeError):
                 self.message = plan.progress_message(orjson.loads(data)) or self.message
+
+    def opened(self, head: Head) -> None:
+        self.head = head
+        self.news.set()
+
+    async def put(self, data: bytes) -> None:
+        """Hand ``data`` to the client's writer (nothing once handed); wait while too much waits."""
+        if self.handed:
+            return
+        self.pending.append(data)
+        self.size += len(data)
+        self.news.set()
+        while self.size > self.limit and not self.handed:
+            self._room.clear()
+            await self._room.wait()
+
+    def take(self) -> list[bytes]:
+        taken, self.pending, self.size = self.pending, [], 0
+        self._room.set()
+        return taken
+
+    def hand(self) -> list[bytes]:
+        """The client gets the task's handle after what waits now; the rest of the answer is the task's."""
+        self.handed = True
+        return self.take()
 
 
 def _dumps(doc: Any) -> str:
@@ -113,7 +168,7 @@ class Tasks:
             MemoryTasks() if settings.store == "memory" else RedisTasks.from_url(settings.store)
         )
         self.poll_ms = plan.poll_interval_ms(settings.task_after)
-        self._running: dict[str, asyncio.Task[Buffered]] = {}  # task id -> its upstream call read here
+        self._running: dict[str, asyncio.Task[Answered]] = {}  # task id -> its upstream call read here
         self._settling: set[asyncio.Task[None]] = set()
         self._expired_seen = 0
         self._closing = False
@@ -203,47 +258,114 @@ class Tasks:
     # -- a call ------------------------------------------------------------------------------------------
 
     async def _tools_call(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+        """The call sent upstream without the extension; its answer relayed to the client as it comes until
+        ``task_after`` (progress as it happens, as without tasks); then, unless its response went by or it
+        is JSON, the task stored and its handle the answer's last event (or the answer, if none began)."""
         ctx = self.ctx
         request[DID] = Action.RELAYED
         call = orjson.dumps({**doc, "params": plan.upstream_params(doc["params"])})
-        progress = Progress()
-        reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, upstream_headers(request), call, doc["id"], progress)
+        relay = Relay(ctx.settings.max_event_bytes)
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(
+            self._call(request.path_qs, upstream_headers(request), call, doc["id"], relay)
         )
-        full = asyncio.get_running_loop().create_task(progress.full.wait())
+        reader.add_done_callback(lambda _: relay.news.set())
+        deadline: float | None = loop.time() + ctx.settings.task_after  # None: no task any more
+        response: web.StreamResponse | None = None
+        writer: ClientWriter | None = None
         try:
-            # A task at task_after, or sooner when the answer outgrows what may be held for the client.
-            await asyncio.wait({reader, full}, timeout=ctx.settings.task_after, return_when=FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the client left before task_after: the call is cancelled, as today
+            while True:
+                relay.news.clear()  # before looking: whatever comes while this round writes wakes the next
+                if writer is None and relay.head is not None:
+                    response = await self._open(request, relay.head)
+                    writer = ClientWriter(
+                        response, request.transport, ctx.settings.stall_timeout, request.writer
+                    )
+                if writer is not None:
+                    for data in relay.take():
+                        await writer.write(data)
+                if reader.done():
+                    break
+                if deadline is not None and not relay.committed and loop.time() >= deadline:
+                    deadline = None
+                    task = await self._create(request, call)
+                    if task is not None and not relay.committed:
+                        return await self._handed(request, doc["id"], task, reader, relay, writer)
+                    if task is not None:  # its response came while the task was stored: the client gets it
+                        self._start_settling(task, reader, relay)  # and the task, never handed, ends with it
+                wait = None if deadline is None or relay.committed else max(0.0, deadline - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await relay.news.wait()
+        except Stalled:  # the client took nothing for stall_timeout: cut, the call with it (as a relay does)
+            ctx.metrics.backpressure_detaches.inc()
             reader.cancel()
+            if request.transport is not None:
+                request.transport.abort()
+            return response or web.Response(status=499)
+        except (aiohttp.ClientError, OSError) as exc:  # the client left: the call is cancelled, as today
+            log.info("tools/call relay ended early: %s", type(exc).__name__)
+            reader.cancel()
+            return response or web.Response(status=499)
+        except BaseException:  # the client left (the handler cancelled) before the handle: as today
+            if not relay.handed:
+                reader.cancel()
             raise
-        finally:
-            full.cancel()
-        if not reader.done():
-            now = ctx.clock()
-            task_id = plan.TASK_ID_PREFIX + secrets.token_urlsafe(plan.TASK_ID_BYTES)
-            task = plan.new_task(task_id, self._owner(request), call, now, ctx.settings.task_ttl)
-            try:
-                await self.store.create(task, now)
-            except Exception as exc:  # the store cannot keep it: no handle; the client waits, as today
-                log.warning("a task could not be stored (%s); the call is answered when it ends", exc)
-            else:
-                ctx.metrics.tasks.labels("created").inc()
-                progress.handed = True
-                self._start_settling(task, reader, progress)
-                request[DID] = Action.TASK
-                return answer(doc["id"], plan.created_result(task, self.poll_ms))
+        if response is None:  # no answer began: the call failed before it
+            return ctx.reject(request, _failure(reader), doc["id"])
+        if reader.cancelled() or reader.exception() is not None:  # cut mid-answer: ended as a relay ends
+            log.info("tools/call: the upstream's answer ended early (%s)", _failure(reader).reason)
+            return response
+        await response.write_eof()
+        return response
+
+    async def _open(self, request: web.Request, head: Head) -> web.StreamResponse:
+        response = web.StreamResponse(status=head.status, reason=head.reason)
+        for name, value in head.headers:
+            response.headers.add(name, value)
+        if head.sse:
+            for name, value in SSE_RESPONSE_HEADERS[1:]:
+                response.headers[name] = value
+        await response.prepare(request)
+        return response
+
+    async def _create(self, request: web.Request, call: bytes) -> Task | None:
+        """A task for the call, durably stored (the extension: not handed before); None if the store could
+        not keep it (the client then gets the answer as it comes, as without tasks)."""
+        now = self.ctx.clock()
+        task_id = plan.TASK_ID_PREFIX + secrets.token_urlsafe(plan.TASK_ID_BYTES)
+        task = plan.new_task(task_id, self._owner(request), call, now, self.ctx.settings.task_ttl)
         try:
-            buffered = await reader
-        except ProxyError as error:
-            return ctx.reject(request, error, doc["id"])
-        if progress.handed:  # outgrew the buffer (and no task was made of it): the response alone
-            if buffered.response is None:
-                return ctx.reject(
-                    request, UpstreamBadResponse("the call's answer ended without one"), doc["id"]
-                )
-            return web.json_response(buffered.response, status=buffered.status, dumps=_dumps)
-        return web.Response(status=buffered.status, headers=buffered.headers, body=buffered.body)
+            await self.store.create(task, now)
+        except Exception as exc:
+            log.warning("a task could not be stored (%s); the call is answered when it ends", exc)
+            return None
+        self.ctx.metrics.tasks.labels("created").inc()
+        return task
+
+    async def _handed(
+        self,
+        request: web.Request,
+        request_id: Any,
+        task: Task,
+        reader: asyncio.Task[Answered],
+        relay: Relay,
+        writer: ClientWriter | None,
+    ) -> web.StreamResponse:
+        """The client gets the task's handle: the answer's last event after what was read before it (an
+        event stream begun), or the answer (none began). The call goes on, the task's."""
+        pending = relay.hand()
+        self._start_settling(task, reader, relay)
+        request[DID] = Action.TASK
+        handle = {"jsonrpc": "2.0", "id": request_id, "result": plan.created_result(task, self.poll_ms)}
+        if writer is None:
+            return web.Response(body=orjson.dumps(handle), content_type="application/json")
+        with contextlib.suppress(Stalled, aiohttp.ClientError, OSError):  # the client left: the task goes on
+            for data in pending:
+                await writer.write(data)
+            await writer.write(frame_body(orjson.dumps(handle)))
+            await writer.response.write_eof()
+        return writer.response
 
     async def _call(
         self,
@@ -251,60 +373,65 @@ class Tasks:
         headers: list[tuple[str, str]],
         body: bytes,
         request_id: Any,
-        progress: Progress | None = None,
-    ) -> Buffered:
-        """Send the call and read its whole answer (a cancellation closes it: the upstream's cancel). An
-        SSE answer is parsed as it comes (its progress, its response); once the task's handle was answered
-        (``Progress.handed``) its bytes are no longer kept (nobody gets them as they came), only the
-        response: a long call's many notifications do not add up against ``max_event_bytes``."""
+        relay: Relay | None = None,
+    ) -> Answered:
+        """Send the call and read its whole answer (a cancellation closes it: the upstream's cancel).
+        ``relay``: the answer goes to the client as it comes until the task's handle (``Relay``); an event
+        stream is parsed as it comes (its progress, its response), so a long call's many notifications
+        never add up against ``max_event_bytes``; a JSON answer is read whole (at most that) unless it goes
+        to the client."""
         ctx = self.ctx
         limit = ctx.settings.max_event_bytes
         upstream = await ctx.upstream.request("POST", path_qs, headers, body, decoded=True)
         try:
+            sse = upstream.content_type == SSE
+            if relay is not None:
+                kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in _FRAMING]
+                relay.opened(Head(upstream.status, upstream.reason, kept, sse))
+            passing = relay if relay is not None and not relay.handed and not sse else None
             raw = bytearray()
-            events = SSEParser(limit) if upstream.content_type == SSE else None
+            events = SSEParser(limit) if sse else None
             found: Any = None
             try:
                 async for chunk in upstream.content.iter_any():
-                    if events is None or progress is None or not progress.handed:
-                        raw += chunk  # a JSON answer is its response: kept whole
-                        if events is not None and progress is not None and len(raw) > limit:
-                            progress.handed = True  # an SSE answer too long to hold: a task now
-                            progress.full.set()
-                            raw.clear()
-                    elif raw:
-                        raw.clear()
-                    if events is not None:
+                    if passing is not None:  # JSON on its way to the client: no task, nothing kept
+                        await passing.put(chunk)
+                    elif events is None:
+                        raw += chunk
+                        if len(raw) > limit:
+                            raise UpstreamBadResponse(f"the call's answer is over {limit} bytes", limit=limit)
+                    else:
                         for event in events.feed(chunk):
-                            if progress is not None:
-                                progress.seen(event.data)
-                            found = found or find_response("application/json", event.data, request_id, limit)
-                    if len(raw) > limit:
-                        raise UpstreamBadResponse(f"the call's answer is over {limit} bytes", limit=limit)
+                            if relay is not None:
+                                relay.seen(event.data)
+                            if found is None:
+                                found = find_response("application/json", event.data, request_id, limit)
+                                if found is not None and relay is not None and not relay.handed:
+                                    relay.answered = True
+                            if relay is not None and not relay.handed:
+                                await relay.put(encode_event(event))
             except OSError as exc:
                 raise UpstreamUnreachable(f"the call's answer was lost: {type(exc).__name__}") from None
             except Exception as exc:
                 if isinstance(exc, ProxyError):
                     raise
                 raise UpstreamUnreachable(f"the call's answer was lost: {type(exc).__name__}") from None
-            kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in _FRAMING]
-            body_bytes = bytes(raw)
-            if events is None:
-                found = find_response(upstream.content_type, body_bytes, request_id, limit)
-            return Buffered(upstream.status, kept, body_bytes, found)
+            if events is None and passing is None:
+                found = find_response(upstream.content_type, bytes(raw), request_id, limit)
+            return Answered(upstream.status, found)
         except asyncio.CancelledError:
             upstream.close()  # closing the answer cancels the call upstream (2026-07-28)
             raise
         finally:
             upstream.release()
 
-    def _start_settling(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
+    def _start_settling(self, task: Task, reader: asyncio.Task[Answered], relay: Relay) -> None:
         self._running[task.task_id] = reader
-        settle = asyncio.get_running_loop().create_task(self._settle(task, reader, progress))
+        settle = asyncio.get_running_loop().create_task(self._settle(task, reader, relay))
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
 
-    async def _settle(self, task: Task, reader: asyncio.Task[Buffered], progress: Progress) -> None:
+    async def _settle(self, task: Task, reader: asyncio.Task[Answered], relay: Relay) -> None:
         """Wait for the call's answer and move the task on with it; meanwhile, every poll interval, look
         whether another replica cancelled it (then close the call here), and store the call's newest
         progress with it (its ``statusMessage``)."""
@@ -322,8 +449,8 @@ class Tasks:
                         with contextlib.suppress(BaseException):
                             await reader
                         return
-                    if progress.message is not None and progress.message != told:
-                        told = progress.message
+                    if relay.message is not None and relay.message != told:
+                        told = relay.message
                         news = plan.progressed(stored, told, ctx.clock())
                         if isinstance(news, Task):
                             await self.store.advance(news, Status.WORKING, ctx.clock())
@@ -339,7 +466,7 @@ class Tasks:
             if self._running.get(task.task_id) is reader:
                 del self._running[task.task_id]
 
-    def _outcome(self, task: Task, reader: asyncio.Task[Buffered]) -> Task | plan.Refused | plan.Gone:
+    def _outcome(self, task: Task, reader: asyncio.Task[Answered]) -> Task | plan.Refused | plan.Gone:
         now = self.ctx.clock()
         if reader.cancelled():  # the proxy stops: the call is closed with it
             error = {"code": -32603, "message": "the proxy stopped", "data": {"reason": "proxy_shutdown"}}
@@ -404,12 +531,11 @@ class Tasks:
         if task.request_state is not None:
             retry["requestState"] = task.request_state
         body = orjson.dumps({**call, "params": retry})
-        progress = Progress()
-        progress.handed = True  # a retry's answer goes to the task only
+        relay = Relay(self.ctx.settings.max_event_bytes, live=False)  # a retry's answer is the task's only
         reader = asyncio.get_running_loop().create_task(
-            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"], progress)
+            self._call(request.path_qs, retry_headers(request, retry.get("name")), body, call["id"], relay)
         )
-        self._start_settling(nxt, reader, progress)
+        self._start_settling(nxt, reader, relay)
         return answer(doc["id"], {"resultType": "complete"})
 
 
@@ -421,6 +547,16 @@ class TaskNotWaiting(ProxyError):
 
     def __init__(self, status: str) -> None:
         super().__init__("the task is not waiting for input", status=status)
+
+
+def _failure(reader: asyncio.Task[Answered]) -> ProxyError:
+    """Why a call's read ended without an answer."""
+    if reader.cancelled():
+        return UpstreamUnreachable("the call's answer was closed")
+    exc = reader.exception()
+    if isinstance(exc, ProxyError):
+        return exc
+    return UpstreamUnreachable(f"the call's answer was lost: {type(exc).__name__}")
 
 
 def retry_headers(request: web.Request, tool: Any) -> list[tuple[str, str]]:
