@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from mcpresume.core.sse import SSEParser
 from mcpresume.daemon.app import PROXY, RunningProxy
 from mcpresume.examples.upstream import RunningUpstream, local_transport_security
 from tests.support.poll import until
-from tests.support.proxy import running_proxy
+from tests.support.proxy import ManualClock, running_proxy
 from tests.test_redis_proxy import on_redis
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
@@ -515,3 +516,39 @@ async def test_a_json_answer_within_task_after_stays_json_whatever_its_size(serv
             doc = await r.json()
         assert doc["id"] == 7 and doc["result"]["content"][0]["text"] == big
         assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+# -- expiry -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_an_expired_task_is_404_and_counted_expired_once(
+    example_upstream: str, redis_db: str, shared: bool
+) -> None:
+    """Counted by the housekeeping round (``Tasks.sweep``), on either store; with Redis by one replica of
+    the two, though Redis drops the task's key on its own."""
+    clock = ManualClock(time.time())  # Redis expires the key by the real clock: start from it
+    settings = {**FAST, "clock": clock}
+    store = {"replica_id": "one"} if shared else {}
+    async with contextlib.AsyncExitStack() as stack:
+        if shared:
+            one = await stack.enter_async_context(
+                running_proxy(example_upstream, **on_redis(redis_db, **store, **settings))
+            )
+            two = await stack.enter_async_context(
+                running_proxy(example_upstream, **on_redis(redis_db, replica_id="two", **settings))
+            )
+            proxies = [one, two]
+        else:
+            proxies = [await stack.enter_async_context(running_proxy(example_upstream, **settings))]
+        _, doc = await call(proxies[0].url, n=4, delay=0.25)
+        task_id = doc["result"]["taskId"]
+        assert (await completed(proxies[-1].url, task_id))["status"] == "completed"
+        clock.advance(FAST["task_ttl"])
+        status, gone = await get(proxies[-1].url, task_id)
+        assert status == 404 and gone["error"]["data"]["reason"] == "unknown_task"
+        for _ in range(2):  # two rounds on every replica: counted once in all
+            for proxy in proxies:
+                await tasks_of(proxy).sweep()
+        counted = [p.app[PROXY].ctx.metrics.tasks.labels("expired")._value.get() for p in proxies]
+        assert sum(counted) == 1, counted

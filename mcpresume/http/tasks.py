@@ -170,7 +170,6 @@ class Tasks:
         self.poll_ms = plan.poll_interval_ms(settings.task_after)
         self._running: dict[str, asyncio.Task[Answered]] = {}  # task id -> its upstream call read here
         self._settling: set[asyncio.Task[None]] = set()
-        self._expired_seen = 0
         self._closing = False
         self._discovered: tuple[bool, float] | None = None  # the upstream makes tasks; until when known
 
@@ -190,10 +189,16 @@ class Tasks:
         fields = credential_fields(request.headers.items(), self.ctx.settings.credential_headers)
         return credential_digest(fields).hex()
 
-    def _count_expired(self) -> None:
-        if isinstance(self.store, MemoryTasks) and self.store.expired != self._expired_seen:
-            self.ctx.metrics.tasks.labels("expired").inc(self.store.expired - self._expired_seen)
-            self._expired_seen = self.store.expired
+    async def sweep(self) -> None:
+        """The housekeeping round's part: count the tasks that expired since the last round
+        (``mcpresume_tasks_total{event="expired"}``), once across the replicas sharing the store."""
+        try:
+            swept = await self.store.sweep(self.ctx.clock())
+        except Exception as exc:  # the store is down: the next round counts them
+            log.warning("the expired tasks could not be counted this round (%s)", exc)
+            return
+        if swept:
+            self.ctx.metrics.tasks.labels("expired").inc(swept)
 
     async def serve(self, post: Post) -> web.StreamResponse | None:
         """The answer, or None: the request goes as today."""
@@ -221,7 +226,6 @@ class Tasks:
         request[DID] = Action.TASK
         try:
             task = await self.store.get(task_id, self.ctx.clock())
-            self._count_expired()
             if task is None or not secrets.compare_digest(task.owner, self._owner(request)):
                 raise UnknownTask()
             if method == plan.TASKS_GET:
