@@ -23,7 +23,8 @@ from mcp_types import InputRequiredResult
 
 from mcpresume.core.sse import SSEParser
 from mcpresume.daemon.app import PROXY, RunningProxy
-from mcpresume.examples.upstream import RunningUpstream, local_transport_security
+from mcpresume.examples.upstream import RunningUpstream, build_example_app, local_transport_security
+from mcpresume.http.tasks import ACCEPTED_FOR
 from tests.support.poll import until
 from tests.support.proxy import ManualClock, running_proxy
 from tests.test_redis_proxy import on_redis
@@ -552,3 +553,59 @@ async def test_an_expired_task_is_404_and_counted_expired_once(
                 await tasks_of(proxy).sweep()
         counted = [p.app[PROXY].ctx.metrics.tasks.labels("expired")._value.get() for p in proxies]
         assert sum(counted) == 1, counted
+
+
+# -- the upstream's check applies to polls ---------------------------------------------------------------
+
+
+def token_checked(app: Any, valid: set[str]) -> Any:
+    """The SDK's app behind a bearer check on every request, as an authenticating server does: a token not
+    in ``valid`` (revoked) gets 401 with a challenge."""
+
+    async def checked(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if auth.removeprefix("Bearer ") not in valid:
+                challenge = b'Bearer error="invalid_token"'
+                head = [(b"www-authenticate", challenge), (b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": 401, "headers": head})
+                await send({"type": "http.response.body", "body": b'{"error":"invalid_token"}'})
+                return
+        await app(scope, receive, send)
+
+    return checked
+
+
+async def test_a_poll_with_a_token_the_upstream_revoked_is_refused_as_a_reattach_would_be() -> None:
+    valid = {"alice"}
+    clock = ManualClock(time.time())
+    async with (
+        RunningUpstream(token_checked(build_example_app(), valid)) as upstream,
+        running_proxy(upstream.url, **FAST, clock=clock) as proxy,
+    ):
+        _, doc = await call(proxy.url, n=100, delay=0.2)  # 20 s: still working throughout
+        task_id = doc["result"]["taskId"]
+        status, polled = await get(proxy.url, task_id)
+        assert status == 200 and polled["result"]["status"] == "working"
+        valid.discard("alice")  # the upstream revokes the token
+        status, _ = await get(proxy.url, task_id)
+        assert status == 200  # its acceptance is kept ACCEPTED_FOR seconds (the cost of a check per poll)
+        clock.advance(ACCEPTED_FOR)
+        for method in ("tasks/get", "tasks/cancel"):
+            body = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": method,
+                "params": {"taskId": task_id, "_meta": meta()},
+            }
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(proxy.url, data=orjson.dumps(body), headers=headers(method, task_id)) as r,
+            ):
+                assert r.status == 401, await r.text()
+                assert r.headers.getall("WWW-Authenticate") == ['Bearer error="invalid_token"']
+                refusal = await r.json()
+            assert refusal["id"] == 3 and refusal["error"]["data"]["reason"] == "credentials_refused"
+        valid.add("alice")  # nothing was cancelled by the refused cancel
+        status, polled = await get(proxy.url, task_id)
+        assert status == 200 and polled["result"]["status"] == "working"

@@ -44,6 +44,7 @@ from mcpresume.core.jsonrpc import DISCOVER, proxy_request_id
 from mcpresume.core.sse import SSEParser, encode_event, frame_body
 from mcpresume.core.tasks import Event, Status, Task
 from mcpresume.http.context import DID, Action, ProxyContext
+from mcpresume.http.credentials import refused, verify_modern
 from mcpresume.http.forward import SSE, client_headers, upstream_headers
 from mcpresume.http.incoming import Post, stateless
 from mcpresume.http.view import ClientWriter, Stalled
@@ -56,6 +57,11 @@ _FRAMING: Final = frozenset({"content-length", "transfer-encoding", "content-enc
 # How long the upstream's answer to server/discover (whether it makes tasks itself) is trusted: one
 # round trip a minute at most, and an upstream redeployed with tasks is left to make them within a minute.
 DISCOVER_EVERY: Final = 60.0
+# How long the upstream's acceptance of a poll's credentials is kept (``_still_accepted``): a credential
+# the upstream revokes polls at most this much longer; a client polling every task_after/10 costs one
+# upstream check per this many seconds, not one per poll.
+ACCEPTED_FOR: Final = 5.0
+MAX_ACCEPTED: Final = 10_000  # credentials whose acceptance is kept at once (a few MB at most)
 CLOSE_WAIT: Final = 2.0  # seconds the stop waits for the store to take the closed calls' tasks as failed
 
 
@@ -171,6 +177,7 @@ class Tasks:
         self._running: dict[str, asyncio.Task[Answered]] = {}  # task id -> its upstream call read here
         self._settling: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._accepted: dict[str, float] = {}  # credential digest -> until when the upstream's yes holds
         self._discovered: tuple[bool, float] | None = None  # the upstream makes tasks; until when known
 
     async def close(self) -> None:
@@ -228,6 +235,7 @@ class Tasks:
             task = await self.store.get(task_id, self.ctx.clock())
             if task is None or not secrets.compare_digest(task.owner, self._owner(request)):
                 raise UnknownTask()
+            await self._still_accepted(request, task)
             if method == plan.TASKS_GET:
                 self.ctx.metrics.task_polls.inc()
                 return answer(doc["id"], plan.get_result(task, self.poll_ms))
@@ -235,7 +243,24 @@ class Tasks:
                 return answer(doc["id"], await self._cancel(task))
             return await self._update(request, doc, task)
         except ProxyError as error:
-            return self.ctx.reject(request, error, doc["id"])
+            return refused(self.ctx, request, error, doc["id"])
+
+    async def _still_accepted(self, request: web.Request, task: Task) -> None:
+        """A ``tasks/*`` never reaches the upstream, so the upstream's check of its credentials is asked
+        for it (``verify_modern``: a ``server/discover`` with them): a credential revoked since the call
+        polls no more. An acceptance is kept ``ACCEPTED_FOR`` seconds per credential in this process (a
+        client polling many tasks costs one check); a task made without credentials has none to check."""
+        if not credential_fields(request.headers.items(), self.ctx.settings.credential_headers):
+            return
+        now = self.ctx.clock()
+        if self._accepted.get(task.owner, now) > now:
+            return
+        await verify_modern(self.ctx, request)
+        if len(self._accepted) >= MAX_ACCEPTED:
+            self._accepted = {k: v for k, v in self._accepted.items() if v > now}
+            if len(self._accepted) >= MAX_ACCEPTED:
+                self._accepted.clear()
+        self._accepted[task.owner] = now + ACCEPTED_FOR
 
     async def _upstream_makes_tasks(self, request: web.Request, doc: dict[str, Any]) -> bool:
         """Ask the upstream's ``server/discover`` (with the call's credentials and envelope) whether it
