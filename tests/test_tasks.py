@@ -609,3 +609,45 @@ async def test_a_poll_with_a_token_the_upstream_revoked_is_refused_as_a_reattach
         valid.add("alice")  # nothing was cancelled by the refused cancel
         status, polled = await get(proxy.url, task_id)
         assert status == 200 and polled["result"]["status"] == "working"
+
+
+# -- tasks/* the proxy refuses: each a JSON-RPC error with its reason, nothing else touched -------------
+
+
+async def test_malformed_unknown_and_out_of_turn_task_requests_are_refused_with_their_reasons() -> None:
+    gate = asyncio.Event()
+    async with (
+        RunningUpstream(gated_app(gate)) as upstream,
+        running_proxy(upstream.url, **FAST) as proxy,
+    ):
+        async with gated_call(proxy.url) as r:
+            task_id = (await answer_of(r))["result"]["taskId"]  # working until the gate opens
+        cases: list[tuple[str, str, dict[str, Any], int, str, dict[str, Any]]] = [
+            ("tasks/get", task_id, {}, 400, "invalid_task_params", {"problem": "taskId is missing"}),
+            ("tasks/get", "42", {"taskId": 42}, 400, "invalid_task_params", {}),
+            ("tasks/get", "other", {"taskId": task_id}, 400, "invalid_task_params", {}),  # Mcp-Name differs
+            ("tasks/cancel", task_id, {"taskId": None}, 400, "invalid_task_params", {}),
+            ("tasks/get", "mcpr-unknown", {"taskId": "mcpr-unknown"}, 404, "unknown_task", {}),
+            ("tasks/update", task_id, {"taskId": task_id, "inputResponses": {}}, 400, "task_not_waiting",
+             {"status": "working"}),
+            ("tasks/update", task_id, {"taskId": task_id, "inputResponses": []}, 400, "invalid_task_params",
+             {"problem": "inputResponses is not an object"}),
+        ]  # fmt: skip
+        for rid, (method, name, params, status, reason, facts) in enumerate(cases, start=10):
+            got, refusal = await post(proxy.url, rid, method, name, params)
+            assert (got, refusal["id"]) == (status, rid), (method, params, refusal)
+            error = refusal["error"]
+            assert error["code"] == -32602 and error["data"]["reason"] == reason, error
+            assert facts.items() <= error["data"].items(), error
+        gate.set()
+        final = await completed(proxy.url, task_id)  # untouched by all of it
+        assert final["status"] == "completed"
+        assert final["result"]["content"][0]["text"] == "released"
+        status, refusal = await post(proxy.url, 20, "tasks/cancel", task_id, {"taskId": task_id})
+        assert status == 400 and refusal["error"]["code"] == -32602
+        assert refusal["error"]["data"] == {"reason": "task_finished", "status": "completed"}
+        _, polled = await get(proxy.url, task_id)
+        assert polled["result"]["status"] == "completed" and "result" in polled["result"]
+        metrics = proxy.app[PROXY].ctx.metrics
+        assert metrics.tasks.labels("cancelled")._value.get() == 0
+        assert metrics.tasks.labels("completed")._value.get() == 1

@@ -38,7 +38,15 @@ from aiohttp import web
 
 from mcpresume.core import tasks as plan
 from mcpresume.core.credentials import credential_digest, credential_fields
-from mcpresume.core.errors import ProxyError, UnknownTask, UpstreamBadResponse, UpstreamUnreachable
+from mcpresume.core.errors import (
+    InvalidTaskParams,
+    ProxyError,
+    TaskFinished,
+    TaskNotWaiting,
+    UnknownTask,
+    UpstreamBadResponse,
+    UpstreamUnreachable,
+)
 from mcpresume.core.headers import SSE_RESPONSE_HEADERS
 from mcpresume.core.jsonrpc import DISCOVER, proxy_request_id
 from mcpresume.core.sse import SSEParser, encode_event, frame_body
@@ -227,9 +235,13 @@ class Tasks:
             if await self._upstream_makes_tasks(request, doc):
                 return None  # the upstream's own tasks, as today
             return await self._tools_call(request, doc)
-        task_id = plan.task_id_of(doc.get("params"), request.headers.get(NAME_HEADER))
-        if task_id is None or not plan.is_ours(task_id):
-            return None  # the upstream's own task (or a malformed request): its answer, as today
+        params, header = doc.get("params"), request.headers.get(NAME_HEADER)
+        task_id = plan.task_id_of(params, header)
+        if task_id is None:  # malformed, whoever's task it names: said so (the tasks extension: -32602)
+            problem = plan.task_id_problem(params, header) or "taskId"
+            return self.ctx.reject(request, InvalidTaskParams(problem), doc["id"])
+        if not plan.is_ours(task_id):
+            return None  # the upstream's own task: its answer, as today
         request[DID] = Action.TASK
         try:
             task = await self.store.get(task_id, self.ctx.clock())
@@ -540,20 +552,23 @@ class Tasks:
             if reader is not None:
                 reader.cancel()  # closes the upstream request: the call is cancelled there
             return plan.get_result(nxt, self.poll_ms)
-        current = await self.store.get(task.task_id, now)  # finished first (or expired): as it stands
+        current = await self.store.get(task.task_id, now)  # finished first (or expired)
         if current is None:
             raise UnknownTask()
-        return plan.get_result(current, self.poll_ms)
+        if current.status in plan.TERMINAL:
+            raise TaskFinished(current.status.value)
+        return await self._cancel(current)  # moved on meanwhile (an update, an input request): again
 
     async def _update(self, request: web.Request, doc: dict[str, Any], task: Task) -> web.StreamResponse:
-        params = doc.get("params") or {}
-        responses = params.get("inputResponses")
+        responses = doc["params"].get("inputResponses")
+        if not isinstance(responses, dict):
+            raise InvalidTaskParams("inputResponses is not an object")
         now = self.ctx.clock()
         nxt = plan.advance(task, Event.UPDATE, now)
-        if not isinstance(responses, dict) or not isinstance(nxt, Task):
-            return self.ctx.reject(request, TaskNotWaiting(task.status.value), doc["id"])
+        if not isinstance(nxt, Task):
+            raise TaskNotWaiting(task.status.value)
         if not await self.store.advance(nxt, task.status, now):
-            return self.ctx.reject(request, TaskNotWaiting("changed"), doc["id"])
+            raise TaskNotWaiting("changed")
         call = orjson.loads(task.call)
         retry = dict(call["params"])
         retry["inputResponses"] = responses
@@ -566,16 +581,6 @@ class Tasks:
         )
         self._start_settling(nxt, reader, relay)
         return answer(doc["id"], {"resultType": "complete"})
-
-
-class TaskNotWaiting(ProxyError):
-    """400: a ``tasks/update`` for a task that is not waiting for input (or without ``inputResponses``)."""
-
-    status = 400
-    reason = "task_not_waiting"
-
-    def __init__(self, status: str) -> None:
-        super().__init__("the task is not waiting for input", status=status)
 
 
 def _failure(reader: asyncio.Task[Answered]) -> ProxyError:
