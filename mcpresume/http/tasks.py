@@ -100,7 +100,19 @@ class Relay:
     bytes (``max_event_bytes``: one event's bound) wait for the client; beyond, the read waits for it, so a
     client slower than the upstream slows the call, as a plain relay does."""
 
-    __slots__ = ("_room", "answered", "handed", "head", "limit", "message", "news", "pending", "size")
+    __slots__ = (
+        "_room",
+        "answered",
+        "deciding",
+        "handed",
+        "head",
+        "limit",
+        "message",
+        "news",
+        "passing",
+        "pending",
+        "size",
+    )
 
     def __init__(self, limit: int, *, live: bool = True) -> None:
         self.limit = limit
@@ -108,6 +120,10 @@ class Relay:
         self.handed = not live  # the client has the task's handle (or nobody reads the answer as it comes)
         self.head: Head | None = None
         self.answered = False  # the call's response is on its way to the client: no task is made of it
+        self.passing = False  # a JSON answer is on its way to the client: no task is made of it
+        # Set while a task is being stored: a JSON answer that begins meanwhile waits for the outcome (it
+        # goes to the task if the handle does to the client, else to the client).
+        self.deciding: asyncio.Event | None = None
         self.pending: list[bytes] = []
         self.size = 0
         self.news = asyncio.Event()  # a head, bytes to send, or the read's end
@@ -117,7 +133,7 @@ class Relay:
     def committed(self) -> bool:
         """The answer reaches the client as it would without tasks: its response went by, or it is not an
         event stream (a JSON answer is relayed as it comes; a handle cannot follow it)."""
-        return self.answered or (self.head is not None and not self.head.sse)
+        return self.answered or self.passing
 
     def seen(self, data: bytes) -> None:
         if b"notifications/progress" in data:
@@ -329,11 +345,15 @@ class Tasks:
                     break
                 if deadline is not None and not relay.committed and loop.time() >= deadline:
                     deadline = None
-                    task = await self._create(request, call)
-                    if task is not None and not relay.committed:
-                        return await self._handed(request, doc["id"], task, reader, relay, writer)
-                    if task is not None:  # its response came while the task was stored: the client gets it
-                        self._start_settling(task, reader, relay)  # and the task, never handed, ends with it
+                    relay.deciding = asyncio.Event()
+                    try:
+                        task = await self._create(request, call)
+                        if task is not None and not relay.committed:
+                            return await self._handed(request, doc["id"], task, reader, relay, writer)
+                    finally:
+                        relay.deciding.set()
+                    if task is not None:  # the response went by while the task was stored: the client
+                        self._start_settling(task, reader, relay)  # has it; the task, never handed, too
                 wait = None if deadline is None or relay.committed else max(0.0, deadline - loop.time())
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
@@ -396,6 +416,8 @@ class Tasks:
         """The client gets the task's handle: the answer's last event after what was read before it (an
         event stream begun), or the answer (none began). The call goes on, the task's."""
         pending = relay.hand()
+        if relay.deciding is not None:
+            relay.deciding.set()  # a JSON answer that began meanwhile is the task's
         self._start_settling(task, reader, relay)
         request[DID] = Action.TASK
         handle = {"jsonrpc": "2.0", "id": request_id, "result": plan.created_result(task, self.poll_ms)}
@@ -426,10 +448,15 @@ class Tasks:
         upstream = await ctx.upstream.request("POST", path_qs, headers, body, decoded=True)
         try:
             sse = upstream.content_type == SSE
+            passing: Relay | None = None
             if relay is not None:
                 kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in _FRAMING]
+                if not sse and relay.deciding is not None:  # a task is being stored: the client's, or this
+                    await relay.deciding.wait()
+                if not sse and not relay.handed:
+                    passing = relay
+                    relay.passing = True
                 relay.opened(Head(upstream.status, upstream.reason, kept, sse))
-            passing = relay if relay is not None and not relay.handed and not sse else None
             raw = bytearray()
             events = SSEParser(limit) if sse else None
             found: Any = None
