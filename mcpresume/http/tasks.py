@@ -166,10 +166,6 @@ class Relay:
         return self.take()
 
 
-def _dumps(doc: Any) -> str:
-    return orjson.dumps(doc).decode()
-
-
 def find_response(content_type: str, body: bytes, request_id: Any, limit: int) -> Any:
     """The JSON-RPC response to ``request_id`` in an answer (JSON, or an SSE stream's events)."""
     docs: list[Any] = []
