@@ -651,3 +651,86 @@ async def test_malformed_unknown_and_out_of_turn_task_requests_are_refused_with_
         metrics = proxy.app[PROXY].ctx.metrics
         assert metrics.tasks.labels("cancelled")._value.get() == 0
         assert metrics.tasks.labels("completed")._value.get() == 1
+
+
+class _StoreWith:
+    """The proxy's task store with a ``create`` of the test's (a store down, one that takes its time)."""
+
+    def __init__(self, store: Any, create: Any) -> None:
+        self.store = store
+        self.create = create
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def test_a_task_the_store_cannot_keep_leaves_the_answer_relayed_to_its_end() -> None:
+    gate = asyncio.Event()
+    async with (
+        RunningUpstream(gated_app(gate)) as upstream,
+        running_proxy(upstream.url, **FAST) as proxy,
+    ):
+        tasks = tasks_of(proxy)
+        refused: list[str] = []
+
+        async def down(task: Any, now: float) -> None:
+            refused.append(task.task_id)
+            raise ConnectionError("the store is down")
+
+        tasks.store = _StoreWith(tasks.store, down)
+        async with gated_call(proxy.url) as r:
+            parser = SSEParser(1 << 20)
+            progress = await asyncio.wait_for(next_message(r, parser), timeout=30)
+            assert progress["method"] == "notifications/progress"
+            await until(lambda: len(refused) == 1, what="task_after passed, the task refused")
+            gate.set()
+            done = await asyncio.wait_for(next_message(r, parser), timeout=30)
+            assert done["id"] == 1 and done["result"]["content"][0]["text"] == "released"
+            assert await next_message(r, parser) is None
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+async def test_a_json_answer_that_begins_while_its_task_is_stored_goes_to_the_task(serve: Any) -> None:
+    """The race the handle and a JSON answer run: the answer's head reaches the proxy while the task is
+    being stored. The client gets the handle (no answer had begun for it), the task the answer."""
+    answer_now, creating, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def mcp(request: web.Request) -> web.Response:
+        doc = await request.json()
+        if doc["method"] == "server/discover":
+            result: dict[str, Any] = {"resultType": "complete", "capabilities": {"tools": {}}}
+        else:
+            await answer_now.wait()
+            result = {"content": [{"type": "text", "text": "late"}]}
+        return web.json_response({"jsonrpc": "2.0", "id": doc["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp)
+    url = await serve(app)
+    async with running_proxy(url, **FAST) as proxy:
+        tasks, upstream = tasks_of(proxy), proxy.app[PROXY].ctx.upstream
+        store, send = tasks.store, upstream.request
+        head_in = asyncio.Event()
+
+        async def held_create(task: Any, now: float) -> None:
+            creating.set()
+            await release.wait()
+            await store.create(task, now)
+
+        async def watched(method: str, path: str, headers: Any, body: Any, **kw: Any) -> Any:
+            answer = await send(method, path, headers, body, **kw)
+            if b'"tools/call"' in body:
+                head_in.set()
+            return answer
+
+        tasks.store = _StoreWith(store, held_create)
+        upstream.request = watched
+        call_task = asyncio.create_task(call(proxy.url, n=1, delay=0.0))
+        await asyncio.wait_for(creating.wait(), timeout=30)  # task_after passed, no head yet
+        answer_now.set()
+        await asyncio.wait_for(head_in.wait(), timeout=30)  # the JSON answer began meanwhile
+        release.set()
+        status, doc = await asyncio.wait_for(call_task, timeout=30)
+        assert status == 200 and doc["result"]["resultType"] == "task"
+        final = await completed(proxy.url, doc["result"]["taskId"])
+        assert final["status"] == "completed" and final["result"]["content"][0]["text"] == "late"
