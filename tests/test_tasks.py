@@ -428,6 +428,17 @@ def gated_app(gate: asyncio.Event) -> Any:
 
 
 @contextlib.asynccontextmanager
+async def gated_proxy(**settings: Any) -> AsyncIterator[tuple[asyncio.Event, RunningProxy]]:
+    """The proxy (``FAST``, and ``settings``) in front of ``gated_app``, and its gate."""
+    gate = asyncio.Event()
+    async with (
+        RunningUpstream(gated_app(gate)) as upstream,
+        running_proxy(upstream.url, **{**FAST, **settings}) as proxy,
+    ):
+        yield gate, proxy
+
+
+@contextlib.asynccontextmanager
 async def gated_call(url: str) -> AsyncIterator[aiohttp.ClientResponse]:
     params = {"name": "gated", "arguments": {}, "_meta": {**meta(), "progressToken": "p"}}
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
@@ -451,11 +462,7 @@ async def next_message(r: aiohttp.ClientResponse, parser: SSEParser) -> Any:
 
 
 async def test_a_call_that_ends_before_task_after_streams_its_progress_as_it_comes() -> None:
-    gate = asyncio.Event()
-    async with (
-        RunningUpstream(gated_app(gate)) as upstream,
-        running_proxy(upstream.url, **{**FAST, "task_after": 60.0}) as proxy,
-    ):
+    async with gated_proxy(task_after=60.0) as (gate, proxy):
         async with gated_call(proxy.url) as r:
             assert r.status == 200 and r.content_type == "text/event-stream"
             parser = SSEParser(1 << 20)
@@ -470,11 +477,7 @@ async def test_a_call_that_ends_before_task_after_streams_its_progress_as_it_com
 
 
 async def test_a_call_outlasting_task_after_gets_its_handle_as_the_last_event_of_the_same_stream() -> None:
-    gate = asyncio.Event()
-    async with (
-        RunningUpstream(gated_app(gate)) as upstream,
-        running_proxy(upstream.url, **FAST) as proxy,
-    ):
+    async with gated_proxy() as (gate, proxy):
         async with gated_call(proxy.url) as r:
             assert r.status == 200 and r.content_type == "text/event-stream"
             parser = SSEParser(1 << 20)
@@ -615,11 +618,7 @@ async def test_a_poll_with_a_token_the_upstream_revoked_is_refused_as_a_reattach
 
 
 async def test_malformed_unknown_and_out_of_turn_task_requests_are_refused_with_their_reasons() -> None:
-    gate = asyncio.Event()
-    async with (
-        RunningUpstream(gated_app(gate)) as upstream,
-        running_proxy(upstream.url, **FAST) as proxy,
-    ):
+    async with gated_proxy() as (gate, proxy):
         async with gated_call(proxy.url) as r:
             task_id = (await answer_of(r))["result"]["taskId"]  # working until the gate opens
         cases: list[tuple[str, str, dict[str, Any], int, str, dict[str, Any]]] = [
@@ -665,11 +664,7 @@ class _StoreWith:
 
 
 async def test_a_task_the_store_cannot_keep_leaves_the_answer_relayed_to_its_end() -> None:
-    gate = asyncio.Event()
-    async with (
-        RunningUpstream(gated_app(gate)) as upstream,
-        running_proxy(upstream.url, **FAST) as proxy,
-    ):
+    async with gated_proxy() as (gate, proxy):
         tasks = tasks_of(proxy)
         refused: list[str] = []
 

@@ -104,28 +104,31 @@ class InvalidTaskParams(ProxyError):
         super().__init__(f"invalid tasks request: {problem}", problem=problem)
 
 
-class TaskNotWaiting(ProxyError):
-    """400: a ``tasks/update`` for a task that is not waiting for input (``input_required``); ``status``:
-    the task's, or ``changed`` when it moved on while the update was taken."""
+class TaskOutOfTurn(ProxyError):
+    """400: a ``tasks/*`` its task's status does not allow (``core/tasks.py``'s table); ``status``: the
+    task's, or ``changed`` when it moved on while the request was taken. The task is left as it is."""
 
     status = 400
+    code = INVALID_PARAMS
+    said = "the task's status does not allow it"
+
+    def __init__(self, status: str) -> None:
+        super().__init__(self.said, status=status)
+
+
+class TaskNotWaiting(TaskOutOfTurn):
+    """A ``tasks/update`` for a task that is not waiting for input (``input_required``)."""
+
     reason = "task_not_waiting"
-    code = INVALID_PARAMS
-
-    def __init__(self, status: str) -> None:
-        super().__init__("the task is not waiting for input", status=status)
+    said = "the task is not waiting for input"
 
 
-class TaskFinished(ProxyError):
-    """400: a ``tasks/cancel`` for a task already ``completed``, ``failed`` or ``cancelled`` (a terminal
-    status is final; the task is left as it is). ``status``: the task's."""
+class TaskFinished(TaskOutOfTurn):
+    """A ``tasks/cancel`` for a task already ``completed``, ``failed`` or ``cancelled`` (a terminal status
+    is final)."""
 
-    status = 400
     reason = "task_finished"
-    code = INVALID_PARAMS
-
-    def __init__(self, status: str) -> None:
-        super().__init__("the task has already finished", status=status)
+    said = "the task has already finished"
 
 
 class MalformedCursor(ProxyError):
