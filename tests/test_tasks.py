@@ -410,16 +410,21 @@ async def test_a_long_calls_notifications_do_not_add_up_against_max_event_bytes(
 # -- the answer before task_after: relayed as it comes ------------------------------------------------
 
 
-def gated_app(gate: asyncio.Event) -> Any:
+def gated_app(gate: asyncio.Event, cancelled: asyncio.Event | None = None) -> Any:
     """An SDK server (modern path: an event stream per call) whose one tool reports progress at once, then
     waits for the test to open ``gate``: a proxy that held the progress back until the answer ended would
-    never let the test see it, and the test would wait in vain."""
+    never let the test see it, and the test would wait in vain. ``cancelled``: set if the call is."""
     server: MCPServer[Any] = MCPServer("gated", log_level="WARNING")
 
     @server.tool(description="Report progress, wait for the gate, answer.")
     async def gated(ctx: Context[Any, Any]) -> str:
         await ctx.report_progress(1, 2, "halfway")
-        await gate.wait()
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            if cancelled is not None:
+                cancelled.set()
+            raise
         return "released"
 
     return server.streamable_http_app(
@@ -428,11 +433,13 @@ def gated_app(gate: asyncio.Event) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def gated_proxy(**settings: Any) -> AsyncIterator[tuple[asyncio.Event, RunningProxy]]:
+async def gated_proxy(
+    cancelled: asyncio.Event | None = None, **settings: Any
+) -> AsyncIterator[tuple[asyncio.Event, RunningProxy]]:
     """The proxy (``FAST``, and ``settings``) in front of ``gated_app``, and its gate."""
     gate = asyncio.Event()
     async with (
-        RunningUpstream(gated_app(gate)) as upstream,
+        RunningUpstream(gated_app(gate, cancelled)) as upstream,
         running_proxy(upstream.url, **{**FAST, **settings}) as proxy,
     ):
         yield gate, proxy
@@ -473,6 +480,17 @@ async def test_a_call_that_ends_before_task_after_streams_its_progress_as_it_com
             done = await asyncio.wait_for(next_message(r, parser), timeout=30)
             assert done["id"] == 1 and done["result"]["content"][0]["text"] == "released"
             assert await next_message(r, parser) is None
+        assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
+
+
+async def test_a_client_that_leaves_before_its_handle_cancels_the_call_upstream_as_today() -> None:
+    cancelled = asyncio.Event()
+    async with gated_proxy(cancelled, task_after=60.0) as (_, proxy):
+        async with gated_call(proxy.url) as r:
+            progress = await asyncio.wait_for(next_message(r, SSEParser(1 << 20)), timeout=30)
+            assert progress["method"] == "notifications/progress"
+            r.close()  # the client leaves: its connection closed mid-answer
+        await asyncio.wait_for(cancelled.wait(), timeout=30)  # the upstream's answer was closed: cancelled
         assert proxy.app[PROXY].ctx.metrics.tasks.labels("created")._value.get() == 0
 
 
