@@ -2,9 +2,11 @@
 
 * Poll cost: ``tasks/get`` of a completed task through the proxy, one client on one keep-alive connection,
   on the memory store and on a Redis store (a throwaway ``redis-server``): p50 and p99 of the round trip,
-  and a plain ``tools/call`` (``add``) through the proxy beside them for scale.
+  and a plain ``tools/call`` (``add``) through the proxy beside them for scale; then on the memory store
+  with a bearer token, so every poll's credentials are checked with the upstream (a ``server/discover``,
+  its acceptance kept ``ACCEPTED_FOR`` seconds).
 * Memory per task: the memory store's bytes per task record (tracemalloc, records with a result of
-  ``--result-bytes``), and Redis's ``MEMORY USAGE`` of one task's key.
+  ``--result-bytes``), and Redis's ``MEMORY USAGE`` of one task's key, and of the expiry index per task.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import aiohttp
 import orjson
 
 from mcpresume.core import tasks as plan
+from mcpresume.core.sse import SSEParser
 from mcpresume.daemon.app import start_proxy
 from mcpresume.examples.upstream import serve_example_upstream
+from mcpresume.http.tasks import ACCEPTED_FOR
 from mcpresume.process.config import load_settings
-from mcpresume.store.tasks import MemoryTasks, RedisTasks, task_key
+from mcpresume.store.tasks import EXPIRY_KEY, MemoryTasks, RedisTasks, task_key
 
 META = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -38,13 +42,14 @@ META = {
 }
 
 
-def headers(method: str, name: str) -> dict[str, str]:
+def headers(method: str, name: str, token: str | None = None) -> dict[str, str]:
     return {
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": "2026-07-28",
         "Mcp-Method": method,
         "Mcp-Name": name,
+        **({"Authorization": f"Bearer {token}"} if token else {}),
     }
 
 
@@ -101,19 +106,37 @@ async def proxy(upstream: str, store: str) -> AsyncIterator[str]:
         await running.stop()
 
 
-async def rpc(http: aiohttp.ClientSession, url: str, method: str, name: str, params: dict[str, Any]) -> Any:
+async def rpc(
+    http: aiohttp.ClientSession,
+    url: str,
+    method: str,
+    name: str,
+    params: dict[str, Any],
+    token: str | None = None,
+) -> Any:
+    """The JSON-RPC response (a call's answer is an event stream: its last message)."""
     body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": META}})
-    async with http.post(url, data=body, headers=headers(method, name)) as r:
-        return orjson.loads(await r.read())
+    async with http.post(url, data=body, headers=headers(method, name, token)) as r:
+        raw = await r.read()
+        if r.content_type != "text/event-stream":
+            return orjson.loads(raw)
+        parser = SSEParser(1 << 24)
+        return [orjson.loads(e.data) for e in parser.feed(raw) if e.data][-1]
 
 
 async def timed(
-    http: aiohttp.ClientSession, url: str, n: int, method: str, name: str, params: Any
+    http: aiohttp.ClientSession,
+    url: str,
+    n: int,
+    method: str,
+    name: str,
+    params: Any,
+    token: str | None = None,
 ) -> list[float]:
     took = []
     for _ in range(n):
         start = time.perf_counter()
-        await rpc(http, url, method, name, params)
+        await rpc(http, url, method, name, params, token)
         took.append((time.perf_counter() - start) * 1000)
     return took
 
@@ -123,7 +146,7 @@ def quantiles(ms: list[float]) -> tuple[float, float]:
     return statistics.median(ms), cuts[98]
 
 
-async def poll_cost(store: str, n: int) -> dict[str, float]:
+async def poll_cost(store: str, n: int, token: str | None = None) -> dict[str, float]:
     async with (
         serve_example_upstream() as upstream,
         proxy(upstream, store) as url,
@@ -135,15 +158,16 @@ async def poll_cost(store: str, n: int) -> dict[str, float]:
             "tools/call",
             "count_slowly",
             {"name": "count_slowly", "arguments": {"n": 3, "delay": 0.15}},
+            token,
         )
         task_id = made["result"]["taskId"]
-        while (await rpc(http, url, "tasks/get", task_id, {"taskId": task_id}))["result"][
-            "status"
-        ] == "working":
+        get = {"taskId": task_id}
+        while (await rpc(http, url, "tasks/get", task_id, get, token))["result"]["status"] == "working":
             await asyncio.sleep(0.1)
-        await timed(http, url, 50, "tasks/get", task_id, {"taskId": task_id})  # warm-up
-        polls = await timed(http, url, n, "tasks/get", task_id, {"taskId": task_id})
-        calls = await timed(http, url, n, "tools/call", "add", {"name": "add", "arguments": {"a": 1, "b": 2}})
+        await timed(http, url, 50, "tasks/get", task_id, get, token)  # warm-up
+        polls = await timed(http, url, n, "tasks/get", task_id, get, token)
+        add = {"name": "add", "arguments": {"a": 1, "b": 2}}
+        calls = await timed(http, url, n, "tools/call", "add", add, token)
     p50, p99 = quantiles(polls)
     c50, c99 = quantiles(calls)
     return {"get_p50": p50, "get_p99": p99, "call_p50": c50, "call_p99": c99}
@@ -190,6 +214,18 @@ async def redis_per_task(url: str, size: int) -> int:
     return used
 
 
+async def redis_index_per_task(url: str, count: int) -> float:
+    """The expiry index's bytes per live task (``EXPIRY_KEY``: one member each), over ``count`` tasks."""
+    store = RedisTasks.from_url(url)
+    now = time.time()
+    await store._client.delete(EXPIRY_KEY)
+    for i in range(count):
+        await store.create(plan.new_task(f"mcpr-{i:043d}", "o" * 64, b"{}", now, 3600), now)
+    used = int(await store._client.memory_usage(EXPIRY_KEY, samples=0))
+    await store.close()
+    return used / count
+
+
 async def main(n: int, size: int) -> None:
     print(
         f"tasks/get of a completed task, one client, one connection, {n} requests; tools/call add beside it"
@@ -202,12 +238,19 @@ async def main(n: int, size: int) -> None:
                 f"  {label:7} tasks/get p50 {got['get_p50']:.2f} ms p99 {got['get_p99']:.2f} ms | "
                 f"tools/call p50 {got['call_p50']:.2f} ms p99 {got['call_p99']:.2f} ms"
             )
+        got = await poll_cost("memory", n, token="bench")
+        print(
+            f"  memory, a bearer token (checked with the upstream every {ACCEPTED_FOR:.0f} s): tasks/get "
+            f"p50 {got['get_p50']:.2f} ms p99 {got['get_p99']:.2f} ms"
+        )
         per = await memory_per_task(10_000, size)
         print(f"memory store: {per:.0f} bytes per completed task (result text {size} B, 10000 tasks)")
         if redis_url:
             print(
                 f"redis: MEMORY USAGE {await redis_per_task(redis_url, size)} bytes for one such task's key"
             )
+            index = await redis_index_per_task(redis_url, 10_000)
+            print(f"redis: the expiry index, {index:.0f} bytes per live task (10000 tasks)")
 
 
 if __name__ == "__main__":

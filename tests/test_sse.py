@@ -15,6 +15,7 @@ from mcpresume.core.sse import (
     SSEParser,
     SSERun,
     encode_comment,
+    encode_event,
     encode_frame,
     encode_retry,
     frame_body,
@@ -902,3 +903,32 @@ def test_a_chunk_with_one_odd_event_is_a_run_the_odd_event_and_a_run(id_first: b
     exploded = [e for i in items for e in (i.events() if isinstance(i, SSERun) else [i])]
     assert exploded == SSEParser(BIG).feed(stream)
     assert exploded[3] == SSEEvent(b"two\nlines", None, None, 10, True)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(max_size=8).filter(lambda b: not set(b) & set(b"\r\n\x00"))),
+            st.one_of(st.none(), st.integers(0, 10**6)),
+            st.one_of(st.none(), st.sampled_from([b"message", b"", b"x y"])),
+            st.one_of(st.none(), st.binary(max_size=30).filter(lambda b: b"\r" not in b)),
+        ),
+        max_size=5,
+    )
+)
+def test_an_event_written_again_reads_back_as_the_same_event(
+    specs: list[tuple[bytes | None, int | None, bytes | None, bytes | None]],
+) -> None:
+    """``encode_event`` (the tasks relay's framing): every event the parser returns, written again and parsed,
+    is that event again, whatever was in it."""
+    first = SSEParser(1 << 20)
+    wire = b""
+    for id_, retry, name, data in specs:
+        wire += b"id: " + id_ + b"\n" if id_ is not None else b""
+        wire += b"retry: %d\n" % retry if retry is not None else b""
+        wire += b"event: " + name + b"\n" if name is not None else b""
+        wire += b"".join(b"data: " + line + b"\n" for line in data.split(b"\n")) if data is not None else b""
+        wire += b"\n"
+    events = first.feed(wire)
+    again = SSEParser(1 << 20)
+    assert again.feed(b"".join(encode_event(e) for e in events)) == events

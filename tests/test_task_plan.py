@@ -189,6 +189,22 @@ def test_stamps_are_rfc3339_utc(seconds: int) -> None:
 )
 def test_the_task_a_request_names(params: Any, header: str | None, named: str | None) -> None:
     assert t.task_id_of(params, header) == named
+    assert (t.task_id_problem(params, header) is None) == (named is not None)
+
+
+@pytest.mark.parametrize(
+    ("params", "header", "problem"),
+    [
+        ({}, None, "taskId is missing"),
+        ([], None, "taskId is missing"),
+        ({"taskId": None}, None, "taskId is not a non-empty string"),
+        ({"taskId": ["a"]}, None, "taskId is not a non-empty string"),
+        ({"taskId": "x" * 129}, None, "taskId is longer than 128 characters"),
+        ({"taskId": "a"}, "b", "Mcp-Name names another task than taskId"),
+    ],
+)
+def test_what_is_wrong_with_a_task_id_is_said(params: Any, header: str | None, problem: str) -> None:
+    assert t.task_id_problem(params, header) == problem
 
 
 def test_poll_interval_is_bounded() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -91,3 +92,26 @@ async def test_memory_is_bounded_by_bytes_too() -> None:
         assert store.bytes <= 4000
     assert await store.get("id-3", NOW + 5) is not None and await store.get("id-0", NOW + 5) is None
     assert store.expired >= 2
+
+
+async def test_a_sweep_counts_each_expired_task_once(store: TaskStore) -> None:
+    for n in range(3):
+        await store.create(t.new_task(f"id-{n}", "o", b"{}", NOW, 60 + 10 * n), NOW)
+    assert await store.sweep(NOW + 59) == 0
+    assert await store.get("id-0", NOW + 60) is None  # read after its expiry: still counted once, below
+    assert await store.sweep(NOW + 70) == 2
+    assert await store.sweep(NOW + 70) == 0
+    assert await store.sweep(NOW + 1000) == 1
+
+
+async def test_with_redis_a_task_expiry_is_counted_by_one_replica_only(redis_db: str) -> None:
+    one, two = RedisTasks.from_url(redis_db), RedisTasks.from_url(redis_db)
+    try:
+        for n in range(4):
+            await one.create(t.new_task(f"id-{n}", "o", b"{}", NOW, 60), NOW)
+        swept = await asyncio.gather(one.sweep(NOW + 60), two.sweep(NOW + 60))
+        assert sorted(swept) == [0, 4]  # one script takes them all
+        assert await one.sweep(NOW + 61) == await two.sweep(NOW + 61) == 0
+    finally:
+        await one.close()
+        await two.close()

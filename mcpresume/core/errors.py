@@ -18,6 +18,7 @@ from typing import Any
 SERVER_ERROR = -32000
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
 
 
 class ProxyError(Exception):
@@ -79,13 +80,55 @@ class UpstreamSessionLost(UnknownSession):
 
 
 class UnknownTask(ProxyError):
-    """404: a task the proxy made (``core/tasks.py``) is unknown, expired, or another credential's."""
+    """404: a task the proxy made (``core/tasks.py``) is unknown, expired, or another credential's. The
+    tasks extension's code for a task not found: invalid params."""
 
     status = 404
     reason = "unknown_task"
+    code = INVALID_PARAMS
 
     def __init__(self) -> None:
         super().__init__("the task is unknown or expired")
+
+
+class InvalidTaskParams(ProxyError):
+    """400: a ``tasks/*`` request whose params the proxy cannot take: no ``taskId`` string (or one over
+    ``core.tasks.MAX_TASK_ID_LEN``), an ``Mcp-Name`` header that names another task, a ``tasks/update``
+    without an ``inputResponses`` object. ``problem``: which."""
+
+    status = 400
+    reason = "invalid_task_params"
+    code = INVALID_PARAMS
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"invalid tasks request: {problem}", problem=problem)
+
+
+class TaskOutOfTurn(ProxyError):
+    """400: a ``tasks/*`` its task's status does not allow (``core/tasks.py``'s table); ``status``: the
+    task's, or ``changed`` when it moved on while the request was taken. The task is left as it is."""
+
+    status = 400
+    code = INVALID_PARAMS
+    said = "the task's status does not allow it"
+
+    def __init__(self, status: str) -> None:
+        super().__init__(self.said, status=status)
+
+
+class TaskNotWaiting(TaskOutOfTurn):
+    """A ``tasks/update`` for a task that is not waiting for input (``input_required``)."""
+
+    reason = "task_not_waiting"
+    said = "the task is not waiting for input"
+
+
+class TaskFinished(TaskOutOfTurn):
+    """A ``tasks/cancel`` for a task already ``completed``, ``failed`` or ``cancelled`` (a terminal status
+    is final)."""
+
+    reason = "task_finished"
+    said = "the task has already finished"
 
 
 class MalformedCursor(ProxyError):

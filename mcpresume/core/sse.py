@@ -868,3 +868,17 @@ def encode_retry(retry_ms: int) -> bytes:
     if retry_ms < 0:
         raise ValueError("retry_ms must be >= 0")
     return b"retry: " + str(retry_ms).encode("ascii") + b"\n\n"
+
+
+def encode_event(event: SSEEvent) -> bytes:
+    """An event as parsed, written again (its id, retry, event name and data; comments are gone): what a
+    relay that must stop at an event boundary sends (``http/tasks.py``: the answer before a task handle)."""
+    head = b""
+    if event.id is not None:
+        _check_id(event.id)
+        head = b"id: " + event.id + b"\n"
+    if event.retry is not None:
+        head += b"retry: " + str(event.retry).encode("ascii") + b"\n"
+    if event.has_data:
+        return head + frame_body(event.data, event.event)
+    return head + (b"event: " + event.event + b"\n" if event.event is not None else b"") + b"\n"

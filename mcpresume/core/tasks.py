@@ -315,15 +315,25 @@ def poll_interval_ms(task_after: float) -> int:
     return max(100, min(5000, round(task_after * 100)))
 
 
-def task_id_of(params: Any, header: str | None) -> str | None:
-    """The task a ``tasks/*`` request names: ``params.taskId`` (``Mcp-Name`` carries the same for
-    intermediaries; when both are present they must agree), within ``MAX_TASK_ID_LEN``."""
-    named = params.get("taskId") if isinstance(params, dict) else None
-    if not isinstance(named, str) or not named or len(named) > MAX_TASK_ID_LEN:
-        return None
+def task_id_problem(params: Any, header: str | None) -> str | None:
+    """What is wrong with the task a ``tasks/*`` request names, or None: ``params.taskId``, a non-empty
+    string within ``MAX_TASK_ID_LEN`` (``Mcp-Name`` carries the same for intermediaries; when both are
+    present they must agree)."""
+    if not isinstance(params, dict) or "taskId" not in params:
+        return "taskId is missing"
+    named = params["taskId"]
+    if not isinstance(named, str) or not named:
+        return "taskId is not a non-empty string"
+    if len(named) > MAX_TASK_ID_LEN:
+        return f"taskId is longer than {MAX_TASK_ID_LEN} characters"
     if header is not None and header != named:
-        return None
-    return named
+        return "Mcp-Name names another task than taskId"
+    return None
+
+
+def task_id_of(params: Any, header: str | None) -> str | None:
+    """The task a ``tasks/*`` request names (``task_id_problem``), None if it names none properly."""
+    return None if task_id_problem(params, header) is not None else str(params["taskId"])
 
 
 def is_ours(task_id: str) -> bool:

@@ -235,6 +235,8 @@ async def _reap_forever(ctx: ProxyContext, proxy: Proxy) -> None:
         await asyncio.sleep(interval)
         try:
             await reap_once(ctx)
+            if proxy.tasks is not None:
+                await proxy.tasks.sweep()  # counts the tasks that expired
             if ctx.lease is not None:
                 await take_over_lost(ctx, proxy)
         except (StoreUnavailable, TimeoutError) as error:  # the store is down: the next round retries

@@ -119,6 +119,18 @@ def trusted(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> 
     return access(granted.credentials, presented(ctx, request)) is not Access.VERIFY
 
 
+def refused(
+    ctx: ProxyContext, request: web.Request, error: ProxyError, request_id: str | int | None
+) -> web.Response:
+    """The answer to a request the check refused (or could not make): a refusal carries the upstream's
+    ``WWW-Authenticate`` values as they came."""
+    response = ctx.reject(request, error, request_id)
+    if isinstance(error, CredentialsRefused):
+        for value in error.challenges:
+            response.headers.add("WWW-Authenticate", value)
+    return response
+
+
 async def authorize(
     ctx: ProxyContext,
     request: web.Request,
@@ -132,17 +144,25 @@ async def authorize(
     if decided is Access.VERIFY:
         try:
             await _verify(ctx, request, session_id, granted, digest)
-        except CredentialsRefused as refusal:
-            response = ctx.reject(request, refusal, request_id)
-            for value in refusal.challenges:
-                response.headers.add("WWW-Authenticate", value)
-            return response
         except ProxyError as error:
-            return ctx.reject(request, error, request_id)
+            return refused(ctx, request, error, request_id)
     # Accepted: the newest the upstream accepted (just now, after a ping) go to the session's pumps here.
     if ctx.pumps.pumping(session_id) and (decided is Access.VERIFY or newest(granted.credentials, digest)):
         ctx.pumps.refresh_credentials(session_id, request.path_qs, resume_headers(ctx, request, session_id))
     return None
+
+
+# A 2026-07-28 upstream has no sessions and no ping: a server/discover with the request's credentials asks it
+# instead (an authenticating server checks every request).
+_DISCOVER_HEADERS: Final = ((PROTOCOL_VERSION_HEADER, MODERN_VERSION), ("Mcp-Method", "server/discover"))
+
+
+def _check_headers(ctx: ProxyContext, request: web.Request) -> list[tuple[str, str]]:
+    """What the proxy's own check carries of the request: its credentials, and what the upstream's own
+    checks of any request read (``_PING_KEEPS``)."""
+    keep = _PING_KEEPS.union(ctx.settings.credential_headers)
+    headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]
+    return [*headers, ("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream")]
 
 
 async def _verify(
@@ -151,23 +171,56 @@ async def _verify(
     """Ask the upstream whether these credentials may use the session; raises the refusal."""
     reinit.learn(ctx, session_id, granted)  # a session begun again upstream: the ping goes to the new one
     ping_id = proxy_request_id("ping", secrets.token_hex(8))
-    keep = _PING_KEEPS.union(ctx.settings.credential_headers)
-    headers = [(n, v) for n, v in upstream_headers(request) if n.lower() in keep]
-    headers += [
-        ("Content-Type", "application/json"),
-        ("Accept", "application/json, text/event-stream"),
-        (SESSION_HEADER, session_id),
-    ]
-    body = ping_body(ping_id)
+    headers = _check_headers(ctx, request)
     if request.get(MODERN_CHECK):
-        # A bridged session (http/bridge.py): the upstream has no sessions and no ping; a server/discover
-        # with these credentials asks it instead (an authenticating server checks every request).
-        headers = [(n, v) for n, v in headers if n.lower() != SESSION_HEADER.lower()]
-        headers += [(PROTOCOL_VERSION_HEADER, MODERN_VERSION), ("Mcp-Method", "server/discover")]
+        # A bridged session (http/bridge.py): the upstream has no sessions and no ping.
+        headers += _DISCOVER_HEADERS
         body = orjson.dumps(discover_request(ping_id))
-    elif granted.protocol_version is not None:
-        headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
-    with ctx.drain.upstream_wait():  # to the endpoint as the client named it (its query string too)
+    else:
+        headers.append((SESSION_HEADER, session_id))
+        body = ping_body(ping_id)
+        if granted.protocol_version is not None:
+            headers.append((PROTOCOL_VERSION_HEADER, granted.protocol_version))
+    accepted, status, challenges = await _ask(ctx, request, headers, body, ping_id)
+    if accepted:
+        log.info("session %s: the upstream accepted other credentials for it", log_id(session_id))
+        await ctx.store.accept_credential(session_id, granted.epoch, digest, granted.protocol_version)
+        return
+    if status == 404:
+        raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
+    raise _refusal(status, challenges, "for this session")
+
+
+async def verify_modern(ctx: ProxyContext, request: web.Request) -> None:
+    """Ask a 2026-07-28 upstream whether it accepts the request's credentials, as it would were the request
+    forwarded: a ``server/discover`` with them (a task's poll, answered from the store: ``http/tasks.py``).
+    Raises the refusal: ``CredentialsRefused`` with the upstream's status and challenges, 502 for a 5xx."""
+    probe_id = proxy_request_id("ping", secrets.token_hex(8))
+    headers = [*_check_headers(ctx, request), *_DISCOVER_HEADERS]
+    body = orjson.dumps(discover_request(probe_id))
+    accepted, status, challenges = await _ask(ctx, request, headers, body, probe_id)
+    if not accepted:
+        raise _refusal(status, challenges, "")
+
+
+def _refusal(status: int, challenges: tuple[str, ...], where: str) -> ProxyError:
+    if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
+        return UpstreamBadResponse(
+            f"the upstream answered the credentials check with {status}", status=status
+        )
+    return CredentialsRefused(
+        f"the upstream did not accept these credentials{' ' + where if where else ''} (it answered {status})",
+        status=status if 400 <= status < 500 else 403,
+        challenges=challenges,
+    )
+
+
+async def _ask(
+    ctx: ProxyContext, request: web.Request, headers: list[tuple[str, str]], body: bytes, ping_id: str
+) -> tuple[bool, int, tuple[str, ...]]:
+    """Send the proxy's check (a ping, or a server/discover) to the endpoint as the client named it (its
+    query string too): whether it was answered, the status, the upstream's ``WWW-Authenticate`` values."""
+    with ctx.drain.upstream_wait():
         upstream = await ctx.upstream.request("POST", request.path_qs, headers, body, decoded=True)
     try:
         status = upstream.status
@@ -181,29 +234,17 @@ async def _verify(
                     answer.feed(chunk)
         except TimeoutError:
             raise UpstreamTimeout(
-                "the upstream did not answer a ping in the session in time",
+                "the upstream did not answer the credentials check in time",
                 timeout=ctx.settings.first_byte_timeout,
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamUnreachable(
-                f"the upstream's answer to a ping failed: {type(exc).__name__}"
+                f"the upstream's answer to the credentials check failed: {type(exc).__name__}"
             ) from None
         challenges = tuple(upstream.headers.getall("WWW-Authenticate", ()))
     finally:
         upstream.release()
-    if answer.end():
-        log.info("session %s: the upstream accepted other credentials for it", log_id(session_id))
-        await ctx.store.accept_credential(session_id, granted.epoch, digest, granted.protocol_version)
-        return
-    if status == 404:
-        raise UnknownSession(SessionGone.UPSTREAM_FORGOT)
-    if status >= 500:  # the upstream is in trouble: not a verdict on the credentials
-        raise UpstreamBadResponse(f"the upstream answered a ping in the session with {status}", status=status)
-    raise CredentialsRefused(
-        f"the upstream did not accept these credentials for this session (it answered {status})",
-        status=status if 400 <= status < 500 else 403,
-        challenges=challenges,
-    )
+    return answer.end(), status, challenges
 
 
 async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tuple[str, str]]) -> bool:

@@ -8,7 +8,11 @@ a cancelled task stays cancelled, a completed one completed.
 Redis layout: one hash per task, ``mcpresume:{task:<sha256 of the id, 32 hex>}:t`` (its own hash tag: a
 task is one key, on one cluster slot), fields ``s`` (the status), ``e`` (when it expires) and ``j`` (the
 record, ``Task.to_json``), expiring with the task (``PEXPIREAT`` its ``expires_at``): nothing of a task
-outlives ``task_ttl``.
+outlives ``task_ttl``. Beside them one sorted set, ``mcpresume:{tasks}:expiry`` (``EXPIRY_KEY``): each
+live task's key digest scored by its ``expires_at``, so that its expiry, which Redis carries out silently,
+is counted: ``sweep`` takes the expired out of it (``lua/task_sweep.lua``, one step: each counted once,
+by one replica). It holds one short member per live task, taken out at the housekeeping round after its
+expiry.
 The compare-and-set is ``lua/task_advance.lua``; its twin is ``MemoryTasks.advance``.
 """
 
@@ -39,7 +43,15 @@ class TaskStore(Protocol):
         """Replace the record with ``task`` if its stored status is still ``expected`` (and it has not
         expired); whether it was."""
 
+    async def sweep(self, now: float) -> int:
+        """How many tasks expired (``now`` past their ``expires_at``, or, in memory, dropped for room)
+        since the last sweep of any replica sharing the store: each counted by one sweep only."""
+
     async def close(self) -> None: ...
+
+
+# The most expired tasks one sweep takes (the rest wait for the next round): one Redis call stays short.
+SWEEP_BATCH: Final = 1000
 
 
 class MemoryTasks:
@@ -53,7 +65,8 @@ class MemoryTasks:
         self._tasks: dict[str, Task] = {}
         self._sizes: dict[str, int] = {}
         self.bytes = 0  # the records' bytes, as Task.to_json has them
-        self.expired = 0  # tasks dropped at their expiry or for room (the caller makes it a metric)
+        self.expired = 0  # tasks dropped at their expiry or for room, in all
+        self._unswept = 0  # of which ``sweep`` has not reported yet
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -62,6 +75,7 @@ class MemoryTasks:
         del self._tasks[task_id]
         self.bytes -= self._sizes.pop(task_id)
         self.expired += 1
+        self._unswept += 1
 
     def _put(self, task: Task, now: float) -> None:
         """Keep ``task``, making room: the expired first, then those nearest their expiry."""
@@ -95,15 +109,27 @@ class MemoryTasks:
         self._put(task, now)
         return True
 
+    async def sweep(self, now: float) -> int:
+        for tid in [tid for tid, t in self._tasks.items() if expired(t, now)]:
+            self._drop(tid)
+        swept, self._unswept = self._unswept, 0
+        return swept
+
     async def close(self) -> None:
         self._tasks.clear()
         self._sizes.clear()
         self.bytes = 0
 
 
+EXPIRY_KEY: Final = "mcpresume:{tasks}:expiry"
+
+
+def task_digest(task_id: str) -> str:
+    return hashlib.sha256(task_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
 def task_key(task_id: str) -> str:
-    digest = hashlib.sha256(task_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return f"mcpresume:{{task:{digest}}}:t"
+    return f"mcpresume:{{task:{task_digest(task_id)}}}:t"
 
 
 class RedisTasks:
@@ -114,6 +140,9 @@ class RedisTasks:
         self._client = client
         source = (resources.files("mcpresume.store") / "lua" / "task_advance.lua").read_text()
         self._advance = client.register_script(source)
+        self._sweep = client.register_script(
+            (resources.files("mcpresume.store") / "lua" / "task_sweep.lua").read_text()
+        )
 
     @classmethod
     def from_url(cls, url: str) -> RedisTasks:
@@ -127,6 +156,9 @@ class RedisTasks:
             pipe.hset(key, mapping={"s": task.status.value, "e": repr(task.expires_at), "j": task.to_json()})
             pipe.pexpireat(key, max(1, round(task.expires_at * 1000)))
             await pipe.execute()
+        # After the task: the index never names one that was not stored. A key of its own slot (not in the
+        # task's MULTI), as Redis Cluster requires.
+        await self._client.zadd(EXPIRY_KEY, {task_digest(task.task_id): task.expires_at})
 
     async def get(self, task_id: str, now: float) -> Task | None:
         raw = await self._client.hget(task_key(task_id), "j")
@@ -141,6 +173,9 @@ class RedisTasks:
             keys=[task_key(task.task_id)], args=[expected.value, task.status.value, task.to_json(), repr(now)]
         )
         return bool(done)
+
+    async def sweep(self, now: float) -> int:
+        return int(await self._sweep(keys=[EXPIRY_KEY], args=[repr(now), SWEEP_BATCH]))
 
     async def close(self) -> None:
         await self._client.aclose()
