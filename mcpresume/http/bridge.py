@@ -12,9 +12,12 @@ window), only sent upstream as a 2026-07-28 request (``Post.bridged``: its heade
 envelope in ``_meta``). An ``application/json`` answer becomes a one-event stream of the session
 (``retain``), resumable like any. DELETE ends the proxy's session (the upstream has none).
 
-What only this process knows: each bridged session's ``ClientFacts`` (the client's info and capabilities,
-its log level). A replica that takes a session over without them sends its requests with empty client
-capabilities (a gap listed in the README's "Protocol eras").
+A bridged session's client facts (its ``initialize`` params: the client's info and capabilities; the version
+it was answered with, the capabilities it was told; its log level) are kept with the session in the store,
+as the session's recipe (``core.reinit.Recipe``, ``bridged``; ``core.bridge.bridged_recipe``): a replica that
+serves the session after a takeover or a restart reads them there once, then from its own copy
+(``Bridge.sessions``), so a request costs no store call for them. Whether a session is bridged is the same
+read: no recipe, or one not bridged, is a session of the upstream's (remembered too, so asked once).
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from mcpresume.core.bridge import (
     InputRequired,
     Local,
     Refuse,
+    bridged_recipe,
     client_requests,
     discover_request,
     facts_of_initialize,
+    facts_of_recipe,
     initialize_result,
     input_required,
     listen_filter,
@@ -46,7 +51,6 @@ from mcpresume.core.bridge import (
     treat,
 )
 from mcpresume.core.era import (
-    LATEST_HANDSHAKE,
     MODERN_VERSION,
     Era,
     UpstreamEra,
@@ -64,9 +68,11 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
+from mcpresume.core.reinit import SET_LEVEL, Recipe, fold
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
+from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
@@ -95,6 +101,16 @@ MAX_AWAITING: Final = 4096
 ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
 
 
+@dataclass(frozen=True, slots=True)
+class Bridged:
+    """A bridged session as this process holds it: what the store keeps of it (its incarnation, its recipe)
+    and the facts every request of it carries upstream."""
+
+    epoch: str
+    recipe: Recipe
+    facts: ClientFacts
+
+
 @dataclass(slots=True)
 class Awaiting:
     """A bridged request whose upstream asked for input (MRTR): the client's answers being collected."""
@@ -114,7 +130,9 @@ class Bridge:
         self.ctx = ctx
         self.era = UpstreamEra.UNKNOWN
         self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
-        self.facts: dict[str, ClientFacts] = {}  # this process's bridged sessions
+        # The sessions this process served: bridged (their facts), or None (the upstream's own). A copy of
+        # what the store keeps, bounded as the store is (max_sessions).
+        self.sessions: dict[str, Bridged | None] = {}
         self._probe_lock = asyncio.Lock()
         self._told_modern = False  # the one log line on modern traffic passed through
         self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
@@ -200,18 +218,46 @@ class Bridge:
                 return await self._initialize(post)
             request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``); counted once served
             return None
-        if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
+        bridged = await self.bridged(session_id) if session_id is not None else None
+        if session_id is None or bridged is None:
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
             return None
         self._count(Era.HANDSHAKE, "bridged")
-        return await self._in_session(post, session_id, serve_post)
+        return await self._in_session(post, session_id, bridged, serve_post)
 
-    def served(self, post: Post) -> None:
+    async def bridged(self, session_id: str) -> Bridged | None:
+        """The session when it is bridged (None: the upstream's own, or unknown): this process's copy, else
+        what the store keeps (a session begun on another replica, before a restart)."""
+        if session_id in self.sessions:
+            return self.sessions[session_id]
+        store = self.ctx.store
+        granted = await store.access(session_id)
+        if granted is None:
+            return None  # unknown: not remembered (the request's own path answers 404)
+        kept = await store.recipe(session_id, granted.epoch)
+        recipe = Recipe.decode(kept) if kept is not None else None
+        facts = facts_of_recipe(recipe) if recipe is not None else None
+        found = Bridged(granted.epoch, recipe, facts) if recipe is not None and facts is not None else None
+        self._remember(session_id, found)
+        return found
+
+    def _remember(self, session_id: str, session: Bridged | None) -> None:
+        self.sessions[session_id] = session
+        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
+        # (reaped, or deleted on another replica).
+        while len(self.sessions) > self.ctx.settings.max_sessions:
+            del self.sessions[next(iter(self.sessions))]
+
+    def served(self, post: Post, response: web.StreamResponse) -> None:
         """An ``initialize`` served as without the bridge, counted now that it is known whether the bridge
-        answered it after the upstream refused it."""
+        answered it after the upstream refused it; a session the upstream began remembered as not bridged
+        (its requests ask the store nothing more)."""
         if self.on and post.message.is_initialize and post.session_id is None:
             bridged = post.request.get(DID) is Action.ANSWERED
             self._count(Era.HANDSHAKE, "bridged" if bridged else "resumable")
+            began = response.headers.get(SESSION_HEADER)
+            if not bridged and began is not None and 200 <= response.status < 300:
+                self._remember(began, None)
 
     def _count(self, era: Era, treatment: str) -> None:
         child = self._counters.get((era, treatment))
@@ -254,30 +300,32 @@ class Bridge:
         facts = facts_of_initialize(doc.get("params"))
         session_id = secrets.token_urlsafe(32)  # visible ASCII, cryptographically random (the spec's SHOULD)
         owner = ctx.settings.replica if ctx.hop is not None else ""
+        result = initialize_result(facts, self.discover)
+        recipe = bridged_recipe(doc.get("params"), result)
         try:
-            await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+            epoch = await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+            # Kept before the client learns the session id: any replica it sends a request to finds them.
+            await ctx.store.keep_recipe(session_id, epoch, None, recipe.encode())
         except ProxyError as error:
             return ctx.reject(request, error, request_id)
-        self.facts[session_id] = facts
-        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
-        # (reaped, or deleted on another replica).
-        while len(self.facts) > ctx.settings.max_sessions:
-            del self.facts[next(iter(self.facts))]
+        self._remember(session_id, Bridged(epoch, recipe, facts))
         log.info(
             "session %s begins, bridged: a %s client in front of a 2026-07-28-only upstream",
             log_id(session_id),
             facts.version,
         )
-        answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
         request[DID] = Action.ANSWERED
         return web.Response(
             body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
         )
 
-    async def _in_session(self, post: Post, session_id: str, serve_post: ServePost) -> web.StreamResponse:
+    async def _in_session(
+        self, post: Post, session_id: str, bridged: Bridged, serve_post: ServePost
+    ) -> web.StreamResponse:
         ctx, request = self.ctx, post.request
         doc = orjson.loads(post.body)
-        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        facts = bridged.facts
         if self._answers_input(session_id, doc):
             request[DID] = Action.ANSWERED
             return web.Response(status=202)
@@ -295,7 +343,7 @@ class Bridge:
                 if refused is not None:
                     return refused
                 if level is not None:
-                    self.facts[session_id] = ClientFacts(facts.version, facts.capabilities, facts.info, level)
+                    await self._set_level(session_id, bridged, level)
                 if cancelled and post.message.cancelled:
                     # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
@@ -309,6 +357,19 @@ class Bridge:
             case _:
                 body = orjson.dumps(treated.body)
                 return await serve_post(Post(request, body, post.message, session_id, treated.headers))
+
+    async def _set_level(self, session_id: str, bridged: Bridged, level: str) -> None:
+        """A ``logging/setLevel``: the level every later request of the session carries, kept with the
+        session's recipe (another replica that serves it reads it there)."""
+        facts = bridged.facts
+        recipe = fold(bridged.recipe, SET_LEVEL, {"level": level}) or bridged.recipe
+        self._remember(
+            session_id,
+            Bridged(bridged.epoch, recipe, ClientFacts(facts.version, facts.capabilities, facts.info, level)),
+        )
+        await reinit.keep(
+            self.ctx, session_id, bridged.epoch, lambda kept: fold(kept, SET_LEVEL, {"level": level})
+        )
 
     # -- MRTR -------------------------------------------------------------------------------------------
 
@@ -441,10 +502,13 @@ class Bridge:
         it comes (not resumable: a client that loses it opens another GET); 405, as the handshake revisions
         allow, when it offers none. None for a GET of another session."""
         session_id = request.headers.get(SESSION_HEADER)
-        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
+        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self.on:
+            return None
+        bridged = await self.bridged(session_id)
+        if bridged is None:
             return None
         ctx = self.ctx
-        wanted = listen_filter(self.discover.get("capabilities") if self.discover else None)
+        wanted = listen_filter(bridged.recipe.capabilities)  # what the client was told the upstream offers
         granted = await ctx.store.access(session_id)
         if granted is None:
             return ctx.reject(request, UnknownSession())
@@ -454,8 +518,7 @@ class Bridge:
         if not wanted:
             request[DID] = Action.ANSWERED
             return web.Response(status=405, headers={"Allow": "POST, DELETE"})
-        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
-        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, facts)
+        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, bridged.facts)
         kept = [(n, v) for n, v in upstream_headers(request) if n.lower() not in _DROPPED]
         headers = [
             *kept,
@@ -470,13 +533,10 @@ class Bridge:
             )
         return await relay(ctx, request, upstream)
 
-    def _bridged(self, session_id: str) -> bool:
-        return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)
-
     async def delete(self, request: web.Request) -> web.StreamResponse | None:
         """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
         session_id = request.headers.get(SESSION_HEADER)
-        if session_id is None or not self._bridged(session_id):
+        if session_id is None or not self.on or await self.bridged(session_id) is None:
             return None
         ctx = self.ctx
         request[MODERN_CHECK] = True
@@ -487,7 +547,7 @@ class Bridge:
         if refused is not None:
             return refused
         await ctx.drop_session(session_id, granted.epoch)
-        self.facts.pop(session_id, None)
+        self.sessions.pop(session_id, None)
         for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
             del self.awaiting[request_id]
         log.info("session %s ends (DELETE), bridged", log_id(session_id))

@@ -187,7 +187,7 @@ class Proxy:
         response = await self.bridge.serve(post, self.posts.serve)
         if response is None:
             response = await self.posts.serve(post)
-            self.bridge.served(post)
+            self.bridge.served(post, response)
         return response
 
     def _ended(
