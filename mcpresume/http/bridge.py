@@ -1,9 +1,12 @@
 """The era bridge: core/bridge.py's decisions carried out for handshake-era clients of a modern-only upstream.
 
-With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) when the upstream refuses a
-client's ``initialize`` as a modern-only server does (-32022): a ``server/discover`` probe then, and that
-``initialize`` and every later one answered by the bridge. An upstream that takes the handshake era (a
-dual-era one) never sees a probe: its traffic is exactly as without the bridge.
+With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) by the spec's probe, a
+``server/discover`` at 2026-07-28, sent at start (in the background, again while the upstream does not answer
+it) and again when the upstream's behaviour changes (``Bridge.refused_handshake``, ``Bridge.took_handshake``).
+An upstream that speaks 2026-07-28 and refuses a client's ``initialize`` as a modern-only server does (-32022)
+is modern-only: that ``initialize`` and every later one answered by the bridge, never sent upstream again.
+A request before the probe's answer learns it the same way: the refusal, then the probe. A dual-era upstream
+sees the probe (a modern request, harmless) and otherwise exactly the traffic it would without the bridge.
 
 A bridged session is the proxy's own: the ``initialize`` is answered here (the session id minted here and
 kept in the store like any session), and every request of the session goes through ``Posts.serve`` as any
@@ -23,6 +26,7 @@ read: no recipe, or one not bridged, is a session of the upstream's (remembered 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -54,6 +58,7 @@ from mcpresume.core.era import (
     MODERN_VERSION,
     Era,
     UpstreamEra,
+    discover_lists_handshake,
     discover_offers_modern,
     initialize_refused,
     upstream_era,
@@ -94,6 +99,11 @@ class BatchNotBridged(BadRequest):
     reason = "batch_not_bridged"
 
 
+# The era probe at start, again while the upstream does not answer it: after 0.5 s, doubling up to 30 s (a
+# sidecar's upstream that starts beside it answers within seconds; one down for long is asked twice a minute).
+PROBE_RETRY_FIRST: Final = 0.5
+PROBE_RETRY_MAX: Final = 30.0
+
 # Input requests (MRTR) awaiting a client's answer, all sessions: a bound on what clients that never answer
 # leave behind (each a few hundred bytes plus the request it retries).
 MAX_AWAITING: Final = 4096
@@ -130,6 +140,13 @@ class Bridge:
         self.ctx = ctx
         self.era = UpstreamEra.UNKNOWN
         self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
+        # What the era is learnt of (core/era.py's table): the probe's last answer, and what the upstream
+        # last did with the handshake era (refused, took it; None: not seen yet).
+        self._discover_modern: bool | None = None
+        self._lists_handshake = False
+        self._refused: bool | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._unanswered = ""  # why the last probe got no answer
         # The sessions this process served: bridged (their facts), or None (the upstream's own). A copy of
         # what the store keeps, bounded as the store is (max_sessions).
         self.sessions: dict[str, Bridged | None] = {}
@@ -144,28 +161,85 @@ class Bridge:
 
     # -- the era ----------------------------------------------------------------------------------------
 
-    async def learn(self, refused: bool) -> UpstreamEra:
-        """Learn the upstream's era (``core.era``'s table) after it answered a client's ``initialize``
-        (``refused``: with a modern-only refusal), by a ``server/discover`` probe; once at a time."""
+    def start(self) -> None:
+        """At start (``bridge = "auto"``): the era probe, in the background until the upstream answers it
+        (an upstream not up yet delays nothing: a request before its answer learns the era the old way, on
+        a refused ``initialize``)."""
+        if self.on:
+            loop = asyncio.get_running_loop()
+            self._prober = loop.create_task(self._probe_at_start(), name="mcpresume-era")
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+
+    async def _probe_at_start(self) -> None:
+        wait = PROBE_RETRY_FIRST
+        while self._discover_modern is None and await self.probe(quiet=True) is UpstreamEra.UNKNOWN:
+            if wait == PROBE_RETRY_FIRST:  # one line, not one per round
+                log.info(
+                    "the era probe is not answered (%s): asked again in the background; meanwhile a client's "
+                    "initialize the upstream refuses is probed for",
+                    self._unanswered,
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, PROBE_RETRY_MAX)
+
+    async def probe(self, *, quiet: bool = False) -> UpstreamEra:
+        """The spec's era probe, ``server/discover`` at 2026-07-28 (once at a time): the era again, of its
+        answer and of what the upstream last did with the handshake era (``core.era``'s table)."""
         async with self._probe_lock:
-            if self.era is UpstreamEra.MODERN_ONLY:
-                return self.era
             headers = [
                 ("Content-Type", JSON),
                 ("Accept", f"{JSON}, text/event-stream"),
                 (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
                 ("Mcp-Method", "server/discover"),
             ]
-            discover = discover_request(0)
-            status, body = await self._ask(headers, discover)
-            self.era = upstream_era(discover_offers_modern(status, body), refused)
-            if self.era is UpstreamEra.MODERN_ONLY:
+            status, body = await self._ask(headers, discover_request(0))
+            if status >= 500 and not quiet:
+                log.warning("the era probe (server/discover) is not answered: %s", self._unanswered)
+            self._discover_modern = discover_offers_modern(status, body)
+            self._lists_handshake = discover_lists_handshake(body)
+            if self._discover_modern:
                 assert isinstance(body, dict)
                 self.discover = body["result"]
-            log.info("the upstream's era: %s%s", self.era.value, self._era_note())
-            return self.era
+            return self._learnt()
+
+    async def refused_handshake(self) -> UpstreamEra:
+        """The upstream refused a client's ``initialize`` as a modern-only server does: the era learnt of
+        it; probed again first when that is news (an upstream believed dual-era or handshake-era, or whose
+        probe has not answered yet): the upstream changed, its discover may have too."""
+        news = self.era in (UpstreamEra.UNKNOWN, UpstreamEra.HANDSHAKE, UpstreamEra.DUAL)
+        self._refused = True
+        return await self.probe() if news else self._learnt()
+
+    def took_handshake(self) -> None:
+        """The upstream took a handshake-era request (an ``initialize`` answered 2xx, say): the era learnt of
+        it; probed again when that is news (an upstream believed modern-only)."""
+        if self._refused is False:
+            return  # known already: the common case, nothing to do
+        self._refused = False
+        if self.era is UpstreamEra.MODERN_ONLY:
+            self.ctx.drain.spawn(self._probe_again(), "mcpresume-era")
+        else:
+            self._learnt()
+
+    async def _probe_again(self) -> None:
+        await self.probe()
+
+    def _learnt(self) -> UpstreamEra:
+        era = upstream_era(self._discover_modern, self._refused, self._lists_handshake)
+        if era is not self.era:  # one line when the era is learnt, or changes
+            was = "" if self.era is UpstreamEra.UNKNOWN else f" (was {self.era.value})"
+            self.era = era
+            log.info("the upstream's era: %s%s%s", era.value, was, self._era_note())
+        return era
 
     def _era_note(self) -> str:
+        if self.era is UpstreamEra.MODERN:
+            return " (it speaks 2026-07-28; a client's initialize tells whether it takes the handshake era)"
         if self.era is UpstreamEra.MODERN_ONLY:
             return (
                 " (it refuses the handshake era: handshake-era clients get the proxy's own sessions, bridged)"
@@ -182,14 +256,16 @@ class Bridge:
                 "POST", path, headers, orjson.dumps(message), decoded=True
             )
         except ProxyError as error:
-            log.warning("the era probe (%s) failed: %s", message["method"], error.message)
+            self._unanswered = error.message
             return 599, None
         try:
             text = await answer.read()
-        except aiohttp.ClientError:
+        except aiohttp.ClientError as error:
+            self._unanswered = f"its answer broke off: {error}"
             return 599, None
         finally:
             answer.release()
+        self._unanswered = f"HTTP {answer.status}"
         return answer.status, _last_message(text)
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -258,6 +334,18 @@ class Bridge:
             began = response.headers.get(SESSION_HEADER)
             if not bridged and began is not None and 200 <= response.status < 300:
                 self._remember(began, None)
+                self.took_handshake()
+        elif (
+            self.era is UpstreamEra.MODERN_ONLY
+            and post.request.get(DID, Action.FORWARDED) is Action.FORWARDED  # marked nothing: forwarded
+            and 200 <= response.status < 300
+        ):  # a handshake-era request of a session of the upstream's own, taken: not modern-only after all
+            self.took_handshake()
+
+    def tasked(self) -> None:
+        """A 2026-07-28 request served by the tasks path (``http/tasks.py``): a long call it watched or made
+        a task, a ``tasks/*`` it answered."""
+        self._count(Era.MODERN, "task")
 
     def _count(self, era: Era, treatment: str) -> None:
         child = self._counters.get((era, treatment))
@@ -275,7 +363,7 @@ class Bridge:
         finally:
             upstream.release()
         refused = initialize_refused(upstream.status, _last_message(body))
-        if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
+        if refused and await self.refused_handshake() is UpstreamEra.MODERN_ONLY:
             return await self._initialize(post)
         return web.Response(status=upstream.status, body=body, content_type=JSON)
 

@@ -150,6 +150,7 @@ class Proxy:
                 tasked = await self.tasks.serve(post) if self.tasks is not None else None
                 if tasked is not None:
                     response = tasked
+                    self.bridge.tasked()  # counted by era as every POST
                 else:
                     routed = await self.routing.route(request, body, post.request_id)
                     response = routed.answer if routed.answer is not None else await self._post(post)

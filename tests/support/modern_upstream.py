@@ -46,6 +46,7 @@ class ModernOnly:
         self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
         self.metas: list[dict[str, Any]] = []  # their params' _meta (the envelope)
         self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
+        self.discover_down = False  # True: server/discover answered 503 (a server still starting, say)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
@@ -76,6 +77,10 @@ class ModernOnly:
         except ValueError:
             parsed = None
         rpc_method = parsed.get("method") if isinstance(parsed, dict) else None
+        if rpc_method == "server/discover" and self.discover_down:
+            self.refused.append("server/discover")
+            await _answer(send, 503, b"", [])
+            return
         handshake = rpc_method == "initialize" or headers.get("mcp-protocol-version") != MODERN_VERSION
         if handshake and self.refuse:
             self.refused.append(str(rpc_method))
