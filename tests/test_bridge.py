@@ -23,6 +23,7 @@ from mcpresume.daemon.app import PROXY, RunningProxy
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from mcpresume.examples.upstream import RunningUpstream, build_example_app
 from mcpresume.http.bridge import Bridge
+from tests.support import INITIALIZE_BODY
 from tests.support.conformance import Unavailable
 from tests.support.modern_upstream import MODERN_VERSION, ModernOnly, serve_modern_upstream
 from tests.support.pods import free_port
@@ -433,19 +434,7 @@ def _eras(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def _handshake_initialize(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    async with http.post(
-        url, data=orjson.dumps(initialize), headers=ScriptedClient(http, url).headers()
-    ) as response:
+    async with http.post(url, data=INITIALIZE_BODY, headers=ScriptedClient(http, url).headers()) as response:
         await response.read()
         return response
 
