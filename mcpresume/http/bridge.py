@@ -294,7 +294,12 @@ class Bridge:
                 return await self._initialize(post)
             request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``); counted once served
             return None
-        bridged = await self.bridged(session_id) if session_id is not None else None
+        if session_id is None:
+            bridged = None
+        elif session_id in self.sessions:  # the common case: no coroutine, no store call
+            bridged = self.sessions[session_id]
+        else:
+            bridged = await self.bridged(session_id)
         if session_id is None or bridged is None:
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
             return None
