@@ -18,14 +18,22 @@ from mcp.client.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from mcpresume.core.era import UpstreamEra
+from mcpresume.daemon.app import PROXY, RunningProxy
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from mcpresume.examples.upstream import RunningUpstream, build_example_app
+from mcpresume.http.bridge import Bridge
+from tests.support import INITIALIZE_BODY
 from tests.support.conformance import Unavailable
 from tests.support.modern_upstream import MODERN_VERSION, ModernOnly, serve_modern_upstream
+from tests.support.pods import free_port
 from tests.support.poll import until
 from tests.support.proxy import collect, error_of, reattach, running_proxy
 from tests.support.sdk import result_text, sdk_session
 from tests.support.ts_sdk import with_script
+from tests.test_tasks import FAST as TASKS_FAST
+from tests.test_tasks import call as tasks_call
+from tests.test_tasks import completed as tasks_completed
 
 pytestmark = pytest.mark.asyncio
 
@@ -415,21 +423,126 @@ async def test_a_bridged_initialize_past_max_sessions_is_503() -> None:
             assert (await error_of(response))["data"]["reason"] == "too_many_sessions"
 
 
-async def test_a_dual_era_upstream_sees_no_probe_and_the_same_requests() -> None:
-    """``bridge = "auto"`` in front of an upstream that takes the handshake era: no server/discover, no
-    translation; what it is sent is what the client sent."""
+def _bridge(proxy: RunningProxy) -> Bridge:
+    return proxy.app[PROXY].bridge
+
+
+def _eras(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the era lines say: the era learnt, and the one before it (``was``)."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "mcpresume.bridge"]
+    return [line.split(" (it ")[0] for line in lines if line.startswith("the upstream's era:")]
+
+
+async def _handshake_initialize(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
+    async with http.post(url, data=INITIALIZE_BODY, headers=ScriptedClient(http, url).headers()) as response:
+        await response.read()
+        return response
+
+
+async def test_a_dual_era_upstream_sees_one_probe_then_the_same_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``bridge = "auto"`` in front of an upstream that takes the handshake era: the era probe at start (a
+    ``server/discover``, a modern request it answers), then no translation; what it is sent is what the
+    client sent. The era: modern at the probe's answer, dual once it took a client's ``initialize``."""
+    caplog.set_level(logging.INFO, logger="mcpresume.bridge")
+    guard = ModernOnly(build_example_app(), refuse=False)
+    async with RunningUpstream(guard) as upstream, running_proxy(upstream.url) as proxy:
+        await until(lambda: _bridge(proxy).era is UpstreamEra.MODERN, timeout=30, what="the probe at start")
+        async with sdk_session(proxy.url, read_timeout_seconds=30) as session:
+            assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
+            await session.send_ping()
+        assert _bridge(proxy).era is UpstreamEra.DUAL
+    assert guard.methods[:4] == ["server/discover", "initialize", "notifications/initialized", "tools/call"]
+    assert guard.methods.count("server/discover") == 1 and "ping" in guard.methods
+    assert all(h.get("mcp-protocol-version") != MODERN_VERSION for h in guard.headers[1:])
+    assert all("mcp-session-id" in h for h in guard.headers[2:])
+    assert _eras(caplog) == ["the upstream's era: modern", "the upstream's era: dual (was modern)"]
+
+
+async def test_the_era_probed_at_start_bridges_the_first_initialize_with_no_second_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A modern-only upstream: the probe at start says it speaks 2026-07-28; the first client's initialize
+    is refused upstream, and bridged on the probe's answer (no probe again); every later one is answered by
+    the proxy without asking the upstream."""
+    caplog.set_level(logging.INFO, logger="mcpresume.bridge")
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        await until(lambda: _bridge(proxy).era is UpstreamEra.MODERN, timeout=30, what="the probe at start")
+        for _ in range(3):
+            await ScriptedClient(http, proxy.url).initialize()
+        assert _bridge(proxy).era is UpstreamEra.MODERN_ONLY
+    assert guard.refused == ["initialize"]  # the first client's; the others never reached it
+    assert guard.methods == ["server/discover"]  # the probe at start, once
+    assert _eras(caplog) == ["the upstream's era: modern", "the upstream's era: modern_only (was modern)"]
+
+
+async def test_an_upstream_whose_probe_fails_at_start_is_probed_again_and_the_replica_is_ready() -> None:
+    """The probe at start is not answered (a 503): the replica is ready all the same, a client's
+    ``initialize`` meanwhile learns the era the old way (refused: probed; still no answer: the refusal
+    relayed), and the probe is sent again in the background until the upstream answers it; then the era is
+    known of both (modern-only), and the next ``initialize`` is bridged without reaching the upstream."""
+    async with serve_modern_upstream() as (url, guard), aiohttp.ClientSession() as http:
+        guard.discover_down = True
+        async with running_proxy(url, metrics_port=free_port()) as proxy:
+            await until(lambda: "server/discover" in guard.refused, timeout=30, what="the probe at start")
+            assert proxy.admin_url is not None
+            async with http.get(proxy.admin_url + "/readyz") as ready:
+                assert ready.status == 200
+            refused = await _handshake_initialize(http, proxy.url)
+            assert refused.status == 400 and _bridge(proxy).era is UpstreamEra.UNKNOWN
+            guard.discover_down = False
+            # The probe answered at last: with the refusal seen meanwhile, the era is known whole.
+            await until(lambda: _bridge(proxy).era is not UpstreamEra.UNKNOWN, timeout=60, what="the probe")
+            assert _bridge(proxy).era is UpstreamEra.MODERN_ONLY
+            client = ScriptedClient(http, proxy.url)
+            await client.initialize()
+            assert client.session_id
+        assert guard.refused.count("initialize") == 1  # the next one was bridged without asking
+        assert guard.refused.count("server/discover") >= 2  # at start, for the refusal, perhaps more
+
+
+async def test_an_upstream_that_changes_era_is_probed_again(caplog: pytest.LogCaptureFixture) -> None:
+    """The dual-era SDK server, then made modern-only (the guard refuses the handshake era): a refusal from
+    an upstream believed dual-era is probed again and bridged; then dual-era again: a handshake-era request
+    of a session of its own taken by an upstream believed modern-only is probed again too."""
+    caplog.set_level(logging.INFO, logger="mcpresume.bridge")
     guard = ModernOnly(build_example_app(), refuse=False)
     async with (
         RunningUpstream(guard) as upstream,
         running_proxy(upstream.url) as proxy,
-        sdk_session(proxy.url, read_timeout_seconds=30) as session,
+        aiohttp.ClientSession() as http,
     ):
-        assert result_text(await session.call_tool("echo", {"text": "hi"})) == "hi"
-        await session.send_ping()
-    assert guard.methods[:3] == ["initialize", "notifications/initialized", "tools/call"]
-    assert "server/discover" not in guard.methods and "ping" in guard.methods
-    assert all(h.get("mcp-protocol-version") != MODERN_VERSION for h in guard.headers)
-    assert all("mcp-session-id" in h for h in guard.headers[1:])
+        await until(lambda: _bridge(proxy).era is UpstreamEra.MODERN, timeout=30, what="the probe at start")
+        own = ScriptedClient(http, proxy.url)
+        await own.initialize()  # a session of the upstream's own
+        assert _bridge(proxy).era is UpstreamEra.DUAL
+        guard.refuse = True
+        bridged = ScriptedClient(http, proxy.url)
+        await bridged.initialize()
+        assert _bridge(proxy).era is UpstreamEra.MODERN_ONLY
+        assert guard.methods.count("server/discover") == 2  # at start, then for the refusal
+        guard.refuse = False
+        _, body = own.tool_call("echo", {"text": "still here"})
+        async with http.post(proxy.url, data=body, headers=own.headers()) as response:
+            assert response.status == 200
+            await response.read()
+        await until(lambda: _bridge(proxy).era is UpstreamEra.DUAL, timeout=30, what="the probe again")
+        assert guard.methods.count("server/discover") == 3
+        _, body = bridged.tool_call("echo", {"text": "bridged still"})  # a bridged session stays bridged
+        async with http.post(proxy.url, data=body, headers=bridged.headers()) as response:
+            answers = [orjson.loads(e.data) for e in await collect(response) if e.data]
+        assert answers[-1]["result"]["structuredContent"] == {"result": "bridged still"}
+    assert _eras(caplog) == [
+        "the upstream's era: modern",
+        "the upstream's era: dual (was modern)",
+        "the upstream's era: modern_only (was dual)",
+        "the upstream's era: dual (was modern_only)",
+    ]
 
 
 async def test_the_standalone_get_is_the_upstreams_listen_stream() -> None:
@@ -452,3 +565,16 @@ async def test_the_standalone_get_is_the_upstreams_listen_stream() -> None:
         async with asyncio.timeout(30):
             await changed.wait()
         assert "GET" not in guard.refused
+
+
+async def test_requests_served_by_the_tasks_path_are_counted_by_era(example_upstream: str) -> None:
+    """A long 2026-07-28 call made a task, and its ``tasks/get`` polls: each counted once, ``task``."""
+    async with running_proxy(example_upstream, **TASKS_FAST) as proxy:
+        status, doc = await tasks_call(proxy.url, n=6, delay=0.25)  # 1.5 s, task_after 0.5 s
+        assert status == 200 and doc["result"]["resultType"] == "task"
+        assert (await tasks_completed(proxy.url, doc["result"]["taskId"]))["status"] == "completed"
+        metrics = proxy.ctx.metrics
+        polls = metrics.task_polls._value.get()
+        assert polls >= 1
+        assert metrics.era_requests.labels("modern", "task")._value.get() == 1 + polls
+        assert metrics.era_requests.labels("modern", "passed_through")._value.get() == 0

@@ -9,7 +9,9 @@ from mcpresume.core.bridge import (
     Local,
     Refuse,
     Send,
+    bridged_recipe,
     facts_of_initialize,
+    facts_of_recipe,
     header_value,
     initialize_result,
     listen_filter,
@@ -19,12 +21,14 @@ from mcpresume.core.bridge import (
 from mcpresume.core.era import (
     Era,
     UpstreamEra,
+    discover_lists_handshake,
     discover_offers_modern,
     initialize_refused,
     negotiate,
     request_era,
     upstream_era,
 )
+from mcpresume.core.reinit import Recipe, fold
 
 REFUSAL = {"error": {"code": -32022, "message": "x", "data": {"supported": ["2026-07-28"]}}}
 
@@ -94,11 +98,23 @@ def test_initialize_refused(status: int, body: object, refused: bool | None) -> 
         (False, None, UpstreamEra.HANDSHAKE),
         (True, False, UpstreamEra.DUAL),
         (True, True, UpstreamEra.MODERN_ONLY),
-        (True, None, UpstreamEra.UNKNOWN),
+        (True, None, UpstreamEra.MODERN),
     ],
 )
 def test_upstream_era(modern: bool | None, refused: bool | None, era: UpstreamEra) -> None:
     assert upstream_era(modern, refused) is era
+
+
+@pytest.mark.parametrize(
+    ("refused", "era"),
+    [(None, UpstreamEra.DUAL), (False, UpstreamEra.DUAL), (True, UpstreamEra.MODERN_ONLY)],
+)
+def test_a_discover_naming_a_handshake_version_is_dual_until_refused(
+    refused: bool | None, era: UpstreamEra
+) -> None:
+    body = {"result": {"supportedVersions": ["2025-11-25", "2026-07-28"]}}
+    assert discover_lists_handshake(body) and not discover_lists_handshake({"result": {}})
+    assert upstream_era(discover_offers_modern(200, body), refused, discover_lists_handshake(body)) is era
 
 
 FACTS = ClientFacts("2025-06-18", {"elicitation": {}}, {"name": "c", "version": "1"})
@@ -197,3 +213,21 @@ def test_the_listen_filter_is_what_discover_offers() -> None:
     assert listen["method"] == "subscriptions/listen"
     assert listen["params"]["notifications"] == {"toolsListChanged": True}
     assert listen["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+
+
+def test_a_bridged_sessions_facts_round_trip_through_its_recipe() -> None:
+    """What the store keeps of a bridged session gives back the client's facts on any replica; the recipe of
+    a session of the upstream's says it is not bridged, and its bytes carry no flag."""
+    params = {"protocolVersion": "2025-06-18", "capabilities": {"roots": {}}, "clientInfo": {"name": "c"}}
+    told = initialize_result(facts_of_initialize(params), {"capabilities": {"tools": {"listChanged": True}}})
+    recipe = bridged_recipe(params, told)
+    kept = Recipe.decode(recipe.encode())
+    assert kept == recipe and kept.bridged
+    assert facts_of_recipe(kept) == ClientFacts("2025-06-18", {"roots": {}}, {"name": "c"})
+    assert listen_filter(kept.capabilities) == {"toolsListChanged": True}
+    leveled = fold(kept, "logging/setLevel", {"level": "debug"})
+    assert leveled is not None and facts_of_recipe(leveled) == ClientFacts(
+        "2025-06-18", {"roots": {}}, {"name": "c"}, "debug"
+    )
+    theirs = Recipe(params=params)
+    assert facts_of_recipe(theirs) is None and b"bridged" not in theirs.encode()

@@ -169,6 +169,7 @@ async def test_a_replica_started_before_its_redis_serves_not_ready_then_becomes_
         "session ",  # ... begins
         "draining",
         "INFO mcpresume.access: ",  # a line per request
+        "INFO mcpresume.bridge: the upstream's era: ",  # the era probe at start answered
         "INFO mcpresume: stopped",  # the last line
     )
     assert [line for line in lines if not any(k in line for k in known)] == []  # no traceback, nothing else

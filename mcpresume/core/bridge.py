@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from mcpresume.core.era import MODERN_VERSION, negotiate
+from mcpresume.core.reinit import Recipe
 
 PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
@@ -96,6 +97,28 @@ def facts_of_initialize(params: object) -> ClientFacts:
         capabilities=dict(capabilities) if isinstance(capabilities, Mapping) else {},
         info=dict(info) if isinstance(info, Mapping) else None,
     )
+
+
+def bridged_recipe(params: object, told: Mapping[str, Any]) -> Recipe:
+    """What the store keeps of a bridged session (``core.reinit.Recipe``, ``bridged``): the client's
+    ``initialize`` params and what it was told (``initialize_result``), so every replica sends its requests
+    with the client's facts (``facts_of_recipe``)."""
+    capabilities = told.get("capabilities")
+    return Recipe(
+        params=dict(params) if isinstance(params, Mapping) else {},
+        version=str(told.get("protocolVersion")),
+        capabilities=dict(capabilities) if isinstance(capabilities, Mapping) else {},
+        bridged=True,
+    )
+
+
+def facts_of_recipe(recipe: Recipe) -> ClientFacts | None:
+    """A bridged session's facts as its recipe keeps them (its log level the last ``logging/setLevel``);
+    None for the recipe of a session that is not bridged."""
+    if not recipe.bridged:
+        return None
+    facts = facts_of_initialize(recipe.params)
+    return ClientFacts(facts.version, facts.capabilities, facts.info, recipe.level)
 
 
 def initialize_result(facts: ClientFacts, discover: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,24 +7,30 @@ Two eras of Streamable HTTP matter (docs/reference.md, "Protocol eras"):
 * the modern era, 2026-07-28 (SEP-2567, SEP-2575): no sessions, no GET stream, no DELETE, no resumption;
   every request carries ``MCP-Protocol-Version: 2026-07-28`` and its envelope in ``params._meta``.
 
-Which era the upstream speaks is learnt from its answer to a client's handshake ``initialize``, then a
-``server/discover`` probe (``http/bridge.py`` sends; this module reads):
+Which era the upstream speaks is learnt by the spec's probe, ``server/discover`` at 2026-07-28, sent at
+start and again when the upstream's behaviour changes (``http/bridge.py`` sends; this module reads), and by
+what the upstream answers a client's handshake ``initialize``. Its fallback rule (anything but a result naming
+a modern version is no modern evidence: fall back to the handshake) gives the first two rows:
 
 =====================================  ========================================  =================
-``server/discover`` at 2026-07-28      handshake ``initialize``                  upstream era
+``server/discover`` at 2026-07-28      the handshake era                         upstream era
 =====================================  ========================================  =================
 a 5xx, or no answer                    (any)                                     ``UNKNOWN``
 not a result naming a modern version   (any)                                     ``HANDSHAKE``
-a result naming a modern version       2xx                                       ``DUAL``
-a result naming a modern version       refused: a 4xx with -32022 whose data     ``MODERN_ONLY``
-                                       names no handshake version
-a result naming a modern version       anything else (5xx, unreachable)          ``UNKNOWN``
+a result naming a modern version       refused: an ``initialize`` answered 4xx   ``MODERN_ONLY``
+                                       with -32022 whose data names no
+                                       handshake version
+a result naming a modern version       taken: an ``initialize`` answered 2xx     ``DUAL``
+a result naming a modern version       not tried yet (or a 5xx, unreachable);    ``DUAL``
+and a handshake-era one                it names a handshake version
+a result naming a modern version only  not tried yet (or a 5xx, unreachable)     ``MODERN``
 =====================================  ========================================  =================
 
 ``server/discover`` alone cannot tell a dual-era server from a modern-only one: the official SDK's dual
 server lists only ``2026-07-28`` in ``supportedVersions`` (it negotiates the handshake era through
-``initialize``). Hence the ``initialize``'s answer first, which a modern-only server refuses with -32022
-"Unsupported protocol version" (its ``data.supported`` naming only modern versions).
+``initialize``). Hence ``MODERN`` until a client's ``initialize`` says which: a modern-only server refuses it
+with -32022 "Unsupported protocol version" (its ``data.supported`` naming only modern versions). The probe
+itself is a modern request, harmless to any server: a dual-era upstream is served as without the bridge.
 
 The handshake's version negotiation (2025-06-18, lifecycle): the server answers with the version the
 client asked for when it supports it, else with the latest it supports; the client then decides.
@@ -59,6 +65,7 @@ class UpstreamEra(enum.Enum):
 
     UNKNOWN = "unknown"  # not probed yet, or the probe failed (unreachable, 5xx): served as today
     HANDSHAKE = "handshake"  # no server/discover: a handshake-era server
+    MODERN = "modern"  # speaks 2026-07-28; whether it takes the handshake era is not known yet
     DUAL = "dual"  # both eras: served as today
     MODERN_ONLY = "modern_only"  # refuses the handshake era: what the bridge is for
 
@@ -93,6 +100,13 @@ def discover_offers_modern(status: int, body: object) -> bool | None:
     return isinstance(versions, list) and any(v in MODERN_VERSIONS for v in versions)
 
 
+def discover_lists_handshake(body: object) -> bool:
+    """Whether a ``server/discover`` result names a handshake-era version too (a dual server says so)."""
+    result = body.get("result") if isinstance(body, Mapping) else None
+    versions = result.get("supportedVersions") if isinstance(result, Mapping) else None
+    return isinstance(versions, list) and any(v in HANDSHAKE_VERSIONS for v in versions)
+
+
 def initialize_refused(status: int, body: object) -> bool | None:
     """Whether a handshake ``initialize``'s answer refuses the handshake era: True (refused), False (taken),
     None (says nothing: a 5xx, a 4xx of another kind)."""
@@ -112,12 +126,16 @@ def initialize_refused(status: int, body: object) -> bool | None:
     return None
 
 
-def upstream_era(discover_modern: bool | None, refused: bool | None) -> UpstreamEra:
-    """The table in the module docstring (a discover answered with a 5xx: ``UNKNOWN``)."""
+def upstream_era(
+    discover_modern: bool | None, refused: bool | None, lists_handshake: bool = False
+) -> UpstreamEra:
+    """The table in the module docstring: ``discover_modern`` as ``discover_offers_modern`` says,
+    ``refused`` as ``initialize_refused`` says (None: not tried, or it said nothing), ``lists_handshake``
+    as ``discover_lists_handshake``."""
     if discover_modern is None:
         return UpstreamEra.UNKNOWN
     if not discover_modern:
         return UpstreamEra.HANDSHAKE
     if refused is None:
-        return UpstreamEra.UNKNOWN
+        return UpstreamEra.DUAL if lists_handshake else UpstreamEra.MODERN
     return UpstreamEra.MODERN_ONLY if refused else UpstreamEra.DUAL

@@ -61,20 +61,23 @@ class Recipe:
     standalone: bool = False  # a standalone GET was open
     version: str | None = None  # the protocol version the upstream told the client (once known)
     capabilities: Mapping[str, Any] | None = None  # the server capabilities the client was told
+    # A session of the era bridge's (http/bridge.py): the proxy answered its initialize, and every replica
+    # sends its requests with the client's facts this recipe keeps (never begun again upstream: none has it).
+    bridged: bool = False
 
     def encode(self) -> bytes:
         """The recipe as the store keeps it (compare-and-set compares these bytes: sorted keys)."""
-        return orjson.dumps(
-            {
-                "params": self.params,
-                "level": self.level,
-                "subscriptions": sorted(self.subscriptions),
-                "standalone": self.standalone,
-                "version": self.version,
-                "capabilities": self.capabilities,
-            },
-            option=orjson.OPT_SORT_KEYS,
-        )
+        fields = {
+            "params": self.params,
+            "level": self.level,
+            "subscriptions": sorted(self.subscriptions),
+            "standalone": self.standalone,
+            "version": self.version,
+            "capabilities": self.capabilities,
+        }
+        if self.bridged:  # only then: a recipe of any other session is the same bytes as before the flag
+            fields["bridged"] = True
+        return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def decode(cls, data: bytes) -> Recipe:
@@ -86,6 +89,7 @@ class Recipe:
             standalone=raw["standalone"],
             version=raw["version"],
             capabilities=raw["capabilities"],
+            bridged=raw.get("bridged", False) is True,
         )
 
 

@@ -168,6 +168,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.upstream.close()
         await ctx.store.close()
         raise
+    proxy.bridge.start()  # the upstream's era probed in the background (bridge = "auto")
     if ready:
         housekeeping = loop.create_task(_reap_forever(ctx, proxy))
     else:  # serve meanwhile, not ready: a sidecar whose Redis comes up late must not crash-loop
@@ -180,6 +181,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await housekeeping
     if proxy.tasks is not None:
         await proxy.tasks.close()
+    await proxy.bridge.close()
 
 
 class _Begin:

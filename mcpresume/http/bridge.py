@@ -1,9 +1,12 @@
 """The era bridge: core/bridge.py's decisions carried out for handshake-era clients of a modern-only upstream.
 
-With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) when the upstream refuses a
-client's ``initialize`` as a modern-only server does (-32022): a ``server/discover`` probe then, and that
-``initialize`` and every later one answered by the bridge. An upstream that takes the handshake era (a
-dual-era one) never sees a probe: its traffic is exactly as without the bridge.
+With ``bridge = "auto"`` the proxy learns the upstream's era (``core/era.py``) by the spec's probe, a
+``server/discover`` at 2026-07-28, sent at start (in the background, again while the upstream does not answer
+it) and again when the upstream's behaviour changes (``Bridge.refused_handshake``, ``Bridge.took_handshake``).
+An upstream that speaks 2026-07-28 and refuses a client's ``initialize`` as a modern-only server does (-32022)
+is modern-only: that ``initialize`` and every later one answered by the bridge, never sent upstream again.
+A request before the probe's answer learns it the same way: the refusal, then the probe. A dual-era upstream
+sees the probe (a modern request, harmless) and otherwise exactly the traffic it would without the bridge.
 
 A bridged session is the proxy's own: the ``initialize`` is answered here (the session id minted here and
 kept in the store like any session), and every request of the session goes through ``Posts.serve`` as any
@@ -12,14 +15,18 @@ window), only sent upstream as a 2026-07-28 request (``Post.bridged``: its heade
 envelope in ``_meta``). An ``application/json`` answer becomes a one-event stream of the session
 (``retain``), resumable like any. DELETE ends the proxy's session (the upstream has none).
 
-What only this process knows: each bridged session's ``ClientFacts`` (the client's info and capabilities,
-its log level). A replica that takes a session over without them sends its requests with empty client
-capabilities (a gap listed in the README's "Protocol eras").
+A bridged session's client facts (its ``initialize`` params: the client's info and capabilities; the version
+it was answered with, the capabilities it was told; its log level) are kept with the session in the store,
+as the session's recipe (``core.reinit.Recipe``, ``bridged``; ``core.bridge.bridged_recipe``): a replica that
+serves the session after a takeover or a restart reads them there once, then from its own copy
+(``Bridge.sessions``), so a request costs no store call for them. Whether a session is bridged is the same
+read: no recipe, or one not bridged, is a session of the upstream's (remembered too, so asked once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -35,9 +42,11 @@ from mcpresume.core.bridge import (
     InputRequired,
     Local,
     Refuse,
+    bridged_recipe,
     client_requests,
     discover_request,
     facts_of_initialize,
+    facts_of_recipe,
     initialize_result,
     input_required,
     listen_filter,
@@ -46,10 +55,10 @@ from mcpresume.core.bridge import (
     treat,
 )
 from mcpresume.core.era import (
-    LATEST_HANDSHAKE,
     MODERN_VERSION,
     Era,
     UpstreamEra,
+    discover_lists_handshake,
     discover_offers_modern,
     initialize_refused,
     upstream_era,
@@ -64,9 +73,11 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
+from mcpresume.core.reinit import SET_LEVEL, Recipe, fold
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
+from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
@@ -88,11 +99,26 @@ class BatchNotBridged(BadRequest):
     reason = "batch_not_bridged"
 
 
+# The era probe at start, again while the upstream does not answer it: after 0.5 s, doubling up to 30 s (a
+# sidecar's upstream that starts beside it answers within seconds; one down for long is asked twice a minute).
+PROBE_RETRY_FIRST: Final = 0.5
+PROBE_RETRY_MAX: Final = 30.0
+
 # Input requests (MRTR) awaiting a client's answer, all sessions: a bound on what clients that never answer
 # leave behind (each a few hundred bytes plus the request it retries).
 MAX_AWAITING: Final = 4096
 
 ServePost = Callable[[Post], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Bridged:
+    """A bridged session as this process holds it: what the store keeps of it (its incarnation, its recipe)
+    and the facts every request of it carries upstream."""
+
+    epoch: str
+    recipe: Recipe
+    facts: ClientFacts
 
 
 @dataclass(slots=True)
@@ -114,7 +140,16 @@ class Bridge:
         self.ctx = ctx
         self.era = UpstreamEra.UNKNOWN
         self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
-        self.facts: dict[str, ClientFacts] = {}  # this process's bridged sessions
+        # What the era is learnt of (core/era.py's table): the probe's last answer, and what the upstream
+        # last did with the handshake era (refused, took it; None: not seen yet).
+        self._discover_modern: bool | None = None
+        self._lists_handshake = False
+        self._refused: bool | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._unanswered = ""  # why the last probe got no answer
+        # The sessions this process served: bridged (their facts), or None (the upstream's own). A copy of
+        # what the store keeps, bounded as the store is (max_sessions).
+        self.sessions: dict[str, Bridged | None] = {}
         self._probe_lock = asyncio.Lock()
         self._told_modern = False  # the one log line on modern traffic passed through
         self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
@@ -126,28 +161,85 @@ class Bridge:
 
     # -- the era ----------------------------------------------------------------------------------------
 
-    async def learn(self, refused: bool) -> UpstreamEra:
-        """Learn the upstream's era (``core.era``'s table) after it answered a client's ``initialize``
-        (``refused``: with a modern-only refusal), by a ``server/discover`` probe; once at a time."""
+    def start(self) -> None:
+        """At start (``bridge = "auto"``): the era probe, in the background until the upstream answers it
+        (an upstream not up yet delays nothing: a request before its answer learns the era the old way, on
+        a refused ``initialize``)."""
+        if self.on:
+            loop = asyncio.get_running_loop()
+            self._prober = loop.create_task(self._probe_at_start(), name="mcpresume-era")
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+
+    async def _probe_at_start(self) -> None:
+        wait = PROBE_RETRY_FIRST
+        while self._discover_modern is None and await self.probe(quiet=True) is UpstreamEra.UNKNOWN:
+            if wait == PROBE_RETRY_FIRST:  # one line, not one per round
+                log.info(
+                    "the era probe is not answered (%s): asked again in the background; meanwhile a client's "
+                    "initialize the upstream refuses is probed for",
+                    self._unanswered,
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, PROBE_RETRY_MAX)
+
+    async def probe(self, *, quiet: bool = False) -> UpstreamEra:
+        """The spec's era probe, ``server/discover`` at 2026-07-28 (once at a time): the era again, of its
+        answer and of what the upstream last did with the handshake era (``core.era``'s table)."""
         async with self._probe_lock:
-            if self.era is UpstreamEra.MODERN_ONLY:
-                return self.era
             headers = [
                 ("Content-Type", JSON),
                 ("Accept", f"{JSON}, text/event-stream"),
                 (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
                 ("Mcp-Method", "server/discover"),
             ]
-            discover = discover_request(0)
-            status, body = await self._ask(headers, discover)
-            self.era = upstream_era(discover_offers_modern(status, body), refused)
-            if self.era is UpstreamEra.MODERN_ONLY:
+            status, body = await self._ask(headers, discover_request(0))
+            if status >= 500 and not quiet:
+                log.warning("the era probe (server/discover) is not answered: %s", self._unanswered)
+            self._discover_modern = discover_offers_modern(status, body)
+            self._lists_handshake = discover_lists_handshake(body)
+            if self._discover_modern:
                 assert isinstance(body, dict)
                 self.discover = body["result"]
-            log.info("the upstream's era: %s%s", self.era.value, self._era_note())
-            return self.era
+            return self._learnt()
+
+    async def refused_handshake(self) -> UpstreamEra:
+        """The upstream refused a client's ``initialize`` as a modern-only server does: the era learnt of
+        it; probed again first when that is news (an upstream believed dual-era or handshake-era, or whose
+        probe has not answered yet): the upstream changed, its discover may have too."""
+        news = self.era in (UpstreamEra.UNKNOWN, UpstreamEra.HANDSHAKE, UpstreamEra.DUAL)
+        self._refused = True
+        return await self.probe() if news else self._learnt()
+
+    def took_handshake(self) -> None:
+        """The upstream took a handshake-era request (an ``initialize`` answered 2xx, say): the era learnt of
+        it; probed again when that is news (an upstream believed modern-only)."""
+        if self._refused is False:
+            return  # known already: the common case, nothing to do
+        self._refused = False
+        if self.era is UpstreamEra.MODERN_ONLY:
+            self.ctx.drain.spawn(self._probe_again(), "mcpresume-era")
+        else:
+            self._learnt()
+
+    async def _probe_again(self) -> None:
+        await self.probe()
+
+    def _learnt(self) -> UpstreamEra:
+        era = upstream_era(self._discover_modern, self._refused, self._lists_handshake)
+        if era is not self.era:  # one line when the era is learnt, or changes
+            was = "" if self.era is UpstreamEra.UNKNOWN else f" (was {self.era.value})"
+            self.era = era
+            log.info("the upstream's era: %s%s%s", era.value, was, self._era_note())
+        return era
 
     def _era_note(self) -> str:
+        if self.era is UpstreamEra.MODERN:
+            return " (it speaks 2026-07-28; a client's initialize tells whether it takes the handshake era)"
         if self.era is UpstreamEra.MODERN_ONLY:
             return (
                 " (it refuses the handshake era: handshake-era clients get the proxy's own sessions, bridged)"
@@ -164,14 +256,16 @@ class Bridge:
                 "POST", path, headers, orjson.dumps(message), decoded=True
             )
         except ProxyError as error:
-            log.warning("the era probe (%s) failed: %s", message["method"], error.message)
+            self._unanswered = error.message
             return 599, None
         try:
             text = await answer.read()
-        except aiohttp.ClientError:
+        except aiohttp.ClientError as error:
+            self._unanswered = f"its answer broke off: {error}"
             return 599, None
         finally:
             answer.release()
+        self._unanswered = f"HTTP {answer.status}"
         return answer.status, _last_message(text)
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -200,18 +294,63 @@ class Bridge:
                 return await self._initialize(post)
             request[BRIDGE] = self  # a refusal of it is bridged (``bridged_answer``); counted once served
             return None
-        if session_id is None or (session_id not in self.facts and self.era is not UpstreamEra.MODERN_ONLY):
+        if session_id is None:
+            bridged = None
+        elif session_id in self.sessions:  # the common case: no coroutine, no store call
+            bridged = self.sessions[session_id]
+        else:
+            bridged = await self.bridged(session_id)
+        if session_id is None or bridged is None:
             self._count(Era.HANDSHAKE, "resumable" if session_id else "passed_through")
             return None
         self._count(Era.HANDSHAKE, "bridged")
-        return await self._in_session(post, session_id, serve_post)
+        return await self._in_session(post, session_id, bridged, serve_post)
 
-    def served(self, post: Post) -> None:
+    async def bridged(self, session_id: str) -> Bridged | None:
+        """The session when it is bridged (None: the upstream's own, or unknown): this process's copy, else
+        what the store keeps (a session begun on another replica, before a restart)."""
+        if session_id in self.sessions:
+            return self.sessions[session_id]
+        store = self.ctx.store
+        granted = await store.access(session_id)
+        if granted is None:
+            return None  # unknown: not remembered (the request's own path answers 404)
+        kept = await store.recipe(session_id, granted.epoch)
+        recipe = Recipe.decode(kept) if kept is not None else None
+        facts = facts_of_recipe(recipe) if recipe is not None else None
+        found = Bridged(granted.epoch, recipe, facts) if recipe is not None and facts is not None else None
+        self._remember(session_id, found)
+        return found
+
+    def _remember(self, session_id: str, session: Bridged | None) -> None:
+        self.sessions[session_id] = session
+        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
+        # (reaped, or deleted on another replica).
+        while len(self.sessions) > self.ctx.settings.max_sessions:
+            del self.sessions[next(iter(self.sessions))]
+
+    def served(self, post: Post, response: web.StreamResponse) -> None:
         """An ``initialize`` served as without the bridge, counted now that it is known whether the bridge
-        answered it after the upstream refused it."""
+        answered it after the upstream refused it; a session the upstream began remembered as not bridged
+        (its requests ask the store nothing more)."""
         if self.on and post.message.is_initialize and post.session_id is None:
             bridged = post.request.get(DID) is Action.ANSWERED
             self._count(Era.HANDSHAKE, "bridged" if bridged else "resumable")
+            began = response.headers.get(SESSION_HEADER)
+            if not bridged and began is not None and 200 <= response.status < 300:
+                self._remember(began, None)
+                self.took_handshake()
+        elif (
+            self.era is UpstreamEra.MODERN_ONLY
+            and post.request.get(DID, Action.FORWARDED) is Action.FORWARDED  # marked nothing: forwarded
+            and 200 <= response.status < 300
+        ):  # a handshake-era request of a session of the upstream's own, taken: not modern-only after all
+            self.took_handshake()
+
+    def tasked(self) -> None:
+        """A 2026-07-28 request served by the tasks path (``http/tasks.py``): a long call it watched or made
+        a task, a ``tasks/*`` it answered."""
+        self._count(Era.MODERN, "task")
 
     def _count(self, era: Era, treatment: str) -> None:
         child = self._counters.get((era, treatment))
@@ -229,7 +368,7 @@ class Bridge:
         finally:
             upstream.release()
         refused = initialize_refused(upstream.status, _last_message(body))
-        if refused and await self.learn(refused) is UpstreamEra.MODERN_ONLY:
+        if refused and await self.refused_handshake() is UpstreamEra.MODERN_ONLY:
             return await self._initialize(post)
         return web.Response(status=upstream.status, body=body, content_type=JSON)
 
@@ -254,30 +393,32 @@ class Bridge:
         facts = facts_of_initialize(doc.get("params"))
         session_id = secrets.token_urlsafe(32)  # visible ASCII, cryptographically random (the spec's SHOULD)
         owner = ctx.settings.replica if ctx.hop is not None else ""
+        result = initialize_result(facts, self.discover)
+        recipe = bridged_recipe(doc.get("params"), result)
         try:
-            await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+            epoch = await ctx.store.create_session(session_id, ctx.clock(), begins_with(ctx, request), owner)
+            # Kept before the client learns the session id: any replica it sends a request to finds them.
+            await ctx.store.keep_recipe(session_id, epoch, None, recipe.encode())
         except ProxyError as error:
             return ctx.reject(request, error, request_id)
-        self.facts[session_id] = facts
-        # Bounded: the store never holds more than max_sessions sessions, so the oldest beyond are gone
-        # (reaped, or deleted on another replica).
-        while len(self.facts) > ctx.settings.max_sessions:
-            del self.facts[next(iter(self.facts))]
+        self._remember(session_id, Bridged(epoch, recipe, facts))
         log.info(
             "session %s begins, bridged: a %s client in front of a 2026-07-28-only upstream",
             log_id(session_id),
             facts.version,
         )
-        answer = {"jsonrpc": "2.0", "id": request_id, "result": initialize_result(facts, self.discover)}
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
         request[DID] = Action.ANSWERED
         return web.Response(
             body=orjson.dumps(answer), content_type=JSON, headers={SESSION_HEADER: session_id}
         )
 
-    async def _in_session(self, post: Post, session_id: str, serve_post: ServePost) -> web.StreamResponse:
+    async def _in_session(
+        self, post: Post, session_id: str, bridged: Bridged, serve_post: ServePost
+    ) -> web.StreamResponse:
         ctx, request = self.ctx, post.request
         doc = orjson.loads(post.body)
-        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
+        facts = bridged.facts
         if self._answers_input(session_id, doc):
             request[DID] = Action.ANSWERED
             return web.Response(status=202)
@@ -295,7 +436,7 @@ class Bridge:
                 if refused is not None:
                     return refused
                 if level is not None:
-                    self.facts[session_id] = ClientFacts(facts.version, facts.capabilities, facts.info, level)
+                    await self._set_level(session_id, bridged, level)
                 if cancelled and post.message.cancelled:
                     # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
@@ -309,6 +450,19 @@ class Bridge:
             case _:
                 body = orjson.dumps(treated.body)
                 return await serve_post(Post(request, body, post.message, session_id, treated.headers))
+
+    async def _set_level(self, session_id: str, bridged: Bridged, level: str) -> None:
+        """A ``logging/setLevel``: the level every later request of the session carries, kept with the
+        session's recipe (another replica that serves it reads it there)."""
+        facts = bridged.facts
+        recipe = fold(bridged.recipe, SET_LEVEL, {"level": level}) or bridged.recipe
+        self._remember(
+            session_id,
+            Bridged(bridged.epoch, recipe, ClientFacts(facts.version, facts.capabilities, facts.info, level)),
+        )
+        await reinit.keep(
+            self.ctx, session_id, bridged.epoch, lambda kept: fold(kept, SET_LEVEL, {"level": level})
+        )
 
     # -- MRTR -------------------------------------------------------------------------------------------
 
@@ -441,10 +595,13 @@ class Bridge:
         it comes (not resumable: a client that loses it opens another GET); 405, as the handshake revisions
         allow, when it offers none. None for a GET of another session."""
         session_id = request.headers.get(SESSION_HEADER)
-        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self._bridged(session_id):
+        if session_id is None or LAST_EVENT_ID_HEADER in request.headers or not self.on:
+            return None
+        bridged = await self.bridged(session_id)
+        if bridged is None:
             return None
         ctx = self.ctx
-        wanted = listen_filter(self.discover.get("capabilities") if self.discover else None)
+        wanted = listen_filter(bridged.recipe.capabilities)  # what the client was told the upstream offers
         granted = await ctx.store.access(session_id)
         if granted is None:
             return ctx.reject(request, UnknownSession())
@@ -454,8 +611,7 @@ class Bridge:
         if not wanted:
             request[DID] = Action.ANSWERED
             return web.Response(status=405, headers={"Allow": "POST, DELETE"})
-        facts = self.facts.get(session_id) or ClientFacts(LATEST_HANDSHAKE)
-        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, facts)
+        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, bridged.facts)
         kept = [(n, v) for n, v in upstream_headers(request) if n.lower() not in _DROPPED]
         headers = [
             *kept,
@@ -470,13 +626,10 @@ class Bridge:
             )
         return await relay(ctx, request, upstream)
 
-    def _bridged(self, session_id: str) -> bool:
-        return self.on and (session_id in self.facts or self.era is UpstreamEra.MODERN_ONLY)
-
     async def delete(self, request: web.Request) -> web.StreamResponse | None:
         """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
         session_id = request.headers.get(SESSION_HEADER)
-        if session_id is None or not self._bridged(session_id):
+        if session_id is None or not self.on or await self.bridged(session_id) is None:
             return None
         ctx = self.ctx
         request[MODERN_CHECK] = True
@@ -487,7 +640,7 @@ class Bridge:
         if refused is not None:
             return refused
         await ctx.drop_session(session_id, granted.epoch)
-        self.facts.pop(session_id, None)
+        self.sessions.pop(session_id, None)
         for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
             del self.awaiting[request_id]
         log.info("session %s ends (DELETE), bridged", log_id(session_id))

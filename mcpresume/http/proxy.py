@@ -150,6 +150,7 @@ class Proxy:
                 tasked = await self.tasks.serve(post) if self.tasks is not None else None
                 if tasked is not None:
                     response = tasked
+                    self.bridge.tasked()  # counted by era as every POST
                 else:
                     routed = await self.routing.route(request, body, post.request_id)
                     response = routed.answer if routed.answer is not None else await self._post(post)
@@ -187,7 +188,7 @@ class Proxy:
         response = await self.bridge.serve(post, self.posts.serve)
         if response is None:
             response = await self.posts.serve(post)
-            self.bridge.served(post)
+            self.bridge.served(post, response)
         return response
 
     def _ended(

@@ -422,3 +422,11 @@ async def _recover(
     return replace(
         granted, upstream_id=upstream_id, protocol_version=begun.version or granted.protocol_version
     )
+
+
+async def keep(
+    ctx: ProxyContext, session_id: str, epoch: str, change: Callable[[Recipe], Recipe | None]
+) -> None:
+    """A change to a session's kept recipe by compare-and-set, whatever the setting: the era bridge's
+    sessions keep their client's facts in it (``http/bridge.py``)."""
+    await _keep(ctx, session_id, epoch, change)

@@ -139,7 +139,7 @@ class Metrics:
         self.era_requests = Counter(
             "mcpresume_era_requests",
             "POSTs to the MCP endpoint by protocol era (handshake, modern) and what the proxy does for them "
-            "(resumable, bridged, passed_through).",
+            "(resumable, bridged, passed_through, task).",
             ["era", "treatment"],
             registry=r,
         )

@@ -7,8 +7,9 @@ The `mcp` 2.x server serves both eras. A modern-only server (SEP-2567, SEP-2575)
 
 Tools: the example server's (``echo``, ``add``, ``tally``, ``count_slowly`` with progress), plus ``ask``,
 which answers the first call with an input-required result (MRTR, SEP-2322) carrying an elicitation and
-completes the retry with what the client answered; and ``slow_tally``, a side effect after a delay (a call to
-cut a connection in the middle of).
+completes the retry with what the client answered; ``slow_tally``, a side effect after a delay (a call to
+cut a connection in the middle of); and ``whoami``, the client's capabilities and info as this request's
+``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class ModernOnly:
         self.refused: list[str] = []  # "GET", "DELETE", or the refused POST's method
         self.methods: list[str] = []  # the methods of the modern POSTs it let through
         self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
+        self.metas: list[dict[str, Any]] = []  # their params' _meta (the envelope)
         self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
+        self.discover_down = False  # True: server/discover answered 503 (a server still starting, say)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
@@ -74,6 +77,10 @@ class ModernOnly:
         except ValueError:
             parsed = None
         rpc_method = parsed.get("method") if isinstance(parsed, dict) else None
+        if rpc_method == "server/discover" and self.discover_down:
+            self.refused.append("server/discover")
+            await _answer(send, 503, b"", [])
+            return
         handshake = rpc_method == "initialize" or headers.get("mcp-protocol-version") != MODERN_VERSION
         if handshake and self.refuse:
             self.refused.append(str(rpc_method))
@@ -91,6 +98,9 @@ class ModernOnly:
             return
         self.methods.append(str(rpc_method))
         self.headers.append(headers)
+        params = parsed.get("params") if isinstance(parsed, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        self.metas.append(meta if isinstance(meta, dict) else {})
         sent = False
 
         async def replay() -> dict[str, Any]:
@@ -101,6 +111,10 @@ class ModernOnly:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _wire(model: Any) -> Any:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -138,6 +152,16 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
         word = (content or {}).get("word", "") if isinstance(content, dict) else ""
         return f"you said {word} ({ctx.request_state})"
+
+    @server.tool(description="The client's capabilities and info this request's _meta envelope carried.")
+    async def whoami(ctx: Context[Any, Any]) -> dict[str, Any]:
+        capabilities = ctx.client_capabilities
+        params = ctx.session.client_params
+        info = params.client_info if params is not None else None
+        return {
+            "capabilities": None if capabilities is None else _wire(capabilities),
+            "info": None if info is None else _wire(info),
+        }
 
     @server.tool(description="Tell the listening clients the tool list changed.")
     async def change_tools(ctx: Context[Any, Any]) -> str:

@@ -34,10 +34,12 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
+
+from mcpresume.core.bridge import PROBE_CLIENT
 
 SESSION = "playbook-session"
 
@@ -342,6 +344,22 @@ class Rule:
         )
 
 
+# What a handshake-era server answers a ``server/discover`` (a method it does not know).
+DISCOVER_UNKNOWN: Final = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "error": {"code": -32601, "message": "Method not found"},
+}
+
+
+def is_era_probe(message: object) -> bool:
+    """Whether a request is the proxy's era probe (``core.bridge.discover_request``: its client info)."""
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    info = meta.get("io.modelcontextprotocol/clientInfo") if isinstance(meta, dict) else None
+    return isinstance(info, dict) and info == PROBE_CLIENT
+
+
 @dataclass
 class Playbook:
     """An MCP upstream that answers by its rules (see the module docstring)."""
@@ -438,6 +456,10 @@ class Playbook:
             with contextlib.suppress(orjson.JSONDecodeError):
                 message = orjson.loads(body)
         seen = replace(head, message=message, number=len(self.seen) + 1)
+        if is_era_probe(message) and not any(rule.method == seen.method for rule in self.rules):
+            # The proxy's era probe (at its start): answered as a handshake-era server does, and not
+            # recorded, so a test's rules and counts see the client's traffic only.
+            return web.json_response(DISCOVER_UNKNOWN, status=400)
         self.seen.append(seen)
         rule = next((rule for rule in reversed(self.rules) if not rule.unread and rule.matches(seen)), None)
         return await self._answer(self._default if rule is None else rule.answer, request, seen)
