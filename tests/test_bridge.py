@@ -290,7 +290,9 @@ async def test_the_typescript_sdk_client_through_the_bridge() -> None:
             "counted": "counted to 3",
             "progress": [1, 2, 3],
             "answered": "you said kumquat (asked)",
-            "asked": ["A fruit?"],
+            "answeredLater": "you said kumquat (asked-later, 1)",
+            "progressLater": [0, 1],
+            "asked": ["A fruit?", "A fruit?"],
             "server": "mcpresume-modern",
         }
         assert "DELETE" not in guard.refused  # the proxy's session ended at the proxy

@@ -8,8 +8,11 @@ The `mcp` 2.x server serves both eras. A modern-only server (SEP-2567, SEP-2575)
 Tools: the example server's (``echo``, ``add``, ``tally``, ``count_slowly`` with progress), plus ``ask``,
 which answers the first call with an input-required result (MRTR, SEP-2322) carrying an elicitation and
 completes the retry with what the client answered; ``slow_tally``, a side effect after a delay (a call to
-cut a connection in the middle of); and ``whoami``, the client's capabilities and info as this request's
-``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
+cut a connection in the middle of); ``ask_later`` and ``sample_later``, which report progress first (so their
+answers are SSE streams whenever the client asks for progress: the SDK's SSE mode commits to an event stream
+at the first notification) and then ask for a word by elicitation, or for a message by sampling, reporting
+progress again on the retry before the result; and ``whoami``, the client's capabilities and info as this
+request's ``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[byte
 def build_modern_app(*, json_response: bool = False) -> ModernOnly:
     """The guarded app (one uvicorn lifetime, as `build_example_app`)."""
     server = build_example_server(name="mcpresume-modern")
-    tallies = {"slow": 0, "cancelled": 0}
+    tallies = {"slow": 0, "cancelled": 0, "asked": 0}
 
     @server.tool(description="Ask the client for a word (an elicitation through an input-required result).")
     async def ask(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
@@ -152,6 +155,56 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
         word = (content or {}).get("word", "") if isinstance(content, dict) else ""
         return f"you said {word} ({ctx.request_state})"
+
+    @server.tool(description="Report progress, then ask for a word (input required in an event stream).")
+    async def ask_later(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
+        answer = (ctx.input_responses or {}).get("word")
+        if answer is None:
+            await ctx.report_progress(0, 2, "about to ask")
+            return InputRequiredResult(
+                input_requests={
+                    "word": {
+                        "method": "elicitation/create",
+                        "params": {
+                            "mode": "form",
+                            "message": question,
+                            "requestedSchema": {
+                                "type": "object",
+                                "properties": {"word": {"type": "string"}},
+                                "required": ["word"],
+                            },
+                        },
+                    }
+                },
+                request_state="asked-later",
+            )
+        await ctx.report_progress(1, 2, "answered")
+        content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
+        word = (content or {}).get("word", "") if isinstance(content, dict) else ""
+        tallies["asked"] += 1
+        return f"you said {word} ({ctx.request_state}, {tallies['asked']})"
+
+    @server.tool(description="Report progress, then ask the client's model (sampling in an event stream).")
+    async def sample_later(ctx: Context[Any, Any], prompt: str = "Say a word") -> Any:
+        answer = (ctx.input_responses or {}).get("reply")
+        if answer is None:
+            await ctx.report_progress(0, 2, "about to sample")
+            return InputRequiredResult(
+                input_requests={
+                    "reply": {
+                        "method": "sampling/createMessage",
+                        "params": {
+                            "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+                            "maxTokens": 16,
+                        },
+                    }
+                },
+                request_state="sampled",
+            )
+        await ctx.report_progress(1, 2, "sampled")
+        content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
+        text = content.get("text") if isinstance(content, dict) else getattr(content, "text", None)
+        return f"the model said {text} ({ctx.request_state})"
 
     @server.tool(description="The client's capabilities and info this request's _meta envelope carried.")
     async def whoami(ctx: Context[Any, Any]) -> dict[str, Any]:
