@@ -4,7 +4,8 @@ The official SDK's 2026-07-28 path in SSE mode (its default) commits a call's an
 at the call's first notification: ``ask_later`` and ``sample_later`` report progress, then answer with an
 input-required result as the stream's response event, and report progress again on the retry. The proxy
 holds that result back, sends the client ``elicitation/create`` (``sampling/createMessage``) on the call's
-stream, and retries the call with the client's answer; the stream goes on with the retry's events.
+stream, and retries the call with the client's answer; the stream goes on with the retry's events. (The
+Python SDK's ``ClientSession`` answering ``ask_later``: ``tests/test_bridge.py``.)
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import mcp_types as types
 import orjson
 import pytest
 from mcp.client.client import Client
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from tests.support.modern_upstream import serve_modern_upstream
@@ -26,34 +25,6 @@ from tests.support.sdk import result_text
 from tests.test_bridge import _run_ts, store  # noqa: F401 (store: the memory and Redis fixture)
 
 pytestmark = pytest.mark.asyncio
-
-
-async def test_an_elicitation_in_an_event_stream_reaches_a_handshake_era_sdk_client() -> None:
-    asked: list[str] = []
-    progress: list[float] = []
-
-    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        asked.append(params.message)
-        return types.ElicitResult(action="accept", content={"word": "tangerine"})
-
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
-        progress.append(done)
-
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
-        streamable_http_client(proxy.url) as (read, write),
-        ClientSession(read, write, elicitation_callback=elicit, read_timeout_seconds=30) as session,
-    ):
-        await session.initialize()
-        answered = await session.call_tool(
-            "ask_later", {"question": "A fruit?"}, progress_callback=on_progress
-        )
-        assert result_text(answered) == "you said tangerine (asked-later, 1)"
-        assert asked == ["A fruit?"]
-        # The progress of the first answer and of the retry's, on the one stream of the call.
-        assert progress == [0, 1]
-        assert guard.methods.count("tools/call") == 2  # the call, then its retry with the answer
 
 
 async def test_a_sampling_in_an_event_stream_reaches_the_sdk_client_in_legacy_mode() -> None:

@@ -116,6 +116,21 @@ class ModernOnly:
         await self.app(scope, replay, send)
 
 
+def _word_request(question: str) -> dict[str, Any]:
+    """An elicitation of one word (``ask``'s and ``ask_later``'s input request)."""
+    schema = {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": question, "requestedSchema": schema},
+    }
+
+
+def _word_of(answer: Any) -> str:
+    """The word an elicitation's result carries (a dict, or the SDK's model of it)."""
+    content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
+    return str((content or {}).get("word", "")) if isinstance(content, dict) else ""
+
+
 def _wire(model: Any) -> Any:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -136,25 +151,9 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         answer = answers.get("word")
         if answer is None:
             return InputRequiredResult(
-                input_requests={
-                    "word": {
-                        "method": "elicitation/create",
-                        "params": {
-                            "mode": "form",
-                            "message": question,
-                            "requestedSchema": {
-                                "type": "object",
-                                "properties": {"word": {"type": "string"}},
-                                "required": ["word"],
-                            },
-                        },
-                    }
-                },
-                request_state="asked",
+                input_requests={"word": _word_request(question)}, request_state="asked"
             )
-        content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
-        word = (content or {}).get("word", "") if isinstance(content, dict) else ""
-        return f"you said {word} ({ctx.request_state})"
+        return f"you said {_word_of(answer)} ({ctx.request_state})"
 
     @server.tool(description="Report progress, then ask for a word (input required in an event stream).")
     async def ask_later(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
@@ -162,27 +161,12 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         if answer is None:
             await ctx.report_progress(0, 2, "about to ask")
             return InputRequiredResult(
-                input_requests={
-                    "word": {
-                        "method": "elicitation/create",
-                        "params": {
-                            "mode": "form",
-                            "message": question,
-                            "requestedSchema": {
-                                "type": "object",
-                                "properties": {"word": {"type": "string"}},
-                                "required": ["word"],
-                            },
-                        },
-                    }
-                },
+                input_requests={"word": _word_request(question)},
                 request_state="asked-later",
             )
         await ctx.report_progress(1, 2, "answered")
-        content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
-        word = (content or {}).get("word", "") if isinstance(content, dict) else ""
         tallies["asked"] += 1
-        return f"you said {word} ({ctx.request_state}, {tallies['asked']})"
+        return f"you said {_word_of(answer)} ({ctx.request_state}, {tallies['asked']})"
 
     @server.tool(description="Report progress, then ask the client's model (sampling in an event stream).")
     async def sample_later(ctx: Context[Any, Any], prompt: str = "Say a word") -> Any:
