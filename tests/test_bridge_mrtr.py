@@ -17,7 +17,10 @@ import mcp_types as types
 import orjson
 import pytest
 from mcp.client.client import Client
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
+from mcpresume.daemon.app import PROXY
 from mcpresume.daemon.demo import ScriptedClient, sse_events
 from tests.support.modern_upstream import serve_modern_upstream
 from tests.support.proxy import running_proxy
@@ -50,6 +53,44 @@ async def test_a_sampling_in_an_event_stream_reaches_the_sdk_client_in_legacy_mo
             assert result_text(answered) == "the model said plum (sampled)"
         assert prompts == ["A fruit"]
         assert guard.methods.count("tools/call") == 2
+
+
+async def test_input_required_again_and_two_input_requests_at_once_in_event_streams() -> None:
+    """The retry's answer asks again (a second round); each round asks for a word and the client's roots at
+    once (``elicitation/create`` and ``roots/list``): each round's two answers retry the call once."""
+    asked: list[str] = []
+    listed = 0
+    progress: list[float] = []
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"word": f"fig{len(asked)}"})
+
+    async def roots(context: Any) -> types.ListRootsResult:
+        nonlocal listed
+        listed += 1
+        return types.ListRootsResult(roots=[types.Root(uri="file:///tmp/a"), types.Root(uri="file:///tmp/b")])
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        streamable_http_client(proxy.url) as (read, write),
+        ClientSession(
+            read, write, elicitation_callback=elicit, list_roots_callback=roots, read_timeout_seconds=30
+        ) as session,
+    ):
+        await session.initialize()
+        answered = await session.call_tool(
+            "ask_later", {"question": "A fig?", "rounds": 2, "roots": True}, progress_callback=on_progress
+        )
+        assert result_text(answered) == "you said fig2 (asked-later, 1, 2 root(s))"
+        assert asked == ["A fig?", "A fig?"] and listed == 2
+        assert progress == [0, 1, 2]
+        assert guard.methods.count("tools/call") == 3  # the call, then a retry per round
+        assert not proxy.app[PROXY].bridge.awaiting  # nothing left awaiting a client's answer
 
 
 async def test_the_typescript_sdk_client_answers_an_elicitation_in_an_event_stream() -> None:
@@ -170,3 +211,33 @@ async def test_an_elicitation_refused_by_the_client_is_the_calls_answer() -> Non
                         assert answered.status == 202
         assert messages[-1] == {"jsonrpc": "2.0", "id": request_id, "error": {"code": -1, "message": "no"}}
         assert guard.methods.count("tools/call") == 1  # refused: not retried
+
+
+async def test_a_call_cancelled_while_its_elicitation_is_pending_ends_unanswered_and_is_not_retried() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("ask_later", {})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            seen, _ = await _messages_until(response, "elicitation/create", None)
+            cancel = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": request_id},
+            }
+            async with http.post(proxy.url, data=orjson.dumps(cancel), headers=client.headers()) as cancelled:
+                assert cancelled.status == 202
+            rest, _ = await _messages_until(response, None, request_id)  # to the stream's end
+        assert [m.get("method") for m in seen] == ["notifications/progress", "elicitation/create"]
+        assert rest == []  # a cancelled request SHOULD NOT be answered
+        assert guard.methods.count("tools/call") == 1
+        assert not proxy.app[PROXY].bridge.awaiting
+        # The elicitation's answer after the cancel: not the proxy's to collect any more, nothing retried.
+        late = _answer(seen[-1], "late")
+        async with http.post(proxy.url, data=late, headers=client.headers()) as answered:
+            assert answered.status == 202
+        assert guard.methods.count("tools/call") == 1

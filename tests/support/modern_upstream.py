@@ -156,17 +156,28 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         return f"you said {_word_of(answer)} ({ctx.request_state})"
 
     @server.tool(description="Report progress, then ask for a word (input required in an event stream).")
-    async def ask_later(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
-        answer = (ctx.input_responses or {}).get("word")
-        if answer is None:
-            await ctx.report_progress(0, 2, "about to ask")
+    async def ask_later(
+        ctx: Context[Any, Any], question: str = "Which word?", rounds: int = 1, roots: bool = False
+    ) -> Any:
+        # Asked ``rounds`` times (the state says how many answers came: ``round-k``, the last one's
+        # ``asked-later``); with ``roots``, the client's roots asked for too, in the same result.
+        answers = ctx.input_responses or {}
+        state = ctx.request_state or ""
+        done = int(state.removeprefix("round-")) if state.startswith("round-") else rounds if answers else 0
+        await ctx.report_progress(done, rounds + 1, "answered" if done else "about to ask")
+        if done < rounds:
+            asking: dict[str, Any] = {"word": _word_request(question)}
+            if roots:
+                asking["roots"] = {"method": "roots/list"}
+            last = done + 1 == rounds
             return InputRequiredResult(
-                input_requests={"word": _word_request(question)},
-                request_state="asked-later",
+                input_requests=asking, request_state="asked-later" if last else f"round-{done + 1}"
             )
-        await ctx.report_progress(1, 2, "answered")
         tallies["asked"] += 1
-        return f"you said {_word_of(answer)} ({ctx.request_state}, {tallies['asked']})"
+        listed = answers.get("roots")
+        listed = listed.get("roots") if isinstance(listed, dict) else getattr(listed, "roots", None)
+        among = f", {len(listed)} root(s)" if listed is not None else ""
+        return f"you said {_word_of(answers.get('word'))} ({ctx.request_state}, {tallies['asked']}{among})"
 
     @server.tool(description="Report progress, then ask the client's model (sampling in an event stream).")
     async def sample_later(ctx: Context[Any, Any], prompt: str = "Say a word") -> Any:
