@@ -241,3 +241,48 @@ async def test_a_call_cancelled_while_its_elicitation_is_pending_ends_unanswered
         async with http.post(proxy.url, data=late, headers=client.headers()) as answered:
             assert answered.status == 202
         assert guard.methods.count("tools/call") == 1
+
+
+async def test_a_json_input_required_answer_is_pumped_the_same_way_and_resumable() -> None:
+    """``ask`` answers with JSON (no progress before it): the same stream, cursors and retry."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("ask", {"question": "A tree?"})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            first, cursor = await _messages_until(response, "elicitation/create", None)
+        assert [m.get("method") for m in first] == ["elicitation/create"] and cursor is not None
+        async with http.post(proxy.url, data=_answer(first[0], "oak"), headers=client.headers()) as answered:
+            assert answered.status == 202
+        reattach = client.headers(**{"Last-Event-ID": cursor.decode(), "Accept": "text/event-stream"})
+        async with http.get(proxy.url, headers=reattach) as again:
+            rest, _ = await _messages_until(again, None, request_id)
+        assert [m["result"]["content"][0]["text"] for m in rest] == ["you said oak (asked)"]
+        assert guard.methods.count("tools/call") == 2
+        assert not proxy.app[PROXY].bridge.awaiting
+
+
+async def test_a_retry_the_upstream_does_not_answer_is_the_calls_error_once() -> None:
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        request_id, body = client.tool_call("ask_later", {})
+        async with http.post(proxy.url, data=body, headers=client.headers()) as response:
+            first, _ = await _messages_until(response, "elicitation/create", None)
+            guard.down = True
+            async with http.post(
+                proxy.url, data=_answer(first[-1], "x"), headers=client.headers()
+            ) as answered:
+                assert answered.status == 202
+            rest, _ = await _messages_until(response, None, request_id)
+        assert len(rest) == 1 and rest[0]["id"] == request_id
+        assert rest[0]["error"]["message"] == "the upstream answered the retry with HTTP 503"
+        assert guard.methods.count("tools/call") == 1  # the retry never reached the server

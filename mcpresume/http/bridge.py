@@ -74,7 +74,7 @@ from mcpresume.core.errors import (
     UpstreamBadResponse,
 )
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
+from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key, response_key
 from mcpresume.core.reinit import SET_LEVEL, Recipe, fold
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
@@ -804,6 +804,10 @@ class BridgedAnswer:
             if again is not None and again.requests:
                 asked = again
                 continue
+            if len(raw) <= limit and response_key(raw.replace(b"\r", b"").replace(b"\n", b"")) != key:
+                # Not the request's answer (a gateway's error page in JSON, say): said as the answer.
+                yield self._failed(f"the upstream answered the retry with HTTP {answer.status}, no response")
+                return
             yield json_event(raw, self._request_id, limit)
             return
 

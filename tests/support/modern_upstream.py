@@ -50,6 +50,7 @@ class ModernOnly:
         self.metas: list[dict[str, Any]] = []  # their params' _meta (the envelope)
         self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
         self.discover_down = False  # True: server/discover answered 503 (a server still starting, say)
+        self.down = False  # True: every POST answered 503 (an upstream restarting, say)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
@@ -66,6 +67,9 @@ class ModernOnly:
             return
         if method != "POST":
             await self.app(scope, receive, send)
+            return
+        if self.down:
+            await _answer(send, 503, b"restarting", [(b"content-type", b"text/plain")])
             return
         chunks: list[bytes] = []
         more = True
