@@ -243,12 +243,26 @@ async def test_a_dual_era_upstream_is_served_as_without_the_bridge(example_upstr
         assert bridge.labels("handshake", "resumable")._value.get() >= 2
 
 
-async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_era() -> None:
+@pytest.mark.parametrize(
+    ("tool", "said", "progress"),
+    [
+        ("ask", "you said tangerine (asked)", []),  # a JSON answer
+        # An event stream (the SDK's SSE mode, committed at its first progress), the result held back.
+        ("ask_later", "you said tangerine (asked-later, 1)", [0, 1]),
+    ],
+)
+async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_era(
+    tool: str, said: str, progress: list[float]
+) -> None:
     asked: list[str] = []
+    reported: list[float] = []
 
     async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         asked.append(params.message)
         return types.ElicitResult(action="accept", content={"word": "tangerine"})
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        reported.append(done)
 
     async with (
         serve_modern_upstream() as (url, guard),
@@ -257,9 +271,11 @@ async def test_an_input_required_result_becomes_an_elicitation_of_the_handshake_
         ClientSession(read, write, elicitation_callback=elicit, read_timeout_seconds=30) as session,
     ):
         await session.initialize()
-        answered = await session.call_tool("ask", {"question": "A fruit?"})
-        assert result_text(answered) == "you said tangerine (asked)"
+        answered = await session.call_tool(tool, {"question": "A fruit?"}, progress_callback=on_progress)
+        assert result_text(answered) == said
         assert asked == ["A fruit?"]
+        # The progress of the first answer and of the retry's, on the one stream of the call.
+        assert reported == progress
         # Sent twice upstream: the first call, then the retry with the client's answer and the state.
         assert guard.methods.count("tools/call") == 2
 
@@ -290,7 +306,9 @@ async def test_the_typescript_sdk_client_through_the_bridge() -> None:
             "counted": "counted to 3",
             "progress": [1, 2, 3],
             "answered": "you said kumquat (asked)",
-            "asked": ["A fruit?"],
+            "answeredLater": "you said kumquat (asked-later, 1)",
+            "progressLater": [0, 1],
+            "asked": ["A fruit?", "A fruit?"],
             "server": "mcpresume-modern",
         }
         assert "DELETE" not in guard.refused  # the proxy's session ended at the proxy

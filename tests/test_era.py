@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpresume.core.bridge import (
     ClientFacts,
+    HeldAnswer,
     Local,
     Refuse,
     Send,
@@ -28,7 +34,10 @@ from mcpresume.core.era import (
     request_era,
     upstream_era,
 )
+from mcpresume.core.errors import EventTooLarge
+from mcpresume.core.jsonrpc import request_key
 from mcpresume.core.reinit import Recipe, fold
+from mcpresume.core.sse import SSEParser
 
 REFUSAL = {"error": {"code": -32022, "message": "x", "data": {"supported": ["2026-07-28"]}}}
 
@@ -231,3 +240,57 @@ def test_a_bridged_sessions_facts_round_trip_through_its_recipe() -> None:
     )
     theirs = Recipe(params=params)
     assert facts_of_recipe(theirs) is None and b"bridged" not in theirs.encode()
+
+
+# -- an event-stream answer, the input-required result held back (MRTR) ----------------------------------
+
+PROGRESS = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":0}}'
+ASKING = orjson.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {
+            "resultType": "input_required",
+            "inputRequests": {"word": {"method": "elicitation/create", "params": {"message": "?"}}},
+            "requestState": "s",
+        },
+    }
+)
+# What the SDK's SSE mode sends: CRLF lines, a priming event with an id, the progress, the result.
+ANSWER = b"id: 0\r\nretry: 100\r\ndata: \r\n\r\nid: 1\r\nevent: message\r\ndata: " + PROGRESS
+ANSWER += b"\r\n\r\nid: 2\r\nevent: message\r\ndata: " + ASKING + b"\r\n\r\n"
+
+
+def _held(chunks: list[bytes], request_id: int = 7) -> tuple[bytes, HeldAnswer]:
+    held = HeldAnswer(request_key(request_id), 1 << 16)
+    return b"".join(held.feed(chunk) for chunk in chunks), held
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(ANSWER)), max_size=12))
+def test_an_input_required_result_is_held_back_however_the_answer_is_cut(cuts: list[int]) -> None:
+    points = [0, *sorted(cuts), len(ANSWER)]
+    passed, held = _held([ANSWER[a:b] for a, b in itertools.pairwise(points)])
+    # The progress passed on, re-framed without the upstream's ids (each retry is another upstream stream).
+    assert passed == b"event: message\ndata: " + PROGRESS + b"\n\n"
+    assert held.asked is not None and held.asked.state == "s"
+    assert list(held.asked.requests) == ["word"]
+    assert [e.id for e in SSEParser(1 << 16).feed(passed)] == [None]
+
+
+def test_any_other_answer_passes_as_it_came() -> None:
+    passed, held = _held([ANSWER], request_id=8)  # another request's: not this one's answer
+    assert held.asked is None and orjson.loads(SSEParser(1 << 16).feed(passed)[-1].data)["id"] == 7
+    done = ASKING.replace(b"input_required", b"complete")
+    passed, held = _held([b"data: " + done + b"\n\n"])
+    assert held.asked is None and passed == b"data: " + done + b"\n\n"  # its event name as it came: none
+    empty = ASKING.replace(b'{"word":{"method":"elicitation/create","params":{"message":"?"}}}', b"{}")
+    passed, held = _held([b"data: " + empty + b"\n\n"])  # nothing asked: no input to collect, the answer
+    assert held.asked is None and passed.endswith(empty + b"\n\n")
+
+
+def test_what_follows_the_held_result_is_not_passed_and_an_event_too_large_is_refused() -> None:
+    passed, held = _held([ANSWER + b"data: " + PROGRESS + b"\n\n"])
+    assert held.asked is not None and passed.count(b"data:") == 1
+    with pytest.raises(EventTooLarge):
+        HeldAnswer(request_key(7), 64).feed(b"data: " + b"x" * 100 + b"\n\n")

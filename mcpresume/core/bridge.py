@@ -34,8 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from mcpresume.core.era import MODERN_VERSION, negotiate
+from mcpresume.core.jsonrpc import response_key
 from mcpresume.core.reinit import Recipe
+from mcpresume.core.sse import SSEParser, frame_body
 
 PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
@@ -222,6 +226,12 @@ def treat(doc: object, facts: ClientFacts) -> Local | Send | Refuse:
 # an error response to one of them                    the request's answer: that error, the stream ended
 # any other answer                                    itself
 # ==================================================  =====================================================
+#
+# The answer, first or retried, may be JSON or an SSE stream (progress, then the result). An SSE answer is
+# read event by event (``HeldAnswer``): every event passed on as it comes but the input-required result
+# answering the request, held back (never a response the client sees), whose input requests follow
+# instead; the retry's events then continue the same stream of the session, its result the stream's one
+# response.
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +255,43 @@ def input_required(answer: object) -> InputRequired | None:
     }
     state = result.get("requestState")
     return InputRequired(requests, state if isinstance(state, str) else None)
+
+
+# What an SSE event's data must hold to be an input-required result: only those events are parsed.
+INPUT_REQUIRED_MARKER: Final = b'"input_required"'
+
+
+class HeldAnswer:
+    """A bridged request's SSE answer (one upstream stream of it, the first or a retry's), event by event:
+    what is passed on, and the input-required result answering the request, held back (``asked``).
+
+    Passed on re-framed (``frame_body``: its name and data), without the upstream's ids and ``retry``: each
+    retry is another upstream stream whose ids would mean nothing next to the first's, and a 2026-07-28
+    upstream resumes none (the session's window is what the client resumes). Priming and id-only events
+    carry nothing then and go; what follows the held result (nothing, from a server that ends its stream
+    with the response) goes too."""
+
+    __slots__ = ("_key", "_parser", "asked")
+
+    def __init__(self, request_key: str, max_event_bytes: int) -> None:
+        self._key = request_key
+        self._parser = SSEParser(max_event_bytes)  # an event over the limit raises EventTooLarge
+        self.asked: InputRequired | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The events of ``chunk`` to pass on (b"" when none is complete yet, or after ``asked``)."""
+        passed = []
+        for event in self._parser.feed(chunk):
+            data = event.data
+            if not data or self.asked is not None:
+                continue
+            if INPUT_REQUIRED_MARKER in data and response_key(data) == self._key:
+                asked = input_required(orjson.loads(data))
+                if asked is not None and asked.requests:
+                    self.asked = asked
+                    continue
+            passed.append(frame_body(data, event.event))
+        return b"".join(passed)
 
 
 def client_requests(asked: InputRequired, ids: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -29,16 +29,18 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from mcpresume.core.bridge import (
     ClientFacts,
+    HeldAnswer,
     InputRequired,
     Local,
     Refuse,
@@ -72,7 +74,7 @@ from mcpresume.core.errors import (
     UpstreamBadResponse,
 )
 from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key
+from mcpresume.core.jsonrpc import error_response, proxy_request_id, request_key, response_key
 from mcpresume.core.reinit import SET_LEVEL, Recipe, fold
 from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
@@ -81,13 +83,17 @@ from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
-from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, stateless
+from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, pump_record, stateless
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
+from mcpresume.streams.pump import PumpJob
+from mcpresume.streams.starter import PumpStarter
+from mcpresume.streams.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.bridge")
 
 JSON: Final = "application/json"
+SSE: Final = "text/event-stream"
 # The headers a bridged request is not sent with: the session is the proxy's, the version and the
 # length are the translated request's, a cursor means nothing to a modern upstream.
 _DROPPED: Final = frozenset(
@@ -121,23 +127,34 @@ class Bridged:
     facts: ClientFacts
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The client answered one of the input requests with an error: the request's answer is that error."""
+
+    error: Any
+
+
 @dataclass(slots=True)
 class Awaiting:
-    """A bridged request whose upstream asked for input (MRTR): the client's answers being collected."""
+    """A bridged request whose upstream asked for input (MRTR): the client's answers being collected.
+    ``outcome`` is set once: every answer by its key, ``Refused``, or None (the request was cancelled, its
+    session ended: no answer)."""
 
     session_id: str
-    stream: int
-    request_id: Any
-    original: dict[str, Any]  # the 2026-07-28 request as first sent
-    headers: list[tuple[str, str]]
-    state: str | None
+    request_key: str | None
     keys: dict[str, str]  # the proxy's request id -> the input request's key
+    outcome: asyncio.Future[dict[str, Any] | Refused | None]
     answers: dict[str, Any] = field(default_factory=dict)  # key -> the client's result
+
+    def settle(self, outcome: dict[str, Any] | Refused | None) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(outcome)
 
 
 class Bridge:
-    def __init__(self, ctx: ProxyContext) -> None:
+    def __init__(self, ctx: ProxyContext, starter: PumpStarter) -> None:
         self.ctx = ctx
+        self.starter = starter  # a JSON answer asking for input is pumped as an SSE one (``retain``)
         self.era = UpstreamEra.UNKNOWN
         self.discover: dict[str, Any] | None = None  # the upstream's server/discover result
         # What the era is learnt of (core/era.py's table): the probe's last answer, and what the upstream
@@ -441,7 +458,7 @@ class Bridge:
                     # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
                     ctx.pumps.cancel_requests(session_id, post.message.cancelled)
-                    await self._cancel_awaiting(session_id, post.message.cancelled)
+                    self._cancel_awaiting(session_id, post.message.cancelled)
                 request[DID] = Action.ANSWERED
                 if result is None:
                     return web.Response(status=202)
@@ -466,37 +483,36 @@ class Bridge:
 
     # -- MRTR -------------------------------------------------------------------------------------------
 
-    async def ask_client(
-        self, post: Post, session_id: str, stream: int, asked: InputRequired, original: dict[str, Any]
-    ) -> None:
-        """Append the input requests to the request's stream as handshake-era requests; await the answers."""
+    def ask(self, session_id: str, request_key: str | None, asked: InputRequired) -> tuple[Awaiting, bytes]:
+        """The input requests of ``asked`` awaiting the client's answers (``_answers_input`` collects them),
+        and the events that ask the client: handshake-era requests under the proxy's ids."""
         ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
-        awaiting = Awaiting(
-            session_id, stream, original.get("id"), original, modern_headers(post), asked.state, ids
-        )
+        awaiting = Awaiting(session_id, request_key, ids, asyncio.get_running_loop().create_future())
         for request_id in ids:
             self.awaiting[request_id] = awaiting
-        while len(self.awaiting) > MAX_AWAITING:  # a client that never answers: the oldest forgotten
-            del self.awaiting[next(iter(self.awaiting))]
+        while len(self.awaiting) > MAX_AWAITING:  # a client that never answers: the oldest given up
+            oldest = self.awaiting[next(iter(self.awaiting))]
+            self.forget(oldest)
+            error = {"code": SERVER_ERROR, "message": "too many input requests await a client's answer"}
+            oldest.settle(Refused(error))
         by_key = {key: request_id for request_id, key in ids.items()}
-        events = [
-            NewEvent(frame_body(orjson.dumps(m)), EventKind.MESSAGE) for m in client_requests(asked, by_key)
-        ]
-        await self.ctx.store.append(session_id, stream, events, self.ctx.clock())
+        return awaiting, b"".join(frame_body(orjson.dumps(m)) for m in client_requests(asked, by_key))
 
-    async def _cancel_awaiting(self, session_id: str, keys: tuple[str, ...]) -> None:
-        ended = {
-            id(a): a
-            for a in self.awaiting.values()
-            if a.session_id == session_id and _key(a.request_id) in keys
-        }
-        for awaiting in ended.values():
-            for request_id in awaiting.keys:
-                self.awaiting.pop(request_id, None)
-            await self._finish(awaiting, [])  # cancelled: no answer (the handshake era's SHOULD NOT)
+    def forget(self, awaiting: Awaiting) -> None:
+        for request_id in awaiting.keys:
+            self.awaiting.pop(request_id, None)
+
+    def _cancel_awaiting(self, session_id: str, keys: tuple[str, ...]) -> None:
+        """The client cancelled these requests: one awaiting its input ends, unanswered (the handshake
+        era's SHOULD NOT answer)."""
+        for awaiting in [a for a in self.awaiting.values() if a.session_id == session_id]:
+            if awaiting.request_key in keys:
+                self.forget(awaiting)
+                awaiting.settle(None)
 
     def _answers_input(self, session_id: str, doc: object) -> bool:
-        """Whether ``doc`` answers the proxy's input requests (kept; the request retried once all are)."""
+        """Whether ``doc`` answers the proxy's input requests (kept; the outcome set once all are, or one
+        is refused: its stream's ``BridgedAnswer`` goes on)."""
         messages = doc if isinstance(doc, list) else [doc]
         mine = [
             m
@@ -509,85 +525,17 @@ class Bridge:
         if not mine or len(mine) != len(messages):
             return False
         for message in mine:
-            awaiting = self.awaiting.pop(message["id"])
+            awaiting = self.awaiting.pop(message["id"], None)
+            if awaiting is None:  # a batch answering one request twice: the first answer counts
+                continue
             if "error" in message:  # the client refused: the request's answer is that error
-                for other in awaiting.keys:
-                    self.awaiting.pop(other, None)
-                failed = {"jsonrpc": "2.0", "id": awaiting.request_id, "error": message["error"]}
-                self.ctx.drain.spawn(self._finish(awaiting, [failed]), "mcpresume-bridge-input")
+                self.forget(awaiting)
+                awaiting.settle(Refused(message["error"]))
                 continue
             awaiting.answers[awaiting.keys[message["id"]]] = message.get("result")
             if len(awaiting.answers) == len(awaiting.keys):
-                self.ctx.drain.spawn(self._retry(awaiting), "mcpresume-bridge-retry")
+                awaiting.settle(awaiting.answers)
         return True
-
-    async def _retry(self, awaiting: Awaiting) -> None:
-        """The request sent again with the client's answers; its answer on the same stream."""
-        ctx = self.ctx
-        body = retry_body(awaiting.original, awaiting.answers, awaiting.state)
-        path = ctx.upstream.mcp_path
-        try:
-            upstream = await ctx.upstream.request(
-                "POST", path, awaiting.headers, orjson.dumps(body), decoded=True
-            )
-            try:
-                raw = await upstream.read()
-            finally:
-                upstream.release()
-        except (ProxyError, aiohttp.ClientError) as error:
-            message = getattr(error, "message", str(error))
-            failed = error_response(awaiting.request_id, SERVER_ERROR, f"the retry failed: {message}", {})
-            await self._finish(awaiting, [orjson.loads(failed)])
-            return
-        messages = _messages(raw)
-        final = next((m for m in messages if isinstance(m, dict) and "method" not in m), None)
-        asked = input_required(final)
-        if asked is not None and asked.requests:
-            others = [m for m in messages if m is not final]
-            await self._append(awaiting, others, end=False)
-            post_headers = awaiting.headers
-            again = Awaiting(
-                awaiting.session_id,
-                awaiting.stream,
-                awaiting.request_id,
-                awaiting.original,
-                post_headers,
-                asked.state,
-                {},
-            )
-            ids = {proxy_request_id("input", secrets.token_hex(8)): key for key in asked.requests}
-            again.keys = ids
-            for request_id in ids:
-                self.awaiting[request_id] = again
-            by_key = {key: request_id for request_id, key in ids.items()}
-            await self._append(again, client_requests(asked, by_key), end=False)
-            return
-        if final is None:
-            text = "the upstream's answer to the retry carried no response"
-            final = orjson.loads(error_response(awaiting.request_id, SERVER_ERROR, text, {}))
-        await self._finish(awaiting, [*(m for m in messages if m is not final), final])
-
-    async def _finish(self, awaiting: Awaiting, messages: list[Any]) -> None:
-        await self._append(awaiting, messages, end=True)
-
-    async def _append(self, awaiting: Awaiting, messages: list[Any], *, end: bool) -> None:
-        ctx, now = self.ctx, self.ctx.clock()
-        events = [
-            NewEvent(
-                frame_body(orjson.dumps(m)),
-                EventKind.RESPONSE if end and i == len(messages) - 1 else EventKind.MESSAGE,
-            )
-            for i, m in enumerate(messages)
-        ]
-        try:
-            if events:
-                await ctx.store.append(awaiting.session_id, awaiting.stream, events, now)
-            if end:
-                await ctx.store.end_stream(awaiting.session_id, awaiting.stream, now)
-        except ProxyError as error:
-            log.warning(
-                "session %s: a bridged answer was not kept: %s", log_id(awaiting.session_id), error.message
-            )
 
     async def standalone(self, request: web.Request) -> web.StreamResponse | None:
         """A bridged session's standalone GET (no ``Last-Event-ID``: a re-attach is the window's): the
@@ -641,8 +589,9 @@ class Bridge:
             return refused
         await ctx.drop_session(session_id, granted.epoch)
         self.sessions.pop(session_id, None)
-        for request_id in [k for k, a in self.awaiting.items() if a.session_id == session_id]:
-            del self.awaiting[request_id]
+        for awaiting in [a for a in self.awaiting.values() if a.session_id == session_id]:
+            self.forget(awaiting)
+            awaiting.settle(None)
         log.info("session %s ends (DELETE), bridged", log_id(session_id))
         request[DID] = Action.ANSWERED
         return web.Response(status=200)
@@ -664,18 +613,17 @@ async def retain(
     ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess
 ) -> web.StreamResponse:
     """A bridged request's ``application/json`` answer: kept as a one-event stream of the session (its
-    claim was settled), the client attached to it: resumable like an SSE answer."""
+    claim was settled), the client attached to it: resumable like an SSE answer. An input-required one
+    (MRTR) makes a stream pumped as an SSE answer is (``BridgedAnswer``): its input requests, then the
+    retry's answer."""
     message, session_id = post.message, post.session_id
     assert session_id is not None
     limit = ctx.settings.max_event_bytes
-    answer = bytearray()
-    try:
-        async for chunk in upstream.content.iter_any():
-            answer += chunk
-            if len(answer) > limit:
-                break
-    finally:
-        upstream.release()
+    answer = await read_within(upstream, limit)
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    asked = input_required(_last_message(answer)) if bridge is not None and len(answer) <= limit else None
+    asking = bridge is not None and asked is not None and bool(asked.requests)
+    record = pump_record(ctx, post.request, session_id, message.request_ids) if asking else None
     now = ctx.clock()
     opened = await ctx.store.open_stream(
         session_id,
@@ -684,26 +632,187 @@ async def retain(
         now,
         granted.epoch,
         priming=primes_of(post.request, message),
+        pump=record,
     )
     if opened is None:
         return ctx.reject(post.request, UnknownSession(), post.request_id)
-    bridge: Bridge | None = post.request.get(BRIDGE)
-    asked = (
-        input_required(_last_message(bytes(answer))) if bridge is not None and len(answer) <= limit else None
-    )
-    if asked is not None and asked.requests and bridge is not None:
-        view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
-        await bridge.ask_client(post, session_id, opened.number, asked, orjson.loads(post.body))
-        return await attach_view(ctx, post.request, session_id, view)
-    if len(answer) <= limit:
-        body = frame_body(bytes(answer).replace(b"\r", b"").replace(b"\n", b""))
-    else:
-        data = {"reason": "event_too_large"}
-        body = frame_body(error_response(message.first_id, SERVER_ERROR, "the answer is too large", data))
-    await ctx.store.append(session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
-    await ctx.store.end_stream(session_id, opened.number, now)
     view = ViewPlan((opened.number,), opened.priming_seq - 1, SSE_HEADERS)
+    if asking:
+        assert bridge is not None and asked is not None and record is not None
+        # The client's reader first: the pump's first burst (the input requests) waits for it.
+        reader = ctx.local.add_reader(session_id, [opened.number], opened.priming_seq - 1)
+        job = PumpJob.of(session_id, opened.number, record, log_id(session_id), opened.fence)
+        bridge.starter.start(job, BridgedAnswer(bridge, post, None, asked))
+        view = ViewPlan(view.streams, view.after, view.headers, reader=reader)
+    else:
+        body = json_event(answer, message.first_id, limit)
+        await ctx.store.append(session_id, opened.number, [NewEvent(body, EventKind.RESPONSE)], now)
+        await ctx.store.end_stream(session_id, opened.number, now)
     return await attach_view(ctx, post.request, session_id, view)
+
+
+async def read_within(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
+    """An answer's body, read to its end but never more than past ``limit`` (then released)."""
+    answer = bytearray()
+    try:
+        async for chunk in upstream.content.iter_any():
+            answer += chunk
+            if len(answer) > limit:
+                break
+    finally:
+        upstream.release()
+    return bytes(answer)
+
+
+def json_event(answer: bytes, request_id: str | int | None, limit: int) -> bytes:
+    """A JSON answer as one SSE event (JSON allows raw CR/LF only as whitespace between tokens: dropped, one
+    data line); over ``limit``, an error saying so rather than the answer truncated."""
+    if len(answer) <= limit:
+        return frame_body(answer.replace(b"\r", b"").replace(b"\n", b""))
+    data = {"reason": "event_too_large"}
+    return frame_body(error_response(request_id, SERVER_ERROR, "the answer is too large", data))
+
+
+def bridged_stream(post: Post, upstream: aiohttp.ClientResponse) -> UpstreamAnswer:
+    """What the pump of a bridged request's SSE answer reads: ``BridgedAnswer`` (the input-required result
+    held back, the request retried); any other answer as it is."""
+    bridge: Bridge | None = post.request.get(BRIDGE)
+    if bridge is None or post.bridged is None or len(post.message.request_ids) != 1:
+        return upstream
+    return BridgedAnswer(bridge, post, upstream, None)
+
+
+class BridgedAnswer:
+    """A bridged request's answer as its pump reads it: an SSE body, over as many upstream requests as the
+    input it asks for takes (MRTR, the table in ``core/bridge.py``).
+
+    The first upstream answer's events pass as they come (``core.bridge.HeldAnswer``) but an input-required
+    result answering the request: held back, its input requests (``Bridge.ask``) come next in the body, and
+    the body waits for the client's answers (POSTed responses, ``Bridge._answers_input``); then the request
+    is sent upstream again with them and the request state, and that answer continues the body: an SSE one
+    the same way (progress as it comes, input required again, or the result), a JSON one as one event. So
+    the pump appends everything to the request's stream as it does for any answer (the window, cursors,
+    re-attach, backpressure, fencing), the result settles the request once, and a client that left and
+    re-attaches finds the input requests or the result there. The pump's life ends it: stopped (the
+    request cancelled, no client for ``session_ttl``), its ``release`` closes the upstream request being
+    read and gives up the input awaited. Not resumed upstream: a 2026-07-28 upstream has no resumption
+    (a broken upstream stream ends the request with the pump's error, as for any answer without ids)."""
+
+    status: Final = 200
+    reason: Final = "OK"
+    content_type: Final = "text/event-stream"
+    content_length: Final = None
+
+    def __init__(
+        self,
+        bridge: Bridge,
+        post: Post,
+        upstream: aiohttp.ClientResponse | None,
+        asked: InputRequired | None,
+    ) -> None:
+        assert post.session_id is not None and len(post.message.request_ids) == 1
+        self._bridge = bridge
+        self._session_id = post.session_id
+        self._request_id = post.message.request_ids[0]
+        self._original: dict[str, Any] = orjson.loads(post.body)  # the 2026-07-28 request as first sent
+        self._headers = modern_headers(post)
+        self._path_qs = post.request.path_qs
+        self.headers = upstream.headers if upstream is not None else CIMultiDictProxy(CIMultiDict[str]())
+        self._reading = upstream  # the upstream answer being read, released with this one
+        self._awaiting: Awaiting | None = None
+        self._body = self._events(upstream, asked)
+
+    @property
+    def content(self) -> BridgedAnswer:
+        return self
+
+    async def readany(self) -> bytes:
+        """What came since the last read; b"" at the end (the pump's read)."""
+        return await anext(self._body, b"")
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        while chunk := await self.readany():
+            yield chunk
+
+    def release(self) -> None:
+        if self._reading is not None:
+            self._reading.release()
+            self._reading = None
+        if self._awaiting is not None:
+            self._bridge.forget(self._awaiting)
+            self._awaiting.settle(None)
+            self._awaiting = None
+
+    async def _events(
+        self, upstream: aiohttp.ClientResponse | None, asked: InputRequired | None
+    ) -> AsyncIterator[bytes]:
+        bridge = self._bridge
+        limit = bridge.ctx.settings.max_event_bytes
+        key = request_key(self._request_id)
+        while True:
+            if upstream is not None:  # an SSE answer: passed as it comes, an input-required result held
+                held = HeldAnswer(key, limit)
+                self._reading = upstream
+                try:
+                    while chunk := await upstream.content.readany():
+                        if passed := held.feed(chunk):
+                            yield passed
+                        if held.asked is not None:
+                            break
+                finally:
+                    self._reading = None
+                    upstream.release()
+                if held.asked is None:
+                    return  # its end: whether the result came, the pump knows
+                asked = held.asked
+            assert asked is not None
+            awaiting, asking = bridge.ask(self._session_id, key, asked)
+            self._awaiting = awaiting
+            yield asking
+            outcome = await awaiting.outcome
+            self._awaiting = None
+            if outcome is None:
+                return  # cancelled: no answer (a cancelled request SHOULD NOT be answered)
+            if isinstance(outcome, Refused):
+                refused = {"jsonrpc": "2.0", "id": self._request_id, "error": outcome.error}
+                yield frame_body(orjson.dumps(refused))
+                return
+            retry = retry_body(self._original, outcome, asked.state)
+            upstream, asked = None, None
+            try:
+                answer = await bridge.ctx.upstream.request(
+                    "POST", self._path_qs, self._headers, orjson.dumps(retry), decoded=True
+                )
+            except ProxyError as error:
+                yield self._failed(f"the retry failed: {error.message}")
+                return
+            if 200 <= answer.status < 300 and answer.content_type == SSE:
+                upstream = answer
+                continue
+            self._reading = answer
+            try:
+                raw = await read_within(answer, limit) if answer.content_type == JSON else b""
+            except aiohttp.ClientError as error:
+                yield self._failed(f"the retry's answer broke off: {error}")
+                return
+            finally:
+                self._reading = None
+            if not raw:
+                yield self._failed(f"the upstream answered the retry with HTTP {answer.status}")
+                return
+            again = input_required(_last_message(raw)) if len(raw) <= limit else None
+            if again is not None and again.requests:
+                asked = again
+                continue
+            if len(raw) <= limit and response_key(raw.replace(b"\r", b"").replace(b"\n", b"")) != key:
+                # Not the request's answer (a gateway's error page in JSON, say): said as the answer.
+                yield self._failed(f"the upstream answered the retry with HTTP {answer.status}, no response")
+                return
+            yield json_event(raw, self._request_id, limit)
+            return
+
+    def _failed(self, message: str) -> bytes:
+        return frame_body(error_response(self._request_id, SERVER_ERROR, message, {}))
 
 
 def _last_message(body: bytes) -> object:
@@ -745,27 +854,3 @@ async def bridged_answer(
             upstream.release()
         return web.Response(body=body, content_type=JSON)
     return None
-
-
-def _messages(body: bytes) -> list[Any]:
-    """The JSON-RPC messages of a JSON body, or of an SSE one's ``data:`` lines."""
-    try:
-        return [orjson.loads(body)]
-    except orjson.JSONDecodeError:
-        pass
-    found: list[Any] = []
-    for line in body.splitlines():
-        if line.startswith(b"data:"):
-            try:
-                found.append(orjson.loads(line[5:]))
-            except orjson.JSONDecodeError:
-                continue
-    return found
-
-
-def _key(request_id: object) -> str | None:
-    return (
-        request_key(request_id)
-        if isinstance(request_id, str | int) and not isinstance(request_id, bool)
-        else None
-    )

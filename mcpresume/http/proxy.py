@@ -114,7 +114,7 @@ class Proxy:
         self.routing = Routing(ctx, self.pumps)  # several replicas: forward, refuse, or take over
         self.gets = Gets(ctx, self.pumps, openings)
         self.posts = Posts(ctx, Sender(ctx, self.pumps, openings))
-        self.bridge = Bridge(ctx)  # handshake-era sessions in front of a modern-only upstream
+        self.bridge = Bridge(ctx, self.pumps)  # handshake-era sessions in front of a modern-only upstream
         self.tasks = Tasks(ctx) if ctx.settings.tasks else None  # durable long calls (2026-07-28)
         self.access = AccessLog(ctx.settings.access_log, ctx.upstream.mcp_path)
         # mcpresume_requests_total's child per (method, status) seen: a labels() lookup per request costs

@@ -47,7 +47,7 @@ from mcpresume.core.session import NewEvent, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind
 from mcpresume.http import reinit
-from mcpresume.http.bridge import modern_headers
+from mcpresume.http.bridge import bridged_stream, modern_headers
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
 from mcpresume.http.forward import upstream_headers
@@ -226,7 +226,9 @@ class Sender:
             return Forwarded.failed(UnknownSession(SessionGone.ENDED_WHILE_FORWARDED))
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
-        self.pumps.start(PumpJob.of(sid, stream.number, record, log_id(sid), stream.fence), upstream)
+        # A bridged request's answer is read through the bridge: an input-required result held back (MRTR).
+        answer = bridged_stream(post, upstream) if post.bridged is not None else upstream
+        self.pumps.start(PumpJob.of(sid, stream.number, record, log_id(sid), stream.fence), answer)
         opened = Opened(sid, stream.number, stream.priming_seq, client_sse_headers(ctx, upstream), reader)
         return Forwarded(Answer.OPENED, opened=opened)
 

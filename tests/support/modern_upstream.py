@@ -8,8 +8,11 @@ The `mcp` 2.x server serves both eras. A modern-only server (SEP-2567, SEP-2575)
 Tools: the example server's (``echo``, ``add``, ``tally``, ``count_slowly`` with progress), plus ``ask``,
 which answers the first call with an input-required result (MRTR, SEP-2322) carrying an elicitation and
 completes the retry with what the client answered; ``slow_tally``, a side effect after a delay (a call to
-cut a connection in the middle of); and ``whoami``, the client's capabilities and info as this request's
-``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
+cut a connection in the middle of); ``ask_later`` and ``sample_later``, which report progress first (so their
+answers are SSE streams whenever the client asks for progress: the SDK's SSE mode commits to an event stream
+at the first notification) and then ask for a word by elicitation, or for a message by sampling, reporting
+progress again on the retry before the result; and ``whoami``, the client's capabilities and info as this
+request's ``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ModernOnly:
         self.metas: list[dict[str, Any]] = []  # their params' _meta (the envelope)
         self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
         self.discover_down = False  # True: server/discover answered 503 (a server still starting, say)
+        self.down = False  # True: every POST answered 503 (an upstream restarting, say)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") != MCP_PATH:
@@ -63,6 +67,9 @@ class ModernOnly:
             return
         if method != "POST":
             await self.app(scope, receive, send)
+            return
+        if self.down:
+            await _answer(send, 503, b"restarting", [(b"content-type", b"text/plain")])
             return
         chunks: list[bytes] = []
         more = True
@@ -113,6 +120,21 @@ class ModernOnly:
         await self.app(scope, replay, send)
 
 
+def _word_request(question: str) -> dict[str, Any]:
+    """An elicitation of one word (``ask``'s and ``ask_later``'s input request)."""
+    schema = {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": question, "requestedSchema": schema},
+    }
+
+
+def _word_of(answer: Any) -> str:
+    """The word an elicitation's result carries (a dict, or the SDK's model of it)."""
+    content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
+    return str((content or {}).get("word", "")) if isinstance(content, dict) else ""
+
+
 def _wire(model: Any) -> Any:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -125,7 +147,7 @@ async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[byte
 def build_modern_app(*, json_response: bool = False) -> ModernOnly:
     """The guarded app (one uvicorn lifetime, as `build_example_app`)."""
     server = build_example_server(name="mcpresume-modern")
-    tallies = {"slow": 0, "cancelled": 0}
+    tallies = {"slow": 0, "cancelled": 0, "asked": 0}
 
     @server.tool(description="Ask the client for a word (an elicitation through an input-required result).")
     async def ask(ctx: Context[Any, Any], question: str = "Which word?") -> Any:
@@ -133,25 +155,55 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
         answer = answers.get("word")
         if answer is None:
             return InputRequiredResult(
+                input_requests={"word": _word_request(question)}, request_state="asked"
+            )
+        return f"you said {_word_of(answer)} ({ctx.request_state})"
+
+    @server.tool(description="Report progress, then ask for a word (input required in an event stream).")
+    async def ask_later(
+        ctx: Context[Any, Any], question: str = "Which word?", rounds: int = 1, roots: bool = False
+    ) -> Any:
+        # Asked ``rounds`` times (the state says how many answers came: ``round-k``, the last one's
+        # ``asked-later``); with ``roots``, the client's roots asked for too, in the same result.
+        answers = ctx.input_responses or {}
+        state = ctx.request_state or ""
+        done = int(state.removeprefix("round-")) if state.startswith("round-") else rounds if answers else 0
+        await ctx.report_progress(done, rounds + 1, "answered" if done else "about to ask")
+        if done < rounds:
+            asking: dict[str, Any] = {"word": _word_request(question)}
+            if roots:
+                asking["roots"] = {"method": "roots/list"}
+            last = done + 1 == rounds
+            return InputRequiredResult(
+                input_requests=asking, request_state="asked-later" if last else f"round-{done + 1}"
+            )
+        tallies["asked"] += 1
+        listed = answers.get("roots")
+        listed = listed.get("roots") if isinstance(listed, dict) else getattr(listed, "roots", None)
+        among = f", {len(listed)} root(s)" if listed is not None else ""
+        return f"you said {_word_of(answers.get('word'))} ({ctx.request_state}, {tallies['asked']}{among})"
+
+    @server.tool(description="Report progress, then ask the client's model (sampling in an event stream).")
+    async def sample_later(ctx: Context[Any, Any], prompt: str = "Say a word") -> Any:
+        answer = (ctx.input_responses or {}).get("reply")
+        if answer is None:
+            await ctx.report_progress(0, 2, "about to sample")
+            return InputRequiredResult(
                 input_requests={
-                    "word": {
-                        "method": "elicitation/create",
+                    "reply": {
+                        "method": "sampling/createMessage",
                         "params": {
-                            "mode": "form",
-                            "message": question,
-                            "requestedSchema": {
-                                "type": "object",
-                                "properties": {"word": {"type": "string"}},
-                                "required": ["word"],
-                            },
+                            "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+                            "maxTokens": 16,
                         },
                     }
                 },
-                request_state="asked",
+                request_state="sampled",
             )
+        await ctx.report_progress(1, 2, "sampled")
         content = answer.get("content") if isinstance(answer, dict) else getattr(answer, "content", None)
-        word = (content or {}).get("word", "") if isinstance(content, dict) else ""
-        return f"you said {word} ({ctx.request_state})"
+        text = content.get("text") if isinstance(content, dict) else getattr(content, "text", None)
+        return f"the model said {text} ({ctx.request_state})"
 
     @server.tool(description="The client's capabilities and info this request's _meta envelope carried.")
     async def whoami(ctx: Context[Any, Any]) -> dict[str, Any]:
