@@ -226,7 +226,9 @@ class Sender:
             return Forwarded.failed(UnknownSession(SessionGone.ENDED_WHILE_FORWARDED))
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
-        self.pumps.start(PumpJob.of(sid, stream.number, record, log_id(sid), stream.fence), upstream)
+        await self.pumps.start_post(
+            PumpJob.of(sid, stream.number, record, log_id(sid), stream.fence), upstream
+        )
         opened = Opened(sid, stream.number, stream.priming_seq, client_sse_headers(ctx, upstream), reader)
         return Forwarded(Answer.OPENED, opened=opened)
 
