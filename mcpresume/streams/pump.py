@@ -1,4 +1,5 @@
-"""Pumps: one task per upstream SSE stream, appending its events to the session's window.
+"""Pumps: one task per upstream SSE stream, appending its events to the session's window (but for a POST
+answer that arrived whole with its head, appended and ended at once in the forwarding task: ``Pump.at_once``).
 
 A pump's life is tied to the upstream stream, not to a client: a client that drops does not stop it
 (spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
