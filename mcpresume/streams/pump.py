@@ -457,19 +457,21 @@ class Pump:
         read = Read(parser, batches)
         if not self.events.complete or len(batches) > 1 or (batches and len(batches[0]) > self.step):
             return read
-        job, local = self.job, self.local
+        job = self.job
         try:
+            ended = False
             if batches:
                 part = batches[0]
-                appended = await self._put_last(
-                    part, local.guard(job.session_id, keep_undelivered=self.settings.pause)
-                )
+                ended = not isinstance(part, SSERun)  # single events: the end goes with them, one store call
+                guard = self.local.guard(job.session_id, keep_undelivered=self.settings.pause)
+                appended = await self._put_last(part, guard, end=ended)
                 if appended.blocked is not None:
                     return read
                 self.metrics.upstream_events.inc(len(part))
                 self.metrics.evicted(appended.evicted)
                 read = Read(parser, [])
-            await self.store.end_stream(job.session_id, job.stream, self.clock(), job.fence)
+            if not ended:
+                await self.store.end_stream(job.session_id, job.stream, self.clock(), job.fence)
         except StoreUnavailable:
             return read
         except Fenced as fenced:
@@ -614,21 +616,30 @@ class Pump:
         self.failure = "the proxy that read the upstream stream stopped"
 
     def _put(
-        self, events: SSERun | list[NewEvent], guard: Guard | None, cursor: str | None = None
+        self,
+        events: SSERun | list[NewEvent],
+        guard: Guard | None,
+        cursor: str | None = None,
+        *,
+        end: bool = False,
     ) -> Awaitable[Appended]:
+        """Append ``events`` (``end``: single events, the stream's last: it ends in the same store call)."""
         job, store = self.job, self.store
         if isinstance(events, SSERun):
             return store.append_run(
                 job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence
             )
-        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence)
+        put = store.append_and_end if end else store.append
+        return put(job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence)
 
-    async def _put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+    async def _put_last(
+        self, events: SSERun | list[NewEvent], guard: Guard | None, *, end: bool = False
+    ) -> Appended:
         """``_put`` for the last slice of an upstream read: with the upstream's last id, when it is new."""
         last_id = self.events.last_id
         if last_id is self._cursor_of:
-            return await self._put(events, guard)
-        appended = await self._put(events, guard, self.events.resume_cursor)
+            return await self._put(events, guard, end=end)
+        appended = await self._put(events, guard, self.events.resume_cursor, end=end)
         if appended.blocked is None:
             self._cursor_of = last_id
         return appended
