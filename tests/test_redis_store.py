@@ -170,12 +170,20 @@ class RedisAgainstMemory(RuleBasedStateMachine):
         ),
         keep=st.booleans(),
         guarded=st.booleans(),
+        end=st.booleans(),
     )
     def append(
-        self, pick: int, sizes: list[int], readers: list[tuple[list[int], int]], keep: bool, guarded: bool
+        self,
+        pick: int,
+        sizes: list[int],
+        readers: list[tuple[list[int], int]],
+        keep: bool,
+        guarded: bool,
+        end: bool,
     ) -> None:
         """An append (a response among its events now and then), guarded (this process's readers, overflow =
-        pause) or not, carrying the upstream's last event id or not."""
+        pause) or not, carrying the upstream's last event id or not; with the stream's end in the same call
+        (``append_and_end``) or not."""
         items = [msg(size) for size in sizes]
         if keep:
             items.append(NewEvent(frame_body(b'{"id":%d}' % pick), EventKind.RESPONSE, f"n:{pick}"))
@@ -184,7 +192,8 @@ class RedisAgainstMemory(RuleBasedStateMachine):
             positions = tuple((tuple(self.pick(n) for n in streams), at) for streams, at in readers)
             guard = Guard(positions, keep)
         cursor = f"up-{pick}" if guarded else None
-        a, b = self.run(self.both("append", self.sid, self.pick(pick), items, self.now, guard, cursor))
+        op = "append_and_end" if end else "append"
+        a, b = self.run(self.both(op, self.sid, self.pick(pick), items, self.now, guard, cursor))
         assert a == b
 
     @rule(pick=st.integers(0, 100), sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4))

@@ -326,6 +326,39 @@ async def test_open_append_read_end(store: SessionStore) -> None:
     assert again is not None and [e.seq for e in again.events] == [1, 2, 3, 4]
 
 
+async def test_the_last_events_and_the_end_go_in_one_call_or_neither_when_refused(
+    store_factory: StoreFactory,
+) -> None:
+    """``append_and_end`` (a POST stream's whole answer): as ``append`` then ``end_stream``; refused by the
+    guard, nothing is appended and the stream stays live, for the pump to try again."""
+    store = await store_factory(limits=WindowLimits(max_events=3, max_bytes=1 << 20, ttl=300.0))
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0)
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:1"], now=0.0)  # its priming: seq 1
+    assert opened is not None
+    other = await store.open_stream(sid, StreamOrigin.POST, ["n:2"], now=0.0)  # seq 2
+    assert other is not None
+    await store.append(sid, other.number, [msg()], now=0.0)  # seq 3: the window is full
+    # A reader of the other stream at 0: the append evicts seq 1 only, not the reader's: it passes.
+    behind = Guard(readers=(((other.number,), 0),))
+    appended = await store.append_and_end(sid, opened.number, [response(1)], now=1.0, guard=behind)
+    assert appended.blocked is None and appended.evicted
+    read = await store.read(sid, [opened.number], 1)
+    assert read is not None and [e.seq for e in read.events] == [4] and read.complete
+    # Refused: another reader of the other stream is behind what the append would evict (seqs 2, 3).
+    third = await store.open_stream(sid, StreamOrigin.POST, ["n:3"], now=1.0)  # seq 5, evicting seq 2
+    assert third is not None
+    refused = await store.append_and_end(
+        sid, third.number, [response(3)], now=2.0, guard=Guard(readers=(((other.number,), 2),))
+    )
+    assert refused.blocked == (0,)
+    read = await store.read(sid, [third.number], 0)
+    assert read is not None and [e.seq for e in read.events] == [5] and not read.complete
+    await store.append_and_end(sid, third.number, [msg(), response(3)], now=2.0)  # unguarded: in, ended
+    read = await store.read(sid, [third.number], 5)
+    assert read is not None and [e.seq for e in read.events] == [6, 7] and read.complete
+
+
 async def test_read_merges_streams_and_isolates_them(store: SessionStore) -> None:
     sid = new_session_id()
     await store.create_session(sid, now=0.0)

@@ -267,6 +267,20 @@ class Streams(Protocol):
         ``Fenced`` and nothing is written (None: unfenced)."""
         ...
 
+    async def append_and_end(
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
+        fence: int | None = None,
+    ) -> Appended:
+        """``append`` of a stream's last events (one or more), and ``end_stream`` in the same call (one store
+        round trip) when the append passes; refused by ``guard``, neither (``Appended.blocked``)."""
+        ...
+
     async def append_run(
         self,
         session_id: str,

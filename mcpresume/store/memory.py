@@ -428,6 +428,21 @@ class MemoryStore:
             lambda s: s.append(stream, events, now),
         )
 
+    async def append_and_end(
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
+        fence: int | None = None,
+    ) -> Appended:
+        appended = await self.append(session_id, stream, events, now, guard, upstream_cursor, fence)
+        if appended.blocked is None:
+            await self.end_stream(session_id, stream, now, fence)
+        return appended
+
     async def append_run(
         self,
         session_id: str,

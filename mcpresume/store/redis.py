@@ -435,6 +435,22 @@ class RedisStore:
         bodies = [e.body for e in events]
         return await self._append(session_id, stream, bodies, now, guard, upstream_cursor, answered, fence)
 
+    async def append_and_end(
+        self,
+        session_id: str,
+        stream: int,
+        events: Sequence[NewEvent],
+        now: float,
+        guard: Guard | None = None,
+        upstream_cursor: str | None = None,
+        fence: int | None = None,
+    ) -> Appended:
+        answered = [e.response_key for e in events if e.response_key is not None]
+        bodies = [e.body for e in events]
+        return await self._append(
+            session_id, stream, bodies, now, guard, upstream_cursor, answered, fence, end=True
+        )
+
     async def append_run(
         self,
         session_id: str,
@@ -459,8 +475,11 @@ class RedisStore:
         upstream_cursor: str | None,
         answered: list[str],
         fence: int | None,
+        *,
+        end: bool = False,
     ) -> Appended:
-        if not bodies and guard is None and upstream_cursor is None:
+        """``end``: the stream ends in the same call once the events are in (``append_and_end``)."""
+        if not bodies and guard is None and upstream_cursor is None and not end:
             return NOT_APPENDED
         key = (session_id, stream)
         expected = self._tails.get(key)
@@ -484,6 +503,7 @@ class RedisStore:
             str(len(blob)),
             "" if carried is None else " ".join(map(str, (carried[0], *carried[1]))),
             "" if fence is None else str(fence),
+            "1" if end else "",
         )
         try:
             appended = self._redis.append(session_id, field, blob, args)
@@ -495,8 +515,15 @@ class RedisStore:
         status = _text(result[0])
         if status == "ok":
             version, last = int(result[1]), int(result[2])
-            self._tails[key] = last
             evicted = _evicted(result[3:11])
+            if end:  # as end_stream leaves them: no tail kept, the session's copies asked again
+                self._tails.pop(key, None)
+                if field:
+                    self._copies.bodies.put(field, blob)
+                self._copies.changed(session_id)
+                self._redis.notify(session_id, version)
+                return Appended(evicted)
+            self._tails[key] = last
             if field:
                 self._copies.bodies.put(field, blob)
                 first = last - len(bodies) + 1

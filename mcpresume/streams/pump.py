@@ -1,4 +1,5 @@
-"""Pumps: one task per upstream SSE stream, appending its events to the session's window.
+"""Pumps: one task per upstream SSE stream, appending its events to the session's window (but for a POST
+answer that arrived whole with its head, appended and ended at once in the forwarding task: ``Pump.at_once``).
 
 A pump's life is tied to the upstream stream, not to a client: a client that drops does not stop it
 (spec, handshake era: "disconnection SHOULD NOT be interpreted as the client cancelling its request"), so
@@ -110,6 +111,24 @@ class PumpJob:
         return cls(
             session_id, stream, record.request_ids, log_id, record.path_qs, record.resume_headers, fence
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What ``Pump.at_once`` read of an answer and did not append: its parser (mid-event, maybe) and the
+    batches parsed, or the bytes it did not parse (``unparsed``: an event in them may be too large)."""
+
+    parser: SSEParser
+    batches: list[Batch]
+    unparsed: bytes = b""
+
+
+def whole(response: UpstreamAnswer) -> bytes | None:
+    """An upstream answer's body, when all of it arrived already (taken off the answer); else None."""
+    content = response.content
+    if isinstance(content, aiohttp.StreamReader) and content.is_eof():
+        return content.read_nowait()
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,9 +363,10 @@ class Pump:
         """The requests whose responses have not arrived yet (the core's: it settles them)."""
         return self.events.pending
 
-    async def run(self, response: UpstreamAnswer | None) -> None:
+    async def run(self, response: UpstreamAnswer | None, first: Read | None = None) -> None:
         """Read the stream to its end: from ``response``, or (None: a stream taken over from a pump that is
-        gone, ``restore``) by resuming it upstream first."""
+        gone, ``restore``) by resuming it upstream first. ``first``: what ``at_once`` read of ``response``
+        already, and did not append."""
         current: UpstreamAnswer | None = response
         try:
             if current is None and not self.events.complete:
@@ -354,7 +374,8 @@ class Pump:
                 if current is None and self.job.standalone:  # taken over where the upstream lost it
                     current = await self._reopen()
             while current is not None:
-                end = await self._read(current)
+                end = await self._read(current, first)
+                first = None
                 current = await self._resume() if self.events.resumable(end) else None
                 if current is None and self.job.standalone and end in RESUMABLE_ENDS:
                     current = await self._reopen()
@@ -396,25 +417,18 @@ class Pump:
 
     # -- one upstream connection -------------------------------------------------------------------------
 
-    async def _read(self, response: UpstreamAnswer) -> End:
-        parser = SSEParser(self.settings.max_event_bytes)
-        events = self.events  # (events.feed is not kept in a local: a bound method held per idle stream)
+    async def _read(self, response: UpstreamAnswer, first: Read | None = None) -> End:
+        parser = SSEParser(self.settings.max_event_bytes) if first is None else first.parser
         self._connection = response
         try:
+            if first is not None:
+                batches = self._parse(parser, first.unparsed) if first.unparsed else first.batches
+                if await self._took(batches):
+                    return End.COMPLETE
+                del batches  # not held while the stream idles until its next chunk
             content = response.content
             while chunk := await content.readany():  # not iter_any(): no iterator object per stream
-                batches = events.feed(parser.feed_batched(chunk))
-                if events.duplicates != self._duplicates:  # an upstream replay, dropped
-                    self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
-                    self._duplicates = events.duplicates
-                if events.proxy_answers:  # answers to the proxy's own requests, dropped
-                    self._dropped_proxy_answers()
-                if batches:  # events, not a comment or a priming event: the upstream is at work on it
-                    self.heard = HOLDING  # never unattended while it holds events not appended yet
-                    await self._append(batches)
-                    self.heard = self.clock()
-                del batches  # not held while the stream idles until its next chunk
-                if events.complete:
+                if await self._took(self._parse(parser, chunk)):
                     return End.COMPLETE
             if parser.close():
                 self.failure = "the upstream closed the stream in the middle of an event"
@@ -432,6 +446,68 @@ class Pump:
         finally:
             self._connection = None
             response.release()
+
+    def _parse(self, parser: SSEParser, chunk: bytes) -> list[Batch]:
+        """What a read of the upstream brings to append (``core.pump.UpstreamEvents``), replays and answers
+        to the proxy's own requests counted and dropped."""
+        events = self.events  # (events.feed is not kept on the pump: a bound method held per idle stream)
+        batches = events.feed(parser.feed_batched(chunk))
+        if events.duplicates != self._duplicates:  # an upstream replay, dropped
+            self.metrics.upstream_duplicates.inc(events.duplicates - self._duplicates)
+            self._duplicates = events.duplicates
+        if events.proxy_answers:  # answers to the proxy's own requests, dropped
+            self._dropped_proxy_answers()
+        return batches
+
+    async def _took(self, batches: list[Batch]) -> bool:
+        """Append what a read brought; whether the stream is complete."""
+        if batches:  # events, not a comment or a priming event: the upstream is at work on it
+            self.heard = HOLDING  # never unattended while it holds events not appended yet
+            await self._append(batches)
+            self.heard = self.clock()
+        return self.events.complete
+
+    async def at_once(self, response: UpstreamAnswer) -> Read | None:
+        """A POST stream whose answer is all here already (the upstream's first read held all of it: one
+        event, or a few): appended and ended now, in the caller's task, when nothing would make that wait,
+        so no pump task is made for it. None: done (``response`` released). Else ``run(response, read)``
+        must take the stream from here, in a task: what was read and not appended (``read``, possibly
+        nothing) waits for room there, or for the store to come back, as every append of a pump does.
+
+        Never waits but on the store's own round trips: at once only when the body ended, holds no event
+        too large, completes the stream with no more than one slice, and the append passes the session's
+        guard (it evicts nothing an attached client has yet to receive) with the store up."""
+        body = whole(response)
+        parser = SSEParser(self.settings.max_event_bytes)
+        if body is None or len(body) > self.settings.max_event_bytes:  # (no event of it is too large)
+            return Read(parser, [], body or b"")
+        batches = self._parse(parser, body)
+        read = Read(parser, batches)
+        if not self.events.complete or len(batches) > 1 or (batches and len(batches[0]) > self.step):
+            return read
+        job = self.job
+        try:
+            ended = False
+            if batches:
+                part = batches[0]
+                ended = not isinstance(part, SSERun)  # single events: the end goes with them, one store call
+                guard = self.local.guard(job.session_id, keep_undelivered=self.settings.pause)
+                appended = await self._put_last(part, guard, end=ended)
+                if appended.blocked is not None:
+                    return read
+                self.metrics.upstream_events.inc(len(part))
+                self.metrics.evicted(appended.evicted)
+                read = Read(parser, [])
+            if not ended:
+                await self.store.end_stream(job.session_id, job.stream, self.clock(), job.fence)
+        except StoreUnavailable:
+            return read
+        except Fenced as fenced:
+            response.release()
+            self._step_down(fenced)
+            return None
+        response.release()
+        return None
 
     def _dropped_proxy_answers(self) -> None:
         dropped = self.events.take_proxy_answers()
@@ -568,21 +644,30 @@ class Pump:
         self.failure = "the proxy that read the upstream stream stopped"
 
     def _put(
-        self, events: SSERun | list[NewEvent], guard: Guard | None, cursor: str | None = None
+        self,
+        events: SSERun | list[NewEvent],
+        guard: Guard | None,
+        cursor: str | None = None,
+        *,
+        end: bool = False,
     ) -> Awaitable[Appended]:
+        """Append ``events`` (``end``: single events, the stream's last: it ends in the same store call)."""
         job, store = self.job, self.store
         if isinstance(events, SSERun):
             return store.append_run(
                 job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence
             )
-        return store.append(job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence)
+        put = store.append_and_end if end else store.append
+        return put(job.session_id, job.stream, events, self.clock(), guard, cursor, job.fence)
 
-    async def _put_last(self, events: SSERun | list[NewEvent], guard: Guard | None) -> Appended:
+    async def _put_last(
+        self, events: SSERun | list[NewEvent], guard: Guard | None, *, end: bool = False
+    ) -> Appended:
         """``_put`` for the last slice of an upstream read: with the upstream's last id, when it is new."""
         last_id = self.events.last_id
         if last_id is self._cursor_of:
-            return await self._put(events, guard)
-        appended = await self._put(events, guard, self.events.resume_cursor)
+            return await self._put(events, guard, end=end)
+        appended = await self._put(events, guard, self.events.resume_cursor, end=end)
         if appended.blocked is None:
             self._cursor_of = last_id
         return appended

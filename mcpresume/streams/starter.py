@@ -68,6 +68,15 @@ class PumpStarter:
         pump = self._pump(job)
         self.pumps.spawn(job.session_id, pump.run(upstream), standalone=standalone, pump=pump)
 
+    async def start_post(self, job: PumpJob, upstream: UpstreamAnswer) -> None:
+        """Pump a POST stream just opened from ``upstream``'s body: at once, in the caller's task, when the
+        whole answer is here already and appending it waits for nothing (``Pump.at_once``: a one-event
+        answer, most calls); else in a task of its own, from what was read."""
+        pump = self._pump(job)
+        first = await pump.at_once(upstream)
+        if first is not None:
+            self.pumps.spawn(job.session_id, pump.run(upstream, first), pump=pump)
+
     def adopt(self, orphans: Sequence[Orphan], *, taken_from: str | None = None) -> None:
         """Pump the streams another process was pumping (this replica's before a restart, or a dead
         replica's: ``taken_from``): each resumed upstream from its last upstream id, or ended with an

@@ -1,10 +1,11 @@
 -- append (ARGV: expected last seq of the stream or '', stream, now, upstream cursor or '', guard JSON or '',
 -- answered request keys JSON or '', event count, their sizes (4 bytes little-endian each), the BD field the client set
 -- to their bodies (concatenated) in the same MULTI, their bytes, a delivery mark '<seq> <stream> ...' or ''
--- (applied first: delivered.lua's, carried), the writer's fence or '' (unfenced):
+-- (applied first: delivered.lua's, carried), the writer's fence or '' (unfenced), '1' to end the stream once
+-- the events are in (end.lua's, in the same call: its last events) or '':
 -- {'ok', version, last seq, counts..., the stream's last seq evicted} | {'gone'} | {'noop'} | {'stale', last seq} |
 -- {'blocked', (reader index, seq it must reach)...} | {'fenced', the session's fence}. Unless 'ok', the bodies' field is deleted (each call has a field of its own).
--- Twin: mcpresume/core/session.py SessionState.append_run, SessionState.refusal
+-- Twin: mcpresume/core/session.py SessionState.append_run, SessionState.refusal, SessionState.end_stream
 local expected, n, now = ARGV[A], tonumber(ARGV[A + 1]), ARGV[A + 2]
 local upstream_cursor, guard, answered = ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local count, lengths, body, size = tonumber(ARGV[A + 6]), ARGV[A + 7], ARGV[A + 8], tonumber(ARGV[A + 9])
@@ -105,7 +106,8 @@ mark(n)
 set('ver', num('ver') + 1)
 set('ne', num('ne') + count); set('nb', num('nb') + size)
 if evict(tonumber(now), counts, touched) or next(touched) then forget_gone(touched) end
-refresh(true)
+local ending = ARGV[A + 12] == '1' and end_stream(n, now)
+refresh(not ending)  -- as end.lua refreshes
 listen()
 save_streams()
 save_meta()

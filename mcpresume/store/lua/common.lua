@@ -420,3 +420,22 @@ end
 local function fence_ok(fence)
   return fence == nil or fence == '' or num('fen') == tonumber(fence)
 end
+
+-- Stream n ends: no more appends (end.lua; append.lua with the stream's last events). False: nothing
+-- changed (no such stream, or ended already). The caller saves and publishes.
+-- Twin: mcpresume/core/session.py SessionState.end_stream
+local function end_stream(n, now)
+  local s = stream(n)
+  if not s or s.v == 0 then return false end
+  s.v = 0; mark(n)
+  -- what only resuming it upstream needed (orphans lists live streams only): the pump record, with the client's
+  -- credentials, is not kept past the stream's end (SessionState.end_stream)
+  s.pm = nil; s.u = nil; s.a = nil
+  if meta.sa == tostring(n) then set('sa', '') end
+  if s.o == 'post' then set('lp', num('lp') - 1) end
+  set('ver', num('ver') + 1)
+  -- never backwards (as touch): a stream given up as unattended ends as of when it was last read or fed
+  if tonumber(meta.la) < tonumber(now) then set('la', now) end
+  forget_gone({[n] = true})
+  return true
+end
