@@ -201,16 +201,16 @@ class Upstream:
     async def answers(self, within: float) -> bool:
         """Whether the upstream answers HTTP at its MCP endpoint within ``within`` seconds, any status (an
         MCP endpoint answers a bare GET with 400, 405 or 406): ``/readyz`` with ``ready_on_upstream``."""
-        assert self._session is not None, "Upstream.start() was not awaited"
+        # A connection of its own, from a pool of its own: one kept alive from before (a call's, the era
+        # probe's) would answer for a listener that is gone.
+        connector = aiohttp.TCPConnector(force_close=True)
         try:
-            async with asyncio.timeout(within):
-                # A connection of its own (closed after): one kept alive from before would answer for a
-                # listener that is gone.
-                headers = {"Accept": "application/json, text/event-stream", "Connection": "close"}
-                response = await self._session.get(self.url, headers=headers, allow_redirects=False)
+            async with asyncio.timeout(within), aiohttp.ClientSession(connector=connector) as session:
+                headers = {"Accept": "application/json, text/event-stream"}
+                response = await session.get(self.url, headers=headers, allow_redirects=False)
+                response.close()  # the head is enough: an SSE answer would never end
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
-        response.close()  # the head is enough: an SSE answer would never end
         return True
 
     async def open_get(
