@@ -1,0 +1,104 @@
+"""The era bridge's resource subscriptions: a handshake-era ``resources/subscribe`` in front of a
+2026-07-28-only upstream, which has no such method, becomes the ``resourceSubscriptions`` of the session's
+``subscriptions/listen`` stream (issue 34)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp.client.client import Client
+
+from mcpresume.core.bridge import ClientFacts, Local, listen_event, listen_filter, treat
+from mcpresume.core.reinit import Recipe
+from mcpresume.daemon.app import PROXY, RunningProxy
+from mcpresume.http.bridge import Bridge
+from tests.support.modern_upstream import serve_modern_upstream
+from tests.support.poll import until
+from tests.support.proxy import running_proxy
+from tests.support.sdk import result_text
+
+NOTE = "note://greeting"
+FACTS = ClientFacts("2025-11-25")
+
+
+def _bridge(proxy: RunningProxy) -> Bridge:
+    return proxy.app[PROXY].bridge
+
+
+def test_subscribe_is_answered_by_the_proxy_only_when_the_upstream_offers_subscriptions() -> None:
+    subscribe = {"jsonrpc": "2.0", "id": 3, "method": "resources/subscribe", "params": {"uri": NOTE}}
+    assert treat(subscribe, FACTS, True) == Local(result={}, subscription=("resources/subscribe", NOTE))
+    refused = treat(subscribe, FACTS, False)
+    assert isinstance(refused, Local) and refused.error is not None and refused.error["code"] == -32601
+    no_uri = treat({**subscribe, "params": {}}, FACTS, True)
+    assert isinstance(no_uri, Local) and no_uri.error is not None and no_uri.error["code"] == -32602
+    offered = {"resources": {"subscribe": True, "listChanged": True}, "tools": {"listChanged": True}}
+    assert listen_filter(offered, frozenset({"b://2", "a://1"})) == {
+        "toolsListChanged": True,
+        "resourcesListChanged": True,
+        "resourceSubscriptions": ["a://1", "b://2"],
+    }
+    assert listen_filter({"tools": {"listChanged": True}}, frozenset({"a://1"})) == {"toolsListChanged": True}
+    ack = b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{}}'
+    assert listen_event(ack) == (False, True)
+    assert listen_event(b'{"jsonrpc":"2.0","id":"l","result":{}}') == (False, False)
+    updated = b'{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"a://1"}}'
+    assert listen_event(updated) == (True, False)
+
+
+@pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
+async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_updates() -> None:
+    """``Client(mode="legacy")`` subscribes to a resource of a 2026-07-28-only upstream: the proxy answers,
+    keeps the URI with the session, and re-opens the session's listen stream upstream with it, the client's
+    standalone GET going on; the upstream's update reaches that GET once; unsubscribed, no more come."""
+    updates: list[str] = []
+    tools_changed = asyncio.Event()
+    updated = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(str(message.params.uri))
+            updated.set()
+        elif isinstance(message, types.ToolListChangedNotification):
+            tools_changed.set()
+
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        Client(proxy.url, mode="legacy", message_handler=on_message, read_timeout_seconds=30) as client,
+    ):
+        await until(lambda: len(guard.listens) == 1, timeout=30, what="the listen stream open")
+        assert "resourceSubscriptions" not in guard.listens[0]
+        bridge = _bridge(proxy)
+        (session_id,) = bridge.sessions
+        await client.subscribe_resource(NOTE)
+        # Answered once the upstream listens with it: the second listen, the first closed.
+        assert guard.listens[-1]["resourceSubscriptions"] == [NOTE]
+        assert len(guard.listens) == 2 and len(bridge.listens[session_id]) == 1
+        session = bridge.sessions[session_id]
+        assert session is not None and session.recipe.subscriptions == {NOTE}
+        kept = await proxy.ctx.store.recipe(session_id, session.epoch)
+        assert kept is not None and Recipe.decode(kept).subscriptions == {NOTE}
+        assert "resources/subscribe" not in guard.methods  # never sent upstream
+
+        assert result_text(await client.call_tool("update_note", {"text": "bye"})) == "updated"
+        async with asyncio.timeout(30):
+            await updated.wait()
+        assert updates == [NOTE]
+
+        await client.unsubscribe_resource(NOTE)
+        assert guard.listens[-1].get("resourceSubscriptions") is None and len(guard.listens) == 3
+        assert result_text(await client.call_tool("update_note", {"text": "again"})) == "updated"
+        # The tool-list change comes after the update would have, on the same stream: once it is here,
+        # no update came.
+        assert result_text(await client.call_tool("change_tools", {})) == "changed"
+        async with asyncio.timeout(30):
+            await tools_changed.wait()
+        assert updates == [NOTE]
+        assert "GET" not in guard.refused
+        kept = await proxy.ctx.store.recipe(session_id, session.epoch)
+        assert kept is not None and Recipe.decode(kept).subscriptions == frozenset()
