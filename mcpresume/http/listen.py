@@ -6,10 +6,11 @@ A 2026-07-28 listen stream's filter is fixed when it is opened, so a ``resources
 (``ListenAnswer.reopen``) and, once the upstream acknowledged it (its first event: the server is listening
 from then on), hands the client's stream over to it and closes the old one. The client's GET goes on as the
 same response: no acknowledgement, no listen result, no end reaches it. The handover is at the new stream's
-acknowledgement: from then on only the new stream's events are passed (an update the upstream publishes
-while the new listen is being opened reaches the client once, by the old stream before the handover or by
-the new one after; one published in the instant between the upstream's subscription of the new listen and
-the proxy reading its acknowledgement comes by both and is passed by the old one only if read before it).
+acknowledgement: from then on only the new stream's events are passed. An update published before the
+upstream subscribed the new listen comes by the old one only, after it by both: one the proxy read off the
+old stream before the acknowledgement is passed, and again by the new one if published after the
+subscription; one still in flight on the old stream at the handover is not passed (the events carry no id
+to tell them apart: the window is the instant around the acknowledgement, docs/known-limits.md).
 
 What ``relay`` reads (``UpstreamAnswer``): the events re-framed without the upstream's ids (the stream is
 not resumed: a client that loses it opens another GET, as with any listen stream).
