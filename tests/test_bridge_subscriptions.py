@@ -19,6 +19,7 @@ from tests.support.modern_upstream import serve_modern_upstream
 from tests.support.poll import until
 from tests.support.proxy import running_proxy
 from tests.support.sdk import result_text
+from tests.test_bridge import store  # noqa: F401 (the fixture: the memory store, or a real Redis)
 
 NOTE = "note://greeting"
 FACTS = ClientFacts("2025-11-25")
@@ -51,10 +52,13 @@ def test_subscribe_is_answered_by_the_proxy_only_when_the_upstream_offers_subscr
 
 @pytest.mark.asyncio
 @pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed")
-async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_updates() -> None:
+async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_updates(
+    store: dict[str, Any],  # noqa: F811
+) -> None:
     """``Client(mode="legacy")`` subscribes to a resource of a 2026-07-28-only upstream: the proxy answers,
-    keeps the URI with the session, and re-opens the session's listen stream upstream with it, the client's
-    standalone GET going on; the upstream's update reaches that GET once; unsubscribed, no more come."""
+    keeps the URI with the session (memory or Redis store), and re-opens the session's listen stream
+    upstream with it, the client's standalone GET going on; the upstream's update reaches that GET once;
+    unsubscribed, no more come."""
     updates: list[str] = []
     tools_changed = asyncio.Event()
     updated = asyncio.Event()
@@ -68,7 +72,7 @@ async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_
 
     async with (
         serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
+        running_proxy(url, **store) as proxy,
         Client(proxy.url, mode="legacy", message_handler=on_message, read_timeout_seconds=30) as client,
     ):
         await until(lambda: len(guard.listens) == 1, timeout=30, what="the listen stream open")
