@@ -7,17 +7,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import mcp_types as types
+import orjson
 import pytest
 from mcp.client.client import Client
 
 from mcpresume.core.bridge import ClientFacts, Local, listen_event, listen_filter, treat
 from mcpresume.core.reinit import Recipe
 from mcpresume.daemon.app import PROXY, RunningProxy
+from mcpresume.daemon.demo import sse_events
 from mcpresume.http.bridge import Bridge
 from tests.support.modern_upstream import serve_modern_upstream
 from tests.support.poll import until
-from tests.support.proxy import running_proxy
+from tests.support.proxy import ScriptedClient, running_proxy
 from tests.support.sdk import result_text
 from tests.test_bridge import store  # noqa: F401 (the fixture: the memory store, or a real Redis)
 
@@ -79,10 +82,12 @@ async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_
         assert "resourceSubscriptions" not in guard.listens[0]
         bridge = _bridge(proxy)
         (session_id,) = bridge.sessions
+        await until(lambda: session_id in bridge.listens, timeout=30, what="the GET served")
+        (listening,) = bridge.listens[session_id]  # the client's GET, as the proxy serves it
         await client.subscribe_resource(NOTE)
         # Answered once the upstream listens with it: the second listen, the first closed.
         assert guard.listens[-1]["resourceSubscriptions"] == [NOTE]
-        assert len(guard.listens) == 2 and len(bridge.listens[session_id]) == 1
+        assert len(guard.listens) == 2 and bridge.listens[session_id] == {listening}  # the same GET goes on
         session = bridge.sessions[session_id]
         assert session is not None and session.recipe.subscriptions == {NOTE}
         kept = await proxy.ctx.store.recipe(session_id, session.epoch)
@@ -103,6 +108,60 @@ async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_
         async with asyncio.timeout(30):
             await tools_changed.wait()
         assert updates == [NOTE]
+        assert bridge.listens[session_id] == {listening} and len(guard.listens) == 3
         assert "GET" not in guard.refused
         kept = await proxy.ctx.store.recipe(session_id, session.epoch)
         assert kept is not None and Recipe.decode(kept).subscriptions == frozenset()
+
+
+@pytest.mark.asyncio
+async def test_a_get_opened_after_subscribing_listens_with_the_subscriptions_and_ends_with_the_session() -> (
+    None
+):
+    """Subscribed before any GET: the GET's listen carries the URI; the update comes on it, without the
+    listen's acknowledgement (the proxy's own request's); a DELETE of the session ends the GET."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        subscribe = {"jsonrpc": "2.0", "id": 50, "method": "resources/subscribe", "params": {"uri": NOTE}}
+        async with http.post(proxy.url, data=orjson.dumps(subscribe), headers=client.headers()) as response:
+            assert response.status == 200 and await response.json() == {
+                "jsonrpc": "2.0",
+                "id": 50,
+                "result": {},
+            }
+        assert guard.listens == []  # no GET yet: nothing upstream
+        async with http.get(proxy.url, headers=client.headers()) as get:
+            assert get.status == 200 and get.content_type == "text/event-stream"
+            await until(lambda: len(guard.listens) == 1, timeout=30, what="the listen stream open")
+            assert guard.listens[0]["resourceSubscriptions"] == [NOTE]
+            await until(
+                lambda: client.session_id in _bridge(proxy).listens, timeout=30, what="the GET served"
+            )
+            _, call = client.tool_call("update_note", {"text": "later"})
+            async with http.post(proxy.url, data=call, headers=client.headers()) as response:
+                assert response.status == 200
+                await response.read()
+            seen: list[dict[str, Any]] = []
+            async with asyncio.timeout(30):
+                async for event in sse_events(get):
+                    if event.data:
+                        seen.append(orjson.loads(event.data))
+                        break
+            assert seen == [
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/resources/updated",
+                    "params": {"uri": NOTE, "_meta": seen[0]["params"]["_meta"]},
+                }
+            ]
+            async with http.delete(proxy.url, headers=client.headers()) as response:
+                assert response.status == 200
+            async with asyncio.timeout(30):
+                rest = [event async for event in sse_events(get)]  # the GET ends with the session
+            assert [e for e in rest if e.data] == []
+            assert client.session_id not in _bridge(proxy).listens
