@@ -115,9 +115,7 @@ async def test_the_python_sdk_client_subscribes_through_the_bridge_and_gets_the_
 
 
 @pytest.mark.asyncio
-async def test_a_get_opened_after_subscribing_listens_with_the_subscriptions_and_ends_with_the_session() -> (
-    None
-):
+async def test_a_get_opened_after_subscribing_listens_with_them_and_ends_with_the_session() -> None:
     """Subscribed before any GET: the GET's listen carries the URI; the update comes on it, without the
     listen's acknowledgement (the proxy's own request's); a DELETE of the session ends the GET."""
     async with (

@@ -85,7 +85,7 @@ from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, pump_record, stateless
-from mcpresume.http.listen import ListenAnswer
+from mcpresume.http.listen import GeneratedBody, ListenAnswer
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
 from mcpresume.streams.pump import PumpJob
@@ -742,7 +742,7 @@ def bridged_stream(post: Post, upstream: aiohttp.ClientResponse) -> UpstreamAnsw
     return BridgedAnswer(bridge, post, upstream, None)
 
 
-class BridgedAnswer:
+class BridgedAnswer(GeneratedBody):
     """A bridged request's answer as its pump reads it: an SSE body, over as many upstream requests as the
     input it asks for takes (MRTR, the table in ``core/bridge.py``).
 
@@ -781,18 +781,6 @@ class BridgedAnswer:
         self._reading = upstream  # the upstream answer being read, released with this one
         self._awaiting: Awaiting | None = None
         self._body = self._events(upstream, asked)
-
-    @property
-    def content(self) -> BridgedAnswer:
-        return self
-
-    async def readany(self) -> bytes:
-        """What came since the last read; b"" at the end (the pump's read)."""
-        return await anext(self._body, b"")
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while chunk := await self.readany():
-            yield chunk
 
     def release(self) -> None:
         if self._reading is not None:

@@ -38,7 +38,26 @@ ACK_WAIT: Final = 30.0
 Open = Callable[[Mapping[str, Any]], Awaitable[aiohttp.ClientResponse]]
 
 
-class ListenAnswer:
+class GeneratedBody:
+    """An answer whose body an async generator makes (``_body``), read as ``relay`` and the pump read an
+    upstream answer's (``content.readany``, ``content.iter_any``)."""
+
+    _body: AsyncIterator[bytes]
+
+    @property
+    def content(self) -> GeneratedBody:
+        return self
+
+    async def readany(self) -> bytes:
+        """What came since the last read; b"" at the end."""
+        return await anext(self._body, b"")
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        while chunk := await self.readany():
+            yield chunk
+
+
+class ListenAnswer(GeneratedBody):
     """The client's standalone stream over one upstream listen at a time (the module docstring)."""
 
     status: Final = 200
@@ -66,17 +85,6 @@ class ListenAnswer:
         self._lock = asyncio.Lock()
         self._released = False
         self._body = self._events()
-
-    @property
-    def content(self) -> ListenAnswer:
-        return self
-
-    async def readany(self) -> bytes:
-        return await anext(self._body, b"")
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while chunk := await self.readany():
-            yield chunk
 
     def release(self) -> None:
         if self._released:
