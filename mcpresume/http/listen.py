@@ -27,6 +27,7 @@ from typing import Any, Final
 import aiohttp
 
 from mcpresume.core.bridge import listen_event
+from mcpresume.core.errors import ProxyError
 from mcpresume.core.sse import SSEParser, frame_body
 
 log = logging.getLogger("mcpresume.bridge")
@@ -109,7 +110,7 @@ class ListenAnswer(GeneratedBody):
             try:
                 self._opening = await self._open(notifications)
                 parser, passed = await asyncio.wait_for(self._acknowledged(self._opening), ACK_WAIT)
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+            except (ProxyError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
                 log.warning(
                     "the listen stream could not be re-opened upstream: %s", error or type(error).__name__
                 )
