@@ -37,8 +37,10 @@ def test_subscribe_is_answered_by_the_proxy_only_when_the_upstream_offers_subscr
     assert treat(subscribe, FACTS, True) == Local(result={}, subscription=("resources/subscribe", NOTE))
     refused = treat(subscribe, FACTS, False)
     assert isinstance(refused, Local) and refused.error is not None and refused.error["code"] == -32601
+    assert refused.error["data"] == {"reason": "subscriptions_not_offered"}
     no_uri = treat({**subscribe, "params": {}}, FACTS, True)
     assert isinstance(no_uri, Local) and no_uri.error is not None and no_uri.error["code"] == -32602
+    assert no_uri.error["data"] == {"reason": "bad_subscription"}
     offered = {"resources": {"subscribe": True, "listChanged": True}, "tools": {"listChanged": True}}
     assert listen_filter(offered, frozenset({"b://2", "a://1"})) == {
         "toolsListChanged": True,

@@ -20,7 +20,8 @@ any other request                            sent upstream as a 2026-07-28 reque
 (request)                                    offers resource subscriptions, the URI kept in the
                                              session's recipe and the listen stream re-opened with the
                                              set (``listen_filter``); else -32601, as a server without
-                                             them answers (2026-07-28 has neither method)
+                                             them answers (2026-07-28 has neither method); no ``uri``:
+                                             -32602
 ``notifications/cancelled``                  202; the request's upstream stream is closed (closing is
                                              the modern cancellation)
 any other notification, or a response        202, not sent (2026-07-28 defines no client notifications;
@@ -208,10 +209,12 @@ def subscribable(capabilities: object) -> bool:
 
 def _subscription(method: str, params: object, offered: bool) -> Local:
     if not offered:
-        return Local(error={"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}"})
+        data = {"reason": "subscriptions_not_offered"}
+        return Local(error={"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}", "data": data})
     uri = params.get("uri") if isinstance(params, Mapping) else None
     if not isinstance(uri, str) or not uri:
-        return Local(error={"code": INVALID_PARAMS, "message": f"{method} needs a uri"})
+        data = {"reason": "bad_subscription"}
+        return Local(error={"code": INVALID_PARAMS, "message": f"{method} needs a uri string", "data": data})
     return Local(result={}, subscription=(method, uri))
 
 

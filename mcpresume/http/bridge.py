@@ -466,6 +466,12 @@ class Bridge:
                     self._cancel_awaiting(session_id, post.message.cancelled)
                 request[DID] = Action.ANSWERED
                 if error is not None:
+                    log.info(
+                        "session %s: %s refused by the proxy: %s",
+                        log_id(session_id),
+                        doc.get("method"),
+                        error,
+                    )
                     answer = {"jsonrpc": "2.0", "id": doc.get("id"), "error": error}
                     return web.Response(body=orjson.dumps(answer), content_type=JSON)
                 if result is None:
