@@ -1,6 +1,7 @@
 """The conformance suite's server scenarios (handshake era: the suite's client is the TypeScript SDK's)
-against the conformance upstream made 2026-07-28-only (tests/support/modern_upstream.py's guard), through
-the era bridge. Each scenario passes as against a dual-era upstream, but those `NOT_BRIDGEABLE` lists,
+against the conformance upstream made 2026-07-28-only (tests/support/modern_upstream.py's guard; serving
+``subscriptions/listen``, so resources-subscribe/unsubscribe run over the listen stream), through the era
+bridge. Each scenario passes as against a dual-era upstream, but those `NOT_BRIDGEABLE` lists,
 whose reason is the upstream's side of the era change, not the proxy's."""
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ NOT_BRIDGEABLE: dict[str, str] = {
     "tools-call-elicitation": "the upstream's elicitation needs the handshake era's back channel",
     "elicitation-sep1034-defaults": "the upstream's elicitation needs the handshake era's back channel",
     "elicitation-sep1330-enums": "the upstream's elicitation needs the handshake era's back channel",
-    # 2026-07-28 removed resources/subscribe and unsubscribe (subscriptions/listen replaces them); the bridge
-    # does not map them onto a listen stream yet.
-    "resources-subscribe": "resources/subscribe is not in 2026-07-28; not mapped onto subscriptions/listen",
-    "resources-unsubscribe": "resources/unsubscribe is not in 2026-07-28; not mapped onto a listen stream",
 }
 
 

@@ -1,7 +1,8 @@
 """The era bridge over several replicas: a bridged session's client facts (its initialize's capabilities and
-info, its log level) are kept with the session in the store, so a replica that serves it after its owner is
-gone sends every request with them (issue 34, deliver 2). Real ``mcpresume serve`` processes over a real
-``redis-server`` of the test's own, the owner killed with SIGKILL."""
+info, its log level, its subscribed resources) are kept with the session in the store, so a replica that
+serves it after its owner is gone sends every request (and its listen) with them (issue 34, deliver 2).
+Real ``mcpresume serve`` processes over a real ``redis-server`` of the test's own, the owner killed with
+SIGKILL."""
 
 from __future__ import annotations
 
@@ -88,3 +89,43 @@ async def test_a_bridged_sessions_client_facts_reach_the_upstream_from_a_replica
             assert meta["io.modelcontextprotocol/clientCapabilities"] == CAPABILITIES
             assert meta["io.modelcontextprotocol/clientInfo"] == INFO
         assert calls[1]["io.modelcontextprotocol/logLevel"] == "debug"  # set on a, sent by b
+
+
+@pytest.mark.processes
+async def test_a_bridged_sessions_subscriptions_reach_the_listen_of_a_replica_that_took_it_over(
+    own_redis: RedisProcess,
+) -> None:
+    """A ``resources/subscribe`` on b (forwarded to a, the owner) is kept with the session in Redis; a is
+    killed; the client's standalone GET on b, which takes the session over, listens upstream with it."""
+    async with (
+        serve_modern_upstream() as (upstream, guard),
+        sidecars(own_redis.url, 2, shared_upstream=upstream) as (a, b),
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, a.url)
+        await _initialize(http, client)
+        subscribe = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "resources/subscribe",
+            "params": {"uri": "note://x"},
+        }
+        async with http.post(b.url, data=orjson.dumps(subscribe), headers=client.headers()) as response:
+            assert response.status == 200 and (await response.json())["result"] == {}
+        a.signal(signal.SIGKILL)
+        await a.wait()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not guard.listens:
+            async with http.get(b.url, headers=client.headers()) as response:
+                if response.status == 200:
+                    while not guard.listens and loop.time() < deadline:
+                        await asyncio.sleep(0.1)
+                    break
+                reason = (await error_of(response))["data"]["reason"]
+                assert (response.status, reason) in ((502, "owner_unreachable"), (503, "owner_lost")), reason
+            assert loop.time() < deadline, "the takeover's refusals went on"
+            await asyncio.sleep(0.2)
+        (listened,) = guard.listens
+        assert listened["resourceSubscriptions"] == ["note://x"]
+        assert "resources/subscribe" not in guard.methods

@@ -16,14 +16,20 @@ client message (handshake era)               what the bridge does
 any other request                            sent upstream as a 2026-07-28 request (``to_modern``):
                                              ``MCP-Protocol-Version``, ``Mcp-Method``, ``Mcp-Name`` where
                                              the method names a thing, and the envelope in ``_meta``
+``resources/subscribe``, ``unsubscribe``     answered by the proxy: ``{}`` when the upstream's discover
+(request)                                    offers resource subscriptions, the URI kept in the
+                                             session's recipe and the listen stream re-opened with the
+                                             set (``listen_filter``); else -32601, as a server without
+                                             them answers (2026-07-28 has neither method); no ``uri``:
+                                             -32602
 ``notifications/cancelled``                  202; the request's upstream stream is closed (closing is
                                              the modern cancellation)
 any other notification, or a response        202, not sent (2026-07-28 defines no client notifications;
                                              responses answer the bridge's own requests: MRTR, later)
 a batch (2025-03-26)                         400 ``batch_not_bridged``: a modern request is one message
 the standalone GET (no ``Last-Event-ID``)    the upstream's ``subscriptions/listen`` for the list-changed
-                                             notifications it offers (``listen_filter``), relayed; 405
-                                             when it offers none
+                                             notifications it offers and the session's subscribed URIs
+                                             (``listen_filter``), relayed; 405 when it offers neither
 ===========================================  =====================================================
 """
 
@@ -37,8 +43,9 @@ from typing import Any, Final
 import orjson
 
 from mcpresume.core.era import MODERN_VERSION, negotiate
+from mcpresume.core.errors import INVALID_PARAMS, METHOD_NOT_FOUND
 from mcpresume.core.jsonrpc import response_key
-from mcpresume.core.reinit import Recipe
+from mcpresume.core.reinit import SUBSCRIBE, UNSUBSCRIBE, Recipe
 from mcpresume.core.sse import SSEParser, frame_body
 
 PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
@@ -74,6 +81,9 @@ class Local:
     result: Mapping[str, Any] | None = None
     log_level: str | None = None  # logging/setLevel's level, to keep in the session's facts
     cancelled: bool = False  # a notifications/cancelled: close the request's upstream stream
+    error: Mapping[str, Any] | None = None  # a JSON-RPC error for a request (instead of ``result``)
+    # A resources/subscribe or unsubscribe taken: (its method, its URI), to fold into the session's recipe.
+    subscription: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +200,27 @@ def to_modern(message: Mapping[str, Any], facts: ClientFacts) -> Send:
     return Send(body, tuple(headers))
 
 
-def treat(doc: object, facts: ClientFacts) -> Local | Send | Refuse:
-    """One client message of a bridged session: the table in the module docstring."""
+def subscribable(capabilities: object) -> bool:
+    """Whether the capabilities the client was told (the upstream's discover) offer resource subscriptions
+    (a 2026-07-28 server's ``resources.subscribe``: its ``subscriptions/listen`` takes resource URIs)."""
+    resources = capabilities.get("resources") if isinstance(capabilities, Mapping) else None
+    return isinstance(resources, Mapping) and resources.get("subscribe") is True
+
+
+def _subscription(method: str, params: object, offered: bool) -> Local:
+    if not offered:
+        data = {"reason": "subscriptions_not_offered"}
+        return Local(error={"code": METHOD_NOT_FOUND, "message": f"Method not found: {method}", "data": data})
+    uri = params.get("uri") if isinstance(params, Mapping) else None
+    if not isinstance(uri, str) or not uri:
+        data = {"reason": "bad_subscription"}
+        return Local(error={"code": INVALID_PARAMS, "message": f"{method} needs a uri string", "data": data})
+    return Local(result={}, subscription=(method, uri))
+
+
+def treat(doc: object, facts: ClientFacts, offered: bool = False) -> Local | Send | Refuse:
+    """One client message of a bridged session: the table in the module docstring (``offered``: the
+    upstream offers resource subscriptions, ``subscribable``)."""
     if isinstance(doc, list):
         return Refuse("batch_not_bridged")
     if not isinstance(doc, Mapping):
@@ -207,6 +236,8 @@ def treat(doc: object, facts: ClientFacts) -> Local | Send | Refuse:
         params = doc.get("params")
         level = params.get("level") if isinstance(params, Mapping) else None
         return Local(result={}, log_level=level if isinstance(level, str) else None)
+    if method in (SUBSCRIBE, UNSUBSCRIBE):
+        return _subscription(method, doc.get("params"), offered)
     return to_modern(doc, facts)
 
 
@@ -320,11 +351,12 @@ def retry_body(
     return {**original, "params": params}
 
 
-def listen_filter(capabilities: object) -> dict[str, bool]:
+def listen_filter(capabilities: object, subscriptions: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What a bridged standalone GET's ``subscriptions/listen`` opts in to: the list-changed notifications
-    the upstream's ``server/discover`` capabilities offer (empty: it offers none, the GET gets 405)."""
+    the upstream's ``server/discover`` capabilities offer, and the session's subscribed resource URIs
+    (``resourceSubscriptions``, sorted) when it offers resource subscriptions."""
     offered = capabilities if isinstance(capabilities, Mapping) else {}
-    wanted = {}
+    wanted: dict[str, Any] = {}
     for feature, key in (
         ("tools", "toolsListChanged"),
         ("prompts", "promptsListChanged"),
@@ -333,10 +365,31 @@ def listen_filter(capabilities: object) -> dict[str, bool]:
         entry = offered.get(feature)
         if isinstance(entry, Mapping) and entry.get("listChanged") is True:
             wanted[key] = True
+    if subscriptions and subscribable(offered):
+        wanted["resourceSubscriptions"] = sorted(subscriptions)
     return wanted
 
 
-def listen_request(request_id: str, notifications: Mapping[str, bool], facts: ClientFacts) -> dict[str, Any]:
+ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+
+
+def listen_event(data: bytes) -> tuple[bool, bool]:
+    """An event of the upstream's ``subscriptions/listen`` stream: (whether the client gets it, whether it is
+    the stream's acknowledgement). The acknowledgement and a response (the listen request's own result or
+    error) answer the proxy's request, never the client's: not passed; every notification is."""
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return True, False
+    if not isinstance(message, Mapping):
+        return True, False
+    method = message.get("method")
+    if method == ACKNOWLEDGED:
+        return False, True
+    return isinstance(method, str), False
+
+
+def listen_request(request_id: str, notifications: Mapping[str, Any], facts: ClientFacts) -> dict[str, Any]:
     """The 2026-07-28 ``subscriptions/listen`` a bridged standalone GET stands for."""
     params = {"notifications": dict(notifications), "_meta": envelope(facts)}
     return {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen", "params": params}

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -54,6 +54,7 @@ from mcpresume.core.bridge import (
     listen_filter,
     listen_request,
     retry_body,
+    subscribable,
     treat,
 )
 from mcpresume.core.era import (
@@ -84,6 +85,7 @@ from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
 from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, pump_record, stateless
+from mcpresume.http.listen import GeneratedBody, ListenAnswer
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
 from mcpresume.streams.pump import PumpJob
@@ -170,6 +172,7 @@ class Bridge:
         self._probe_lock = asyncio.Lock()
         self._told_modern = False  # the one log line on modern traffic passed through
         self.awaiting: dict[str, Awaiting] = {}  # the proxy's input request ids -> their request
+        self.listens: dict[str, set[ListenAnswer]] = {}  # the open standalone GETs, by session
         self._counters: dict[tuple[Era, str], Any] = {}
 
     @property
@@ -441,11 +444,11 @@ class Bridge:
             return web.Response(status=202)
         request[BRIDGE] = self
         request[MODERN_CHECK] = True
-        treated = treat(doc, facts)
+        treated = treat(doc, facts, subscribable(bridged.recipe.capabilities))
         match treated:
             case Refuse():
                 return ctx.reject(request, BatchNotBridged("a batch is not bridged: send one message a POST"))
-            case Local(result=result, log_level=level, cancelled=cancelled):
+            case Local(result=result, log_level=level, cancelled=cancelled, error=error, subscription=taken):
                 granted = await ctx.store.access(session_id)
                 if granted is None:
                     return ctx.reject(request, UnknownSession(), post.request_id)
@@ -454,12 +457,23 @@ class Bridge:
                     return refused
                 if level is not None:
                     await self._set_level(session_id, bridged, level)
+                if taken is not None:
+                    await self._subscribe(session_id, bridged, *taken)
                 if cancelled and post.message.cancelled:
                     # Its upstream stream is closed once no client reads it (cancel_grace): closing is the
                     # 2026-07-28 cancellation. One awaiting the client's input ends here, unanswered.
                     ctx.pumps.cancel_requests(session_id, post.message.cancelled)
                     self._cancel_awaiting(session_id, post.message.cancelled)
                 request[DID] = Action.ANSWERED
+                if error is not None:
+                    log.info(
+                        "session %s: %s refused by the proxy: %s",
+                        log_id(session_id),
+                        doc.get("method"),
+                        error,
+                    )
+                    answer = {"jsonrpc": "2.0", "id": doc.get("id"), "error": error}
+                    return web.Response(body=orjson.dumps(answer), content_type=JSON)
                 if result is None:
                     return web.Response(status=202)
                 answer = {"jsonrpc": "2.0", "id": doc.get("id"), "result": result}
@@ -480,6 +494,21 @@ class Bridge:
         await reinit.keep(
             self.ctx, session_id, bridged.epoch, lambda kept: fold(kept, SET_LEVEL, {"level": level})
         )
+
+    async def _subscribe(self, session_id: str, bridged: Bridged, method: str, uri: str) -> None:
+        """A ``resources/subscribe`` or ``unsubscribe``: the URI set kept with the session's recipe (the
+        store's, for any replica that serves it next; this process's copy), and the session's open listen
+        streams re-opened upstream with it, answered once they listen (a client that subscribes, then
+        changes the resource, gets its update)."""
+        recipe = fold(bridged.recipe, method, {"uri": uri})
+        if recipe is None:
+            return  # the set is the same: nothing to keep, nothing to re-open
+        self._remember(session_id, Bridged(bridged.epoch, recipe, bridged.facts))
+        await reinit.keep(self.ctx, session_id, bridged.epoch, lambda kept: fold(kept, method, {"uri": uri}))
+        wanted = listen_filter(recipe.capabilities, recipe.subscriptions)
+        listens = list(self.listens.get(session_id, ()))
+        if listens:
+            await asyncio.gather(*(listen.reopen(wanted) for listen in listens))
 
     # -- MRTR -------------------------------------------------------------------------------------------
 
@@ -549,17 +578,18 @@ class Bridge:
         if bridged is None:
             return None
         ctx = self.ctx
-        wanted = listen_filter(bridged.recipe.capabilities)  # what the client was told the upstream offers
+        # What the client was told the upstream offers, and what it subscribed to.
+        offered = bridged.recipe.capabilities
+        wanted = listen_filter(offered, bridged.recipe.subscriptions)
         granted = await ctx.store.access(session_id)
         if granted is None:
             return ctx.reject(request, UnknownSession())
         refused = await authorize(ctx, request, session_id, granted)
         if refused is not None:
             return refused
-        if not wanted:
+        if not wanted and not subscribable(offered):
             request[DID] = Action.ANSWERED
             return web.Response(status=405, headers={"Allow": "POST, DELETE"})
-        listen = listen_request(proxy_request_id("listen", secrets.token_hex(8)), wanted, bridged.facts)
         kept = [(n, v) for n, v in upstream_headers(request) if n.lower() not in _DROPPED]
         headers = [
             *kept,
@@ -568,11 +598,45 @@ class Bridge:
             (PROTOCOL_VERSION_HEADER, MODERN_VERSION),
             ("Mcp-Method", "subscriptions/listen"),
         ]
-        with ctx.drain.upstream_wait():
-            upstream = await ctx.upstream.request(
-                "POST", request.path_qs, headers, orjson.dumps(listen), decoded=True
+        path_qs = request.path_qs
+
+        async def open_(notifications: Mapping[str, Any]) -> aiohttp.ClientResponse:
+            listen = listen_request(
+                proxy_request_id("listen", secrets.token_hex(8)), notifications, bridged.facts
             )
-        return await relay(ctx, request, upstream)
+            return await ctx.upstream.request("POST", path_qs, headers, orjson.dumps(listen), decoded=True)
+
+        with ctx.drain.upstream_wait():
+            upstream = await open_(wanted)
+        if upstream.status != 200 or upstream.content_type != SSE:
+            return await relay(ctx, request, upstream)
+        listens = self.listens.setdefault(session_id, set())
+        answer = ListenAnswer(
+            upstream,
+            wanted,
+            open_,
+            ctx.settings.max_event_bytes,
+            lambda a: self._closed_listen(session_id, a),
+        )
+        listens.add(answer)
+        now = self.sessions.get(session_id)
+        if now is not None and now.recipe.subscriptions != bridged.recipe.subscriptions:
+            # A subscription taken while the listen was being opened: re-opened with it.
+            ctx.drain.spawn(
+                self._reopen(answer, listen_filter(offered, now.recipe.subscriptions)), "mcpresume-listen"
+            )
+        return await relay(ctx, request, answer)
+
+    @staticmethod
+    async def _reopen(answer: ListenAnswer, wanted: Mapping[str, Any]) -> None:
+        await answer.reopen(wanted)
+
+    def _closed_listen(self, session_id: str, answer: ListenAnswer) -> None:
+        listens = self.listens.get(session_id)
+        if listens is not None:
+            listens.discard(answer)
+            if not listens:
+                del self.listens[session_id]
 
     async def delete(self, request: web.Request) -> web.StreamResponse | None:
         """DELETE of a bridged session: the proxy's session ends (the upstream has none); None otherwise."""
@@ -589,6 +653,8 @@ class Bridge:
             return refused
         await ctx.drop_session(session_id, granted.epoch)
         self.sessions.pop(session_id, None)
+        for listen in self.listens.pop(session_id, set()):
+            listen.release()  # its client's GET ends with the session
         for awaiting in [a for a in self.awaiting.values() if a.session_id == session_id]:
             self.forget(awaiting)
             awaiting.settle(None)
@@ -682,7 +748,7 @@ def bridged_stream(post: Post, upstream: aiohttp.ClientResponse) -> UpstreamAnsw
     return BridgedAnswer(bridge, post, upstream, None)
 
 
-class BridgedAnswer:
+class BridgedAnswer(GeneratedBody):
     """A bridged request's answer as its pump reads it: an SSE body, over as many upstream requests as the
     input it asks for takes (MRTR, the table in ``core/bridge.py``).
 
@@ -721,18 +787,6 @@ class BridgedAnswer:
         self._reading = upstream  # the upstream answer being read, released with this one
         self._awaiting: Awaiting | None = None
         self._body = self._events(upstream, asked)
-
-    @property
-    def content(self) -> BridgedAnswer:
-        return self
-
-    async def readany(self) -> bytes:
-        """What came since the last read; b"" at the end (the pump's read)."""
-        return await anext(self._body, b"")
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while chunk := await self.readany():
-            yield chunk
 
     def release(self) -> None:
         if self._reading is not None:

@@ -41,6 +41,7 @@ from typing import Any, Literal
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import ServerMessageMetadata
 from starlette.applications import Starlette
@@ -264,8 +265,12 @@ def _image() -> types.ImageContent:
     return types.ImageContent(type="image", data=TEST_IMAGE_BASE64, mime_type="image/png")
 
 
-def build_conformance_server(*, server_requests: ServerRequests = "call") -> Server[Any]:
-    """A low-level SDK `Server` whose handlers answer the conformance scenarios (see the module docstring)."""
+def build_conformance_server(
+    *, server_requests: ServerRequests = "call", listen: bool = False
+) -> Server[Any]:
+    """A low-level SDK `Server` whose handlers answer the conformance scenarios (see the module docstring).
+    ``listen``: it serves 2026-07-28's ``subscriptions/listen`` too (the SDK's ``ListenHandler``), as a
+    2026-07-28 server offering resource subscriptions does (its discover then says ``subscribe``)."""
 
     def request_metadata(ctx: ServerRequestContext[Any]) -> ServerMessageMetadata | None:
         if server_requests == "standalone":
@@ -498,6 +503,7 @@ def build_conformance_server(*, server_requests: ServerRequests = "call") -> Ser
             on_get_prompt=get_prompt,
             on_completion=complete,
             on_set_logging_level=set_logging_level,
+            on_subscriptions_listen=ListenHandler(InMemorySubscriptionBus()) if listen else None,
         )
 
 
@@ -523,13 +529,13 @@ class HostOnlyCheck:
 
 
 def build_conformance_app(
-    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk"
+    *, server_requests: ServerRequests = "call", host_check: HostCheck = "sdk", listen: bool = False
 ) -> ASGIApp:
     """The conformance upstream's Streamable HTTP app at ``/mcp``, with an event store (priming events,
     ``Last-Event-ID`` replay). DNS-rebinding protection, by ``host_check``: ``"sdk"``, the SDK's default for
     a loopback server (only loopback ``Host`` and ``Origin`` values, any port); ``"host-only"``,
     `HostOnlyCheck` in its place."""
-    server = build_conformance_server(server_requests=server_requests)
+    server = build_conformance_server(server_requests=server_requests, listen=listen)
     security = (
         None if host_check == "sdk" else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     )
@@ -557,7 +563,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 async def _serve(
     port: int, server_requests: ServerRequests, host_check: HostCheck, modern_only: bool = False
 ) -> None:
-    app = build_conformance_app(server_requests=server_requests, host_check=host_check)
+    app = build_conformance_app(server_requests=server_requests, host_check=host_check, listen=modern_only)
     if modern_only:  # the handshake era refused as a 2026-07-28-only server does (the era bridge's upstream)
         from tests.support.modern_upstream import ModernOnly
 

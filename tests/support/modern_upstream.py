@@ -12,7 +12,9 @@ cut a connection in the middle of); ``ask_later`` and ``sample_later``, which re
 answers are SSE streams whenever the client asks for progress: the SDK's SSE mode commits to an event stream
 at the first notification) and then ask for a word by elicitation, or for a message by sampling, reporting
 progress again on the retry before the result; and ``whoami``, the client's capabilities and info as this
-request's ``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else).
+request's ``_meta`` envelope carried them (a 2026-07-28 server knows its client by nothing else). A resource,
+``note://greeting``, which ``update_note`` changes (a ``notifications/resources/updated`` to the listen
+streams subscribed to it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ModernOnly:
         self.methods: list[str] = []  # the methods of the modern POSTs it let through
         self.headers: list[dict[str, str]] = []  # their headers (lower-case names)
         self.metas: list[dict[str, Any]] = []  # their params' _meta (the envelope)
+        self.listens: list[dict[str, Any]] = []  # the subscriptions/listen filters (params.notifications)
         self.bad_tokens: set[str] = set()  # Authorization values answered 401 (an authenticating server)
         self.discover_down = False  # True: server/discover answered 503 (a server still starting, say)
         self.down = False  # True: every POST answered 503 (an upstream restarting, say)
@@ -108,6 +111,8 @@ class ModernOnly:
         params = parsed.get("params") if isinstance(parsed, dict) else None
         meta = params.get("_meta") if isinstance(params, dict) else None
         self.metas.append(meta if isinstance(meta, dict) else {})
+        if rpc_method == "subscriptions/listen" and isinstance(params, dict):
+            self.listens.append(params.get("notifications") or {})
         sent = False
 
         async def replay() -> dict[str, Any]:
@@ -219,6 +224,18 @@ def build_modern_app(*, json_response: bool = False) -> ModernOnly:
     async def change_tools(ctx: Context[Any, Any]) -> str:
         await ctx.notify_tools_changed()
         return "changed"
+
+    notes = {"note://greeting": "hello"}
+
+    @server.resource("note://greeting", description="A note the `update_note` tool changes.")
+    async def greeting() -> str:
+        return notes["note://greeting"]
+
+    @server.tool(description="Change a note and tell the listening clients subscribed to it.")
+    async def update_note(ctx: Context[Any, Any], text: str, uri: str = "note://greeting") -> str:
+        notes[uri] = text
+        await ctx.notify_resource_updated(uri)
+        return "updated"
 
     @server.tool(description="Wait `delay` seconds, then count this call (a side effect).")
     async def slow_tally(ctx: Context[Any, Any], delay: float = 0.5) -> int:
