@@ -10,6 +10,8 @@ Python SDK's ``ClientSession`` answering ``ask_later``: ``tests/test_bridge.py``
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,14 +22,29 @@ from mcp.client.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from mcpresume.daemon.app import PROXY
+from mcpresume.daemon.app import PROXY, RunningProxy
 from mcpresume.daemon.demo import ScriptedClient, sse_events
-from tests.support.modern_upstream import serve_modern_upstream
+from tests.support.modern_upstream import ModernOnly, serve_modern_upstream
 from tests.support.proxy import running_proxy
 from tests.support.sdk import result_text
 from tests.test_bridge import _run_ts, store  # noqa: F401 (store: the memory and Redis fixture)
 
 pytestmark = pytest.mark.asyncio
+
+
+@contextlib.asynccontextmanager
+async def _bridged_session(
+    **settings: Any,
+) -> AsyncIterator[tuple[ModernOnly, RunningProxy, aiohttp.ClientSession, ScriptedClient]]:
+    """A modern-only upstream, the proxy in front of it, and a raw client's bridged session begun."""
+    async with (
+        serve_modern_upstream() as (url, guard),
+        running_proxy(url, **settings) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        client = ScriptedClient(http, proxy.url)
+        await client.initialize()
+        yield guard, proxy, http, client
 
 
 async def test_a_sampling_in_an_event_stream_reaches_the_sdk_client_in_legacy_mode() -> None:
@@ -138,13 +155,7 @@ async def test_a_client_that_drops_while_the_elicitation_is_pending_reattaches_w
 ) -> None:
     """Cut before the elicitation reached the client: the re-attach brings it, then the result once. Cut after
     it: the client answers, re-attaches, and gets the result once (and not the elicitation again)."""
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url, **store) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with _bridged_session(**store) as (guard, proxy, http, client):
         request_id, body = client.tool_call("ask_later", {"question": "A colour?"})
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             assert response.status == 200 and response.content_type == "text/event-stream"
@@ -188,13 +199,7 @@ async def test_a_client_that_drops_while_the_elicitation_is_pending_reattaches_w
 
 
 async def test_an_elicitation_refused_by_the_client_is_the_calls_answer() -> None:
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with _bridged_session() as (guard, proxy, http, client):
         request_id, body = client.tool_call("ask_later", {})
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             messages: list[dict[str, Any]] = []
@@ -214,13 +219,7 @@ async def test_an_elicitation_refused_by_the_client_is_the_calls_answer() -> Non
 
 
 async def test_a_call_cancelled_while_its_elicitation_is_pending_ends_unanswered_and_is_not_retried() -> None:
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with _bridged_session() as (guard, proxy, http, client):
         request_id, body = client.tool_call("ask_later", {})
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             seen, _ = await _messages_until(response, "elicitation/create", None)
@@ -245,13 +244,7 @@ async def test_a_call_cancelled_while_its_elicitation_is_pending_ends_unanswered
 
 async def test_a_json_input_required_answer_is_pumped_the_same_way_and_resumable() -> None:
     """``ask`` answers with JSON (no progress before it): the same stream, cursors and retry."""
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with _bridged_session() as (guard, proxy, http, client):
         request_id, body = client.tool_call("ask", {"question": "A tree?"})
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             first, cursor = await _messages_until(response, "elicitation/create", None)
@@ -267,13 +260,7 @@ async def test_a_json_input_required_answer_is_pumped_the_same_way_and_resumable
 
 
 async def test_a_retry_the_upstream_does_not_answer_is_the_calls_error_once() -> None:
-    async with (
-        serve_modern_upstream() as (url, guard),
-        running_proxy(url) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
-        client = ScriptedClient(http, proxy.url)
-        await client.initialize()
+    async with _bridged_session() as (guard, proxy, http, client):
         request_id, body = client.tool_call("ask_later", {})
         async with http.post(proxy.url, data=body, headers=client.headers()) as response:
             first, _ = await _messages_until(response, "elicitation/create", None)
