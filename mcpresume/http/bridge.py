@@ -742,8 +742,10 @@ def json_event(answer: bytes, request_id: str | int | None, limit: int) -> bytes
 def bridged_stream(post: Post, upstream: aiohttp.ClientResponse) -> UpstreamAnswer:
     """What the pump of a bridged request's SSE answer reads: ``BridgedAnswer`` (the input-required result
     held back, the request retried); any other answer as it is."""
+    if post.bridged is None:  # (most requests: not a bridged session's)
+        return upstream
     bridge: Bridge | None = post.request.get(BRIDGE)
-    if bridge is None or post.bridged is None or len(post.message.request_ids) != 1:
+    if bridge is None or len(post.message.request_ids) != 1:
         return upstream
     return BridgedAnswer(bridge, post, upstream, None)
 

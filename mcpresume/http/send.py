@@ -227,7 +227,7 @@ class Sender:
         # The client's reader is registered before the pump starts: the first burst waits for it.
         reader = ctx.local.add_reader(sid, [stream.number], stream.priming_seq - 1)
         # A bridged request's answer is read through the bridge: an input-required result held back (MRTR).
-        answer = bridged_stream(post, upstream) if post.bridged is not None else upstream
+        answer = bridged_stream(post, upstream)
         await self.pumps.start_post(PumpJob.of(sid, stream.number, record, log_id(sid), stream.fence), answer)
         opened = Opened(sid, stream.number, stream.priming_seq, client_sse_headers(ctx, upstream), reader)
         return Forwarded(Answer.OPENED, opened=opened)
