@@ -1,0 +1,84 @@
+"""``python -m bench.calls_ab REV [--store memory|redis]``: short calls (``bench.calls``' saturation layout)
+through the floor proxy, mcpresume at ``REV`` (its ``mcpresume/`` tree from ``git archive``) and the working
+tree's mcpresume, interleaved in rotating order, each answer kind: CPU per call, medians, and the newer's over
+the older's. Whether a change to the call path paid, measured side by side in one run (the full run's ratios
+move by 10-15% with the machine's load; these much less). JSON is the control where a change leaves its
+path untouched."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import bench.procs as procs_mod
+from bench import callgen
+from bench.callee import ANSWERS
+from bench.calls import MODES, _spec, _timeout
+from bench.procs import LOOPBACK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.calls_ab", description=__doc__)
+    parser.add_argument("rev", help="the git revision to compare with")
+    parser.add_argument("--store", choices=("memory", "redis"), default="memory")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per run (default 2)")
+    args = parser.parse_args(argv)
+    mode = MODES["full"]
+    with (
+        tempfile.TemporaryDirectory(prefix="mcpresume-calls-ab-") as base_dir,
+        tempfile.TemporaryDirectory(prefix="mcpresume-calls-ab-new-") as new_dir,
+    ):
+        procs_mod.tree(Path(base_dir), args.rev)
+        procs_mod.tree(Path(new_dir))
+        procs = procs_mod.Processes()
+        try:
+            upstream = procs.start_upstream("bench.callee", name="callee")
+            store: dict[str, Any] = {}
+            if args.store == "redis":
+                server = procs.start_redis("redis-calls-ab")
+                if server is None:
+                    raise SystemExit("redis-server is not installed")
+                store = {"advertise": True, "store": f"redis://{LOOPBACK}:{server.port}/0"}
+            targets = {
+                "floor": procs.start_floor(upstream),
+                **{
+                    name: procs.start_mcpresume(
+                        upstream, name=f"mcpresume-{name}", root=Path(directory), **dict(store)
+                    )
+                    for name, directory in (("base", base_dir), ("new", new_dir))
+                },
+            }
+            callgen.binary()
+            names = list(targets)
+            for name in names:  # warm: lazily imported code, pools and caches
+                callgen.run(targets[name].port, {**_spec(mode, "saturation", "json"), "duration": 0.5}, 60)
+            cpu: dict[str, dict[str, list[float]]] = {answer: {name: [] for name in names} for answer in ANSWERS}
+            for rep in range(args.reps):
+                for answer in ANSWERS:
+                    order = names[rep % 3 :] + names[: rep % 3]
+                    for name in reversed(order) if rep // 3 % 2 else order:
+                        spec = _spec(mode, "saturation", answer) | {"duration": args.duration}
+                        spec |= {"pids": [targets[name].pid], "upstream_pid": upstream.pid}
+                        result = callgen.run(targets[name].port, spec, _timeout(spec))
+                        if result["calls"] and not result["errors"]:
+                            cpu[answer][name].append(result["target_cpu"] / result["calls"] * 1e6)
+                        elif result["errors"]:
+                            print(f"{name} {answer}: {result['errors']} errors: {result.get('error_example')}")
+            print(f"store {args.store}, {args.reps} reps of {args.duration:g} s; CPU us per call, medians")
+            for answer in ANSWERS:
+                med = {name: statistics.median(values) for name, values in cpu[answer].items() if values}
+                if "base" in med and "new" in med:
+                    line = ", ".join(f"{name} {value:.0f}" for name, value in med.items())
+                    print(f"{answer}: {line}; new/base {med['new'] / med['base']:.3f}")
+        finally:
+            for child in reversed(procs.children):
+                child.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
