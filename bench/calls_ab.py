@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
             targets = {
                 "floor": procs.start_floor(upstream),
                 **{
-                    name: procs.start_mcpresume(
-                        upstream, name=f"mcpresume-{name}", root=Path(directory), **dict(store)
+                    name: procs.start_mcpresume(  # (one Redis: a replica id each)
+                        upstream,
+                        name=f"mcpresume-{name}",
+                        root=Path(directory),
+                        **(store | {"replica_id": f"calls-ab-{name}"} if store else {}),
                     )
                     for name, directory in (("base", base_dir), ("new", new_dir))
                 },
