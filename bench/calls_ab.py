@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("memory", "redis"), default="memory")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per run (default 2)")
+    parser.add_argument(
+        "--serial", action="store_true", help="one call at a time (2,000 calls a run), p50 shown too"
+    )
     args = parser.parse_args(argv)
     mode = MODES["full"]
     with (
@@ -59,24 +62,46 @@ def main(argv: list[str] | None = None) -> int:
             names = list(targets)
             for name in names:  # warm: lazily imported code, pools and caches
                 callgen.run(targets[name].port, {**_spec(mode, "saturation", "json"), "duration": 0.5}, 60)
-            cpu: dict[str, dict[str, list[float]]] = {answer: {name: [] for name in names} for answer in ANSWERS}
+            cpu: dict[str, dict[str, list[float]]] = {
+                answer: {name: [] for name in names} for answer in ANSWERS
+            }
+            p50: dict[str, dict[str, list[float]]] = {
+                answer: {name: [] for name in names} for answer in ANSWERS
+            }
             for rep in range(args.reps):
                 for answer in ANSWERS:
                     order = names[rep % 3 :] + names[: rep % 3]
                     for name in reversed(order) if rep // 3 % 2 else order:
-                        spec = _spec(mode, "saturation", answer) | {"duration": args.duration}
+                        if args.serial:
+                            spec = _spec(mode, "serial", answer)
+                        else:
+                            spec = _spec(mode, "saturation", answer) | {"duration": args.duration}
                         spec |= {"pids": [targets[name].pid], "upstream_pid": upstream.pid}
                         result = callgen.run(targets[name].port, spec, _timeout(spec))
                         if result["calls"] and not result["errors"]:
                             cpu[answer][name].append(result["target_cpu"] / result["calls"] * 1e6)
+                            if result["lat_us"]:
+                                p50[answer][name].append(statistics.median(result["lat_us"]) / 1000)
                         elif result["errors"]:
-                            print(f"{name} {answer}: {result['errors']} errors: {result.get('error_example')}")
-            print(f"store {args.store}, {args.reps} reps of {args.duration:g} s; CPU us per call, medians")
+                            print(
+                                f"{name} {answer}: {result['errors']} errors: {result.get('error_example')}"
+                            )
+            how = "one at a time" if args.serial else f"saturation, {args.duration:g} s each"
+            print(f"{how}, store {args.store}, {args.reps} reps; CPU us per call, medians")
             for answer in ANSWERS:
                 med = {name: statistics.median(values) for name, values in cpu[answer].items() if values}
                 if "base" in med and "new" in med:
                     line = ", ".join(f"{name} {value:.0f}" for name, value in med.items())
                     print(f"{answer}: {line}; new/base {med['new'] / med['base']:.3f}")
+                    if args.serial:
+                        lat = {
+                            name: statistics.median(values) for name, values in p50[answer].items() if values
+                        }
+                        print("  p50 ms: " + ", ".join(f"{name} {value:.3f}" for name, value in lat.items()))
+                    runs = "; ".join(
+                        f"{n} " + " ".join(f"{v:.0f}" for v in vs) for n, vs in cpu[answer].items()
+                    )
+                    print(f"  runs: {runs}")
         finally:
             for child in reversed(procs.children):
                 child.stop()
