@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--serial", action="store_true", help="one call at a time (2,000 calls a run), p50 shown too"
     )
+    parser.add_argument("--restart", action="store_true", help="both proxies started afresh each repetition")
     args = parser.parse_args(argv)
     mode = MODES["full"]
     with (
@@ -46,22 +47,23 @@ def main(argv: list[str] | None = None) -> int:
                 if server is None:
                     raise SystemExit("redis-server is not installed")
                 store = {"advertise": True, "store": f"redis://{LOOPBACK}:{server.port}/0"}
-            targets = {
-                "floor": procs.start_floor(upstream),
-                **{
+
+            def proxies(rep: int) -> dict[str, procs_mod.Child]:
+                """mcpresume at both trees, started afresh (a process's own speed differs from the next's
+                of the same code by up to a tenth: fresh ones each repetition average that out)."""
+                return {
                     name: procs.start_mcpresume(  # (one Redis: a replica id each)
                         upstream,
-                        name=f"mcpresume-{name}",
+                        name=f"mcpresume-{name}-{rep}",
                         root=Path(directory),
-                        **(store | {"replica_id": f"calls-ab-{name}"} if store else {}),
+                        **(store | {"replica_id": f"calls-ab-{name}-{rep}"} if store else {}),
                     )
                     for name, directory in (("base", base_dir), ("new", new_dir))
-                },
-            }
+                }
+
+            targets = {"floor": procs.start_floor(upstream), **proxies(0)}
             callgen.binary()
             names = list(targets)
-            for name in names:  # warm: lazily imported code, pools and caches
-                callgen.run(targets[name].port, {**_spec(mode, "saturation", "json"), "duration": 0.5}, 60)
             cpu: dict[str, dict[str, list[float]]] = {
                 answer: {name: [] for name in names} for answer in ANSWERS
             }
@@ -69,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
                 answer: {name: [] for name in names} for answer in ANSWERS
             }
             for rep in range(args.reps):
+                if rep and args.restart:
+                    for name in ("base", "new"):
+                        targets[name].stop()
+                    targets |= proxies(rep)
+                for name in names if not rep or args.restart else ():  # warm: imports, pools, caches
+                    callgen.run(
+                        targets[name].port, {**_spec(mode, "saturation", "json"), "duration": 0.5}, 60
+                    )
                 for answer in ANSWERS:
                     order = names[rep % 3 :] + names[: rep % 3]
                     for name in reversed(order) if rep // 3 % 2 else order:
