@@ -91,3 +91,23 @@ def test_a_read_takes_what_a_read_from_redis_would_by_bytes_too() -> None:
     assert result is not None and [e.seq for e in result.events] == [2] and result.more
     result = copies.read(SID, (1,), 1, READ_MAX_EVENTS, 6)
     assert result is not None and [e.seq for e in result.events] == [2, 3] and result.more
+
+
+def test_an_append_that_ended_its_stream_answers_a_read_complete() -> None:
+    """``append_and_end``: two changes of the version (the append, the end); a read that takes all of it,
+    of that stream alone, is complete; a read of more streams (did the others end?) or one cut short by its
+    limits is not answered complete."""
+    copies = Copies()
+    copies.epochs[SID] = b"epoch"
+    append(copies, 2, 1, version=5)  # the stream's priming event (its opening)
+    append(copies, 3, 2, version=7, ended=True)
+    result = copies.read(SID, (1,), 1, READ_MAX_EVENTS, 1 << 20)
+    assert result is not None and result.complete and result.version == 7
+    assert [e.seq for e in result.events] == [2, 3, 4]
+    cut = copies.read(SID, (1,), 1, 2, 1 << 20)
+    assert cut is not None and cut.more and not cut.complete
+    assert seqs(copies, 1, streams=(1, 2)) is None
+    copies.changed(SID)
+    append(copies, 5, 1, version=8)
+    append(copies, 6, 1, version=9, ended=True)  # version 9 is not 8 + 2: someone else's change in between
+    assert seqs(copies, 4) is None and seqs(copies, 5) == [6]

@@ -374,6 +374,61 @@ async def test_events_stored_by_an_earlier_version_one_field_each_read_the_same(
     assert seqs(await reader.read(sid, [opened.number], 3)) == list(range(4, 12))
 
 
+async def test_the_view_of_a_one_event_answer_is_read_from_this_process_copies(
+    redis_db: str, make_store: Make
+) -> None:
+    """A stream opened with its priming event, then its response appended and the stream ended in one call
+    (``append_and_end``, the append at once of a short call): the view's read, from before the priming event,
+    is answered from this process's copies, no round trip, as Redis answers it (the events, their times, the
+    version, the epoch, complete). A change in between, or another stream in the read: Redis."""
+    writer, reader = await make_store(redis_db), await make_store(redis_db)  # reader: no copies, Redis only
+    sid = new_session_id()
+    await writer.create_session(sid, now=0.0)
+    asked: list[str] = []
+    script = writer._redis.script
+
+    def counted(op: str, *args: Any) -> Awaitable[Any]:
+        asked.append(op)
+        return script(op, *args)
+
+    writer._redis.script = counted  # type: ignore[method-assign]
+    response = NewEvent(frame_body(b'{"jsonrpc":"2.0","id":1,"result":{}}'), EventKind.RESPONSE, "n:1")
+    for round_ in range(2):
+        opened = await writer.open_stream(sid, StreamOrigin.POST, [f"n:{round_}"], now=1.0 + round_)
+        assert opened is not None
+        await writer.append_and_end(sid, opened.number, [response], now=2.0 + round_)
+        asked.clear()
+        mine = await writer.read(sid, [opened.number], opened.priming_seq - 1)
+        assert asked == []
+        redis_says = await reader.read(sid, [opened.number], opened.priming_seq - 1)
+        assert mine is not None and redis_says is not None and mine.complete and redis_says.complete
+        assert (
+            _shape(mine)
+            == _shape(redis_says)
+            == ([opened.priming_seq, opened.priming_seq + 1], [1.0 + round_, 2.0 + round_])
+        )
+        assert mine.body() == redis_says.body()
+        assert (mine.version, mine.epoch, mine.more, mine.gap) == (
+            redis_says.version,
+            redis_says.epoch,
+            False,
+            False,
+        )
+        if round_:  # with the stream before, which ended too: Redis says
+            with_another = await writer.read(sid, [opened.number - 1, opened.number], opened.priming_seq - 1)
+            assert asked == ["read"] and with_another is not None and with_another.complete
+            assert _shape(with_another) == _shape(mine)
+    # another call's stream opened between the opening and the append: the view's read asks Redis
+    opened = await writer.open_stream(sid, StreamOrigin.POST, ["n:7"], now=5.0)
+    assert opened is not None
+    await writer.open_stream(sid, StreamOrigin.POST, ["n:8"], now=5.0)
+    await writer.append_and_end(sid, opened.number, [response], now=6.0)
+    asked.clear()
+    after_claim = await writer.read(sid, [opened.number], opened.priming_seq - 1)
+    assert asked == ["read"] and after_claim is not None and after_claim.complete
+    assert _shape(after_claim)[0] == [opened.priming_seq, opened.priming_seq + 2]
+
+
 def _shape(result: ReadResult | None) -> tuple[list[int], list[float]]:
     assert result is not None
     return [event.seq for event in result.events], [t for segment in result.segments for t in segment.times]
@@ -412,6 +467,9 @@ async def test_after_a_flush_the_session_is_unknown(redis_db: str, make_store: M
         await client.flushall()
     finally:
         await client.aclose()
+    # (A flush is not news: for store.copies.FRESH after this process's last append to a session, its
+    # opening's priming event included, a read from within them is answered from its copies.)
+    store._copies.recent.clear()
     assert await store.view(sid, opened.number) is None
     assert await store.access(sid) is None
     assert await store.read(sid, [opened.number], 0) is None

@@ -65,7 +65,8 @@ def split(blob: bytes, offset: int, lengths: Sequence[int]) -> tuple[list[bytes]
 @dataclasses.dataclass(frozen=True, slots=True)
 class LastAppend:
     """One append this process made: its events' first seq, their stream, sizes and bodies' field, when,
-    their bytes, the session's version after it, and the last seq of its stream evicted so far (then)."""
+    their bytes, the session's version after it, the last seq of its stream evicted so far (then), and
+    whether it ended its stream in the same call (``append_and_end``: two changes of the version)."""
 
     first: int
     stream: int
@@ -75,12 +76,18 @@ class LastAppend:
     size: int
     version: int
     evicted_through: int = 0
+    ended: bool = False
     made: float = dataclasses.field(default_factory=time.monotonic)  # for ``FRESH`` s only
 
     @property
     def end(self) -> int:
         """The seq after its last event."""
         return self.first + len(self.lengths)
+
+    @property
+    def before(self) -> int:
+        """The session's version before it."""
+        return self.version - 2 if self.ended else self.version - 1
 
 
 # ``Copies.read`` answers only this long after an append: every eviction is a script (which forgets the
@@ -107,7 +114,7 @@ class Copies:
         """This process's append, just made: the session's history since the one before it, if that is the
         last known change; else the first of a new run."""
         recent = self.recent.get(session_id)
-        if recent and recent[-1].version + 1 == copy.version and recent[-1].end == copy.first:
+        if recent and recent[-1].version == copy.before and recent[-1].end == copy.first:
             if recent[-1].stream != copy.stream:
                 recent.clear()  # one stream's at a time: a read of it then needs no other stream's facts
             elif len(recent) == RECENT:
@@ -134,13 +141,17 @@ class Copies:
         store's as of the last append's version (a change since, of this process or another, is news after
         that version: the view reads again). As many events as a read from Redis would give (``max_events``,
         ``max_bytes``, at least one). A view keeping up with a stream of this process's pump then costs no
-        round trip per read. None: ask Redis."""
+        round trip per read. Complete when the last append ended its stream, the read's only one, and the
+        read takes all of it (the view of a one-event answer: its priming event, from the stream's opening,
+        and its response). None: ask Redis."""
         recent = self.recent.get(session_id)
         if not recent:
             return None
         last = recent[-1]
         if last.stream not in streams or not after + 1 < last.end or after < last.evicted_through:
             return None  # (evicted past the reader: Redis says how, a gap)
+        if last.ended and any(number != last.stream for number in streams):
+            return None  # whether the others ended too: Redis
         now = time.monotonic()
         if now - last.made > FRESH:
             del self.recent[session_id]
@@ -187,4 +198,4 @@ class Copies:
                 segments.append(Segment.of(copy.stream, copy.first + skip, blocks, copy.at, taken_bytes))
             if more:
                 break
-        return ReadResult(segments, False, False, last.version, more, epoch)
+        return ReadResult(segments, last.ended and not more, False, last.version, more, epoch)

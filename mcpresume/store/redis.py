@@ -395,6 +395,7 @@ class RedisStore:
         priming: bool = True,
         pump: PumpRecord | None = None,
     ) -> OpenedStream | None:
+        block = priming_block(self.retry_ms)
         result = await self._script(
             "open_stream",
             "open",
@@ -403,17 +404,26 @@ class RedisStore:
             origin.value,
             _now_arg(now),
             "1" if priming else "0",
-            priming_block(self.retry_ms),
+            block,
             _pump_arg(pump),
             *request_keys,
         )
         if result is None:
             return None
-        number, current, seq = int(result[0]), _text(result[1]) or "", int(result[2])
+        number, current, seq, version = int(result[0]), _text(result[1]) or "", int(result[2]), int(result[3])
         self._tails[(session_id, number)] = seq if priming else seq - 1
-        self._copies.epochs[session_id] = current.encode()
-        self._copies.changed(session_id)  # its priming event came after it
-        self._redis.notify(session_id, int(result[3]))
+        copies = self._copies
+        copies.epochs[session_id] = current.encode()
+        if priming:  # its priming event: this process's append too (the view of its answer starts with it)
+            field = f"{current}:{seq}".encode()  # open.lua's
+            copies.bodies.put(field, block)
+            sizes = array("I", (len(block),))
+            copies.appended(
+                session_id, LastAppend(seq, number, sizes, field, now, len(block), version, int(result[5]))
+            )
+        else:
+            copies.changed(session_id)
+        self._redis.notify(session_id, version)
         return OpenedStream(number, current, seq, int(result[4]))
 
     async def standalone_stream(self, session_id: str) -> int | None:
@@ -516,18 +526,14 @@ class RedisStore:
         if status == "ok":
             version, last = int(result[1]), int(result[2])
             evicted = _evicted(result[3:11])
-            if end:  # as end_stream leaves them: no tail kept, the session's copies asked again
+            if end:  # as end_stream leaves it: no tail kept
                 self._tails.pop(key, None)
-                if field:
-                    self._copies.bodies.put(field, blob)
-                self._copies.changed(session_id)
-                self._redis.notify(session_id, version)
-                return Appended(evicted)
-            self._tails[key] = last
-            if field:
+            else:
+                self._tails[key] = last
+            if field:  # (the view of a one-event answer reads it here: its stream ended with it)
                 self._copies.bodies.put(field, blob)
                 first = last - len(bodies) + 1
-                copy = LastAppend(first, stream, sizes, field, now, len(blob), version, int(result[11]))
+                copy = LastAppend(first, stream, sizes, field, now, len(blob), version, int(result[11]), end)
                 self._copies.appended(session_id, copy)
             else:
                 self._copies.changed(session_id)

@@ -1,6 +1,7 @@
 -- open_stream (ARGV: epoch or '', origin, now, primed '1'/'0', priming block, pump record (JSON, kept as
--- an opaque string) or '', request keys...): {number, epoch, priming seq, version, fence} or false. The
--- fence is the one the stream's pump writes under (common.lua fence_ok).
+-- an opaque string) or '', request keys...): {number, epoch, priming seq, version, fence, the stream's last
+-- seq evicted} or false. The fence is the one the stream's pump writes under (common.lua fence_ok); the last
+-- seq evicted: 0 unless the window could not hold its priming event (this process's copies: copies.py).
 -- Twin: mcpresume/core/session.py SessionState.open_stream
 if not load_meta() or not epoch_ok(ARGV[A]) then return false end
 local origin, now, primed, block = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3] == '1', ARGV[A + 4]
@@ -33,4 +34,4 @@ listen()
 save_meta()
 refresh()
 publish(meta.ver)
-return {n, meta.epoch, seq, tonumber(meta.ver), num('fen')}
+return {n, meta.epoch, seq, tonumber(meta.ver), num('fen'), s.e or 0}
