@@ -281,6 +281,15 @@ class UpstreamEvents:
         # counting them all would fail and finding the response by its markers scan the run thrice more.
         # A run of one event (a paced stream: one per read) is counted as before, at the cost of one count.
         count = len(run)
+        if count == 1 and any(marker in run.blocks[0] for marker in RESPONSE_MARKERS):
+            # A run of one event (a short answer, a paced stream) whose data holds a response's member names
+            # and does not start like a notification: what the counts below single out, found directly.
+            event = run.events()[0]
+            data = event.data
+            if not data.startswith(NOTIFICATION_PREFIXES) and any(
+                marker in data for marker in RESPONSE_MARKERS
+            ):
+                return [event]
         last = run.split(count - 1, count) if count > 1 else run
         if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
             spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
