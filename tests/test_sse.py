@@ -935,7 +935,7 @@ def test_an_event_written_again_reads_back_as_the_same_event(
     assert again.feed(b"".join(encode_event(e) for e in events)) == events
 
 
-# -- a short answer whole in one read (SSEParser._short) against the general path -----------------------------
+# -- a short answer whole in one read (SSEParser._short) against the general path ----------------------------
 
 
 class GeneralParser(SSEParser):
@@ -1019,7 +1019,9 @@ SHORT_RESPONSE = b'{"jsonrpc":"2.0","id":7,"result":{}}'
             [msg(b"", id=b"1", retry=3000), msg(SHORT_RESPONSE, b"message", b"2")],
         ),
         (  # the Python SDK (CRLF, normalised first): the retry after the empty data line
-            b"id: 1\r\ndata: \r\nretry: 500\r\n\r\nid: 2\r\nevent: message\r\ndata: " + SHORT_RESPONSE + b"\r\n\r\n",
+            b"id: 1\r\ndata: \r\nretry: 500\r\n\r\nid: 2\r\nevent: message\r\ndata: "
+            + SHORT_RESPONSE
+            + b"\r\n\r\n",
             [msg(b"", id=b"1", retry=500), msg(SHORT_RESPONSE, b"message", b"2")],
         ),
         (  # JSON with an escaped LF inside a string: one data line still

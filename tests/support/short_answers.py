@@ -61,13 +61,13 @@ def short_answers(draw: st.DrawFn) -> bytes:
         blocks.append(draw(priming()))
     if not blocks or draw(st.integers(0, 3)):
         blocks.append(draw(message()))
-    for _ in range(draw(st.integers(0, 1))):  # a second event
+    if draw(st.integers(0, 3)) == 0:  # a second event
         blocks.insert(draw(st.integers(0, len(blocks))), draw(st.one_of(priming(), message())))
     if draw(st.integers(0, 3)) == 0:
         block = draw(st.sampled_from(blocks))
         block.insert(draw(st.integers(0, len(block))), draw(st.sampled_from(ODD_LINES)))
     body = b"".join(b"".join(line + b"\n" for line in block) + b"\n" for block in blocks)
-    oddity = draw(st.integers(0, 9))
+    oddity = draw(st.integers(0, 14))
     if oddity == 0:
         body = body.replace(b"\n", b"\r\n")
     elif oddity == 1:
