@@ -609,9 +609,13 @@ class SSEParser:
             if id_ is not None:
                 spelling = _GENERAL
         self._spelling = spelling
-        block = (
-            b"data: " + data + b"\n\n" if event is None else b"event: " + event + b"\ndata: " + data + b"\n\n"
-        )
+        # The message without its id line: as it came, or cut after an id line first, or made again.
+        if id_ is None:
+            block = message
+        elif id_first is not None:
+            block = message[len(id_) + 5 :]
+        else:
+            block = b"event: " + event + b"\ndata: " + data + b"\n\n"
         parsed = SSEEvent(data, event, id_, None, True)
         source = (chunk, found.start(4), len(chunk))
         if spelling in (_PLAIN, _MULTI):
