@@ -29,6 +29,14 @@ the chunk exactly, which makes them the events the line parser would read; other
 before the first other one form the run and the rest goes the ways above. ``feed`` returns the same events
 as ``SSEEvent`` objects.
 
+Most answers to a tool call are short: a priming event (SEP-1699) and the response, or the
+response alone, whole in the upstream's first read. From an event boundary such a chunk (``_SHORT``: the
+spellings the SDKs write, one data line, nothing else, within the size limit) is read by one match
+(``_short``) into exactly what the general path returns for it (the priming event, the message as a run of
+one event of the spelling the general path would take), without its tries of every spelling on the
+priming event. Anything else in the chunk (a comment, another field, a third event) leaves it to the
+general path.
+
 A block is returned when it has an effect on a WHATWG client: a data field (a message), or a valid id (moves
 the cursor; SEP-1699 "priming" blocks have no message) or a valid retry. Blocks with only comments, unknown
 fields, an ``event`` field or ignored values yield nothing.
