@@ -15,26 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpresume.core.flow import Appended
-from mcpresume.core.jsonrpc import (
-    NOTIFICATION_PREFIX,
-    NOTIFICATION_PREFIXES,
-    PROXY_ID_MARKER,
-    RESPONSE_MARKERS,
-    is_proxy_id,
-    proxy_request_id,
-)
+from mcpresume.core.jsonrpc import is_proxy_id, proxy_request_id
 from mcpresume.core.pump import (
     MAX_RESUME_DELAY,
     End,
     UpstreamEvents,
-    _apart,
     refuses_resume,
     resume_delay,
     unattended,
     wants_credentials,
 )
 from mcpresume.core.session import NewEvent
-from mcpresume.core.sse import SSEEvent, SSEParser, SSERun
+from mcpresume.core.sse import SSEParser, SSERun
 from mcpresume.core.window import EventKind, Evicted
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.metrics import Metrics
@@ -380,32 +372,12 @@ def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response(
 
 
 class CountedEvents(UpstreamEvents):
-    """``UpstreamEvents`` as it was before a run of one event was checked directly: the counts only."""
+    """``UpstreamEvents`` without the direct check of a run of one event: the counts decide."""
 
     __slots__ = ()
 
-    def _suspects(self, run: SSERun) -> list[SSERun | SSEEvent]:
-        if not self.pending:
-            own = run.suspects(NOTIFICATION_PREFIX, (PROXY_ID_MARKER,))
-            return _apart(run, own) if own else [run]
-        count = len(run)
-        last = run.split(count - 1, count) if count > 1 else run
-        if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
-            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
-            if spelling is not None:
-                self._spelling = spelling
-                if not last.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS):
-                    return [run]
-                return [run.split(0, count - 1), *last.events()]
-        else:
-            spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling)
-            if spelling is not None:
-                self._spelling = spelling
-                return [run]
-        suspects = run.suspects(NOTIFICATION_PREFIX, RESPONSE_MARKERS)
-        if not suspects:
-            return [run]
-        return _apart(run, suspects)
+    def _answer(self, run: SSERun) -> None:
+        return None
 
 
 class GeneralParser(SSEParser):
