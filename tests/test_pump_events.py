@@ -11,6 +11,8 @@ import secrets
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpresume.core.flow import Appended
 from mcpresume.core.jsonrpc import is_proxy_id, proxy_request_id
@@ -29,6 +31,7 @@ from mcpresume.core.window import EventKind, Evicted
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.metrics import Metrics
 from mcpresume.streams.pump import Pump, PumpJob, Pumps, PumpSettings
+from tests.support.short_answers import short_answers
 
 NOTE = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}'
 
@@ -363,3 +366,75 @@ def test_a_run_of_one_kind_after_a_run_of_the_other_is_checked_for_its_response(
     assert flatten(feed(events, pretty * 3)) == [("run", 3)]
     assert flatten(feed(events, note(1) + note(2) + answer(7))) == [("run", 2), ("RESPONSE", 1)]
     assert events.pending == {} and events.complete
+
+
+# -- a short answer (SSEParser._short, the one-event check of _suspects) against the general path -----------
+
+
+class CountedEvents(UpstreamEvents):
+    """``UpstreamEvents`` without the direct check of a run of one event: the counts decide."""
+
+    __slots__ = ()
+
+    def _answer(self, run: SSERun) -> None:
+        return None
+
+
+class GeneralParser(SSEParser):
+    __slots__ = ()
+
+    def _short(self, chunk: bytes) -> None:
+        return None
+
+
+def batches_described(batches: list[list[NewEvent] | SSERun]) -> list[object]:
+    return [
+        (batch.blocks, batch.ids, batch.size, batch.general, batch.events())
+        if isinstance(batch, SSERun)
+        else batch
+        for batch in batches
+    ]
+
+
+def events_state(events: UpstreamEvents) -> dict[str, object]:
+    state = {name: getattr(events, name) for name in UpstreamEvents.__slots__}
+    state["_recent"] = None if events._recent is None else list(events._recent)
+    return state
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    short_answers(),
+    st.sampled_from([(), (7,), (7, 8), (8,)]),
+    st.sampled_from([b"", b"id: 42\ndata: x\n\nid: 2\ndata: y\n\n"]),
+    st.integers(0, 3),
+)
+def test_property_a_short_answer_makes_the_same_batches_and_state(
+    body: bytes, request_ids: tuple[int, ...], appended_before: bytes, spelling: int
+) -> None:
+    # The batches to append, the duplicates, the proxy's answers, completion and cursor: the same whether
+    # the answer is read the short way or the general one; also after a resume (replays dropped).
+    outcomes = []
+    for events, parser in (
+        (UpstreamEvents(request_ids), SSEParser(1 << 20)),
+        (CountedEvents(request_ids), GeneralParser(1 << 20)),
+    ):
+        events._spelling = spelling
+        if appended_before:
+            events.feed(SSEParser(1 << 20).feed_batched(appended_before))
+            events.resumed()
+        batches = events.feed(parser.feed_batched(body))
+        outcomes.append((batches_described(batches), events_state(events)))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_short_answer_to_the_pending_request_completes_the_stream_in_one_batch() -> None:
+    events = UpstreamEvents([7])
+    body = b'id: 41\ndata: \n\nid: 42\nevent: message\ndata: {"jsonrpc":"2.0","id":7,"result":{}}\n\n'
+    batches = events.feed(SSEParser(1 << 20).feed_batched(body))
+    assert flatten(batches) == [("RESPONSE", 1)]
+    assert events.complete and events.last_id == b"42" and not events.pending
+    # A notification alone stays a run (it answers nothing).
+    events = UpstreamEvents([7])
+    assert flatten(feed(events, note(1, b"5"))) == [("run", 1)]
+    assert not events.complete and events.last_id == b"5"

@@ -23,6 +23,7 @@ from mcpresume.core.sse import (
     frame_parts,
     priming_block,
 )
+from tests.support.short_answers import short_answers
 
 BIG = 1 << 20
 FAST = settings(max_examples=150, deadline=None)
@@ -932,3 +933,142 @@ def test_an_event_written_again_reads_back_as_the_same_event(
     events = first.feed(wire)
     again = SSEParser(1 << 20)
     assert again.feed(b"".join(encode_event(e) for e in events)) == events
+
+
+# -- a short answer whole in one read (SSEParser._short) against the general path ----------------------------
+
+
+class GeneralParser(SSEParser):
+    """The parser without the short answer's way: every chunk down the general path."""
+
+    __slots__ = ()
+
+    def _short(self, chunk: bytes) -> None:
+        return None
+
+
+def described(items: list[SSEEvent | SSERun]) -> list[object]:
+    """What a consumer can tell of the parser's items: each event, and each run's every field."""
+    return [
+        (item.blocks, item.ids, item.size, item._source, item.general, item.events())
+        if isinstance(item, SSERun)
+        else item
+        for item in items
+    ]
+
+
+def parser_state(parser: SSEParser) -> dict[str, object]:
+    return {name: getattr(parser, name) for name in SSEParser.__slots__}
+
+
+def fed_both(
+    chunks: list[bytes], limit: int = BIG, spelling: int = 0, keepalives: bool = False
+) -> tuple[list[object], list[object], SSEParser, SSEParser]:
+    """The items and parsers of the parser and the general path, fed the same chunks (their spelling
+    hints set first), each outcome an item list or the error."""
+    outcomes: list[list[object]] = []
+    parsers: list[SSEParser] = []
+    for parser in (SSEParser(limit), GeneralParser(limit)):
+        parser._spelling, parser._keepalives = spelling, keepalives
+        outcome: list[object] = []
+        for chunk in chunks:
+            try:
+                outcome.append(described(parser.feed_batched(chunk)))
+            except EventTooLarge as exc:
+                outcome.append(repr(exc))
+        outcomes.append(outcome)
+        parsers.append(parser)
+    return outcomes[0], outcomes[1], parsers[0], parsers[1]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    short_answers(),
+    st.sampled_from([BIG, 40, 120, 200]),
+    st.integers(0, 3),
+    st.booleans(),
+    st.sampled_from([b"", b"id: 1\ndata: x\n\n", b'data: {"a":1}\n\ndat']),
+)
+def test_property_a_short_answer_gives_what_the_general_path_gives(
+    body: bytes, limit: int, spelling: int, keepalives: bool, before: bytes
+) -> None:
+    # The same items, errors and parser state (the spelling to try first included), from a fresh parser
+    # or after an earlier chunk, and for the chunk after it.
+    chunks = [before, body, b'id: 9\ndata: {"b":2}\n\n'] if before else [body, b"data: z\n\n"]
+    short, general, parser, reference = fed_both(chunks, limit, spelling, keepalives)
+    assert short == general
+    assert parser_state(parser) == parser_state(reference)
+
+
+SHORT_RESPONSE = b'{"jsonrpc":"2.0","id":7,"result":{}}'
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (  # a priming event then the response, each with an id (the official SDK with an event store)
+            b"id: 41\ndata: \n\nid: 42\nevent: message\ndata: " + SHORT_RESPONSE + b"\n\n",
+            [msg(b"", id=b"41"), msg(SHORT_RESPONSE, b"message", b"42")],
+        ),
+        (  # the response alone, no id (no event store)
+            b"event: message\ndata: " + SHORT_RESPONSE + b"\n\n",
+            [msg(SHORT_RESPONSE, b"message")],
+        ),
+        (  # the TypeScript SDK: a retry in its priming event, the event line before the id line
+            b"id: 1\nretry: 3000\ndata: \n\nevent: message\nid: 2\ndata: " + SHORT_RESPONSE + b"\n\n",
+            [msg(b"", id=b"1", retry=3000), msg(SHORT_RESPONSE, b"message", b"2")],
+        ),
+        (  # the Python SDK (CRLF, normalised first): the retry after the empty data line
+            b"id: 1\r\ndata: \r\nretry: 500\r\n\r\nid: 2\r\nevent: message\r\ndata: "
+            + SHORT_RESPONSE
+            + b"\r\n\r\n",
+            [msg(b"", id=b"1", retry=500), msg(SHORT_RESPONSE, b"message", b"2")],
+        ),
+        (  # JSON with an escaped LF inside a string: one data line still
+            b'data: {"jsonrpc":"2.0","id":7,"result":{"text":"a\\nb"}}\n\n',
+            [msg(b'{"jsonrpc":"2.0","id":7,"result":{"text":"a\\nb"}}')],
+        ),
+    ],
+)
+def test_a_short_answer_is_read_at_once_as_the_general_path_reads_it(
+    body: bytes, expected: list[SSEEvent]
+) -> None:
+    parser = SSEParser(BIG)
+    items = parser.feed_batched(body.replace(b"\r", b""))
+    assert parser._short(body.replace(b"\r", b"")) is not None  # the short way took it
+    events = [event for item in items for event in (item.events() if isinstance(item, SSERun) else [item])]
+    assert events == expected
+    assert parse(body) == expected
+    short, general, parser, reference = fed_both([body])
+    assert short == general
+    assert parser_state(parser) == parser_state(reference)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b": hello\nid: 1\ndata: \n\ndata: x\n\n",  # a comment line
+        b"id: 1\ndata: \n\nid: 2\ndata: x\n\ndata: y\n\n",  # a third event
+        b"id: 1\ndata: \n\nevent: message\ndata: x\ndata: y\n\n",  # two data lines
+        b"data: x\n\nid: 1\ndata: \n\n",  # the priming event last
+        b"data: x\n",  # not ended
+        b"id: 1\nretry: 1x\ndata: \n\ndata: x\n\n",  # a retry that is not one
+        b"id: 1\nid: 2\ndata: x\n\n",  # two id lines
+        b"data:x\n\n",  # data without the space
+    ],
+)
+def test_anything_unusual_is_left_to_the_general_path(body: bytes) -> None:
+    assert SSEParser(BIG)._short(body) is None
+    short, general, parser, reference = fed_both([body])
+    assert short == general
+    assert parser_state(parser) == parser_state(reference)
+
+
+def test_crlf_is_normalised_before_the_short_way_and_a_chunk_over_the_limit_is_not_taken() -> None:
+    body = b"id: 1\r\ndata: \r\n\r\nid: 2\r\ndata: " + SHORT_RESPONSE + b"\r\n\r\n"
+    assert SSEParser(BIG)._short(body) is None  # CR is the general path's, then the short way's
+    short, general, parser, reference = fed_both([body])
+    assert short == general and parser_state(parser) == parser_state(reference)
+    small = SSEParser(len(body) - 10)
+    assert small._short(body.replace(b"\r", b"")) is None
+    assert [item for item in small.feed(body)] == [msg(b"", id=b"1"), msg(SHORT_RESPONSE, None, b"2")]

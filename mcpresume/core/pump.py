@@ -281,6 +281,10 @@ class UpstreamEvents:
         # counting them all would fail and finding the response by its markers scan the run thrice more.
         # A run of one event (a paced stream: one per read) is counted as before, at the cost of one count.
         count = len(run)
+        if count == 1:
+            answer = self._answer(run)
+            if answer is not None:
+                return [answer]
         last = run.split(count - 1, count) if count > 1 else run
         if count > 1 and not last.events()[0].data.startswith(NOTIFICATION_PREFIXES):
             spelling = run.all_start_with(NOTIFICATION_PREFIXES, self._spelling, but_last=True)
@@ -298,6 +302,18 @@ class UpstreamEvents:
         if not suspects:
             return [run]
         return _apart(run, suspects)
+
+    def _answer(self, run: SSERun) -> SSEEvent | None:
+        """A run of one event (a short answer, a paced stream) as the single event ``_suspects`` makes of it
+        when its data holds a response's member names and does not start like a notification (what the
+        counts single out), found directly; None: the counts decide."""
+        if not any(marker in run.blocks[0] for marker in RESPONSE_MARKERS):
+            return None
+        event = run.events()[0]
+        data = event.data
+        if data.startswith(NOTIFICATION_PREFIXES) or not any(marker in data for marker in RESPONSE_MARKERS):
+            return None
+        return event
 
     def _run(self, run: SSERun) -> SSERun:
         """A run as it will be appended: no call per event; upstream ids are checked only after a resume

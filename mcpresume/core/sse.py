@@ -29,6 +29,14 @@ the chunk exactly, which makes them the events the line parser would read; other
 before the first other one form the run and the rest goes the ways above. ``feed`` returns the same events
 as ``SSEEvent`` objects.
 
+Most answers to a tool call are short: a priming event (SEP-1699) and the response, or the
+response alone, whole in the upstream's first read. From an event boundary such a chunk (``_SHORT``: the
+spellings the SDKs write, one data line, nothing else, within the size limit) is read by one match
+(``_short``) into exactly what the general path returns for it (the priming event, the message as a run of
+one event of the spelling the general path would take), without its tries of every spelling on the
+priming event. Anything else in the chunk (a comment, another field, a third event) leaves it to the
+general path.
+
 A block is returned when it has an effect on a WHATWG client: a data field (a message), or a valid id (moves
 the cursor; SEP-1699 "priming" blocks have no message) or a valid retry. Blocks with only comments, unknown
 fields, an ``event`` field or ignored values yield nothing.
@@ -165,6 +173,16 @@ _PREFIXES: Final = tuple(
         rb"(?:event: .*+\n)?data: .++\n(?:data: .*+\n)*+\n",
     )
 )
+# A short answer whole in one read, as servers write it (``SSEParser._short``): an optional priming event
+# (SEP-1699: an id, an empty data line, a retry before or after it) then an optional message event (an id
+# and an event line in either order, or either, or neither; one data line with a value). Groups: the
+# priming's id, its retries, the message, its id and event (id first), its event and id (event first), its
+# data. Both retries: the last one wins, as in the line parser. Anything else is the general path's.
+_SHORT: Final = re.compile(
+    rb"(?:id: ([^\n\x00]*)\n(?:retry: ([0-9]{1,9})\n)?data: \n(?:retry: ([0-9]{1,9})\n)?\n)?"
+    rb"((?:id: ([^\n\x00]+)\n(?:event: ([^\n]*)\n)?|event: ([^\n]*)\n(?:id: ([^\n\x00]+)\n)?)?"
+    rb"data: ([^\n]+)\n\n)?"
+)
 _FIRST: Final = itemgetter(0)
 _SECOND: Final = itemgetter(1)
 _THIRD: Final = itemgetter(2)
@@ -192,7 +210,7 @@ class SSERun:
     ``id: <cursor>`` then the block gets the upstream's event with our id: that is how the proxy forwards a
     run (``frame_parts``), with no per-event object."""
 
-    __slots__ = ("_source", "blocks", "general", "ids", "size")
+    __slots__ = ("_event", "_source", "blocks", "general", "ids", "size")
 
     def __init__(
         self,
@@ -202,12 +220,14 @@ class SSERun:
         source: tuple[bytes, int, int] | None = None,
         *,
         general: bool = False,
+        event: SSEEvent | None = None,
     ) -> None:
         self.blocks = blocks
         self.ids = ids
         self.size = size  # the bytes of the blocks (what a window keeps: the upstream id lines aside)
         self._source = source  # (chunk, start, end): the run is chunk[start:end]
         self.general = general
+        self._event = event  # a run of one event parsed already (``SSEParser._short``): what events() gives
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -309,6 +329,8 @@ class SSERun:
 
     def events(self) -> list[SSEEvent]:
         """The same events as SSEEvent objects, as the line parser returns them."""
+        if self._event is not None:
+            return [self._event]
         ids = self.ids or [b""] * len(self.blocks)
         if self.general:
             parser = SSEParser(1 + max(map(len, self.blocks)) + max(map(len, ids)))
@@ -532,7 +554,7 @@ class SSEParser:
                 chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
         if self._at_boundary():
-            return self._blocks(chunk)
+            return self._short(chunk) or self._blocks(chunk)
         # Finish the event the previous chunk left open with the line parser, then take the fast path.
         if not self._partial and chunk[:1] == b"\n":
             end = 1  # the previous chunk ended its last line; this LF is the blank line
@@ -561,6 +583,58 @@ class SSEParser:
             and self._id is None
             and (self._event is None and self._retry is None)
         )
+
+    def _short(self, chunk: bytes) -> list[SSEEvent | SSERun] | None:
+        """A short answer whole in one read (``_SHORT``: a priming event, a message event, or both), from an
+        event boundary: what ``_blocks`` returns for it, without its tries of every spelling on the priming
+        event. None (nothing done) for anything else. The same items: the priming event as an SSEEvent, the
+        message as a run of one event, of the spelling ``_run`` would take and leave as the one to try
+        first (its table, below); within the size limit as a whole, so no event of it is too large."""
+        if len(chunk) > self._max or self._keepalives:
+            return None
+        found = _SHORT.fullmatch(chunk)
+        if found is None or not chunk:
+            return None
+        primed, retry, last_retry, message, id_first, event_second, event_first, id_second, data = (
+            found.groups()
+        )
+        items: list[SSEEvent | SSERun] = []
+        if primed is not None:
+            retry = last_retry or retry
+            items.append(SSEEvent(b"", None, primed, None if retry is None else int(retry), True))
+        if message is None:
+            return items
+        # The spellings that read the message as a run: all four without an id line; the id line first
+        # and the general one with it first; the general one alone with the event line first. ``_run`` takes
+        # the first of those in the order the last spelling gives (``_ORDERS``).
+        spelling = self._spelling
+        if id_first is not None:
+            id_, event = id_first, event_second
+            if spelling not in (_ID_FIRST, _GENERAL):
+                spelling = _ID_FIRST
+        else:
+            id_, event = id_second, event_first
+            if id_ is not None:
+                spelling = _GENERAL
+        self._spelling = spelling
+        # The message without its id line: as it came, or cut after an id line first, or made again.
+        if id_ is None:
+            block = message
+        elif id_first is not None:
+            block = message[len(id_) + 5 :]
+        else:
+            block = b"event: " + event + b"\ndata: " + data + b"\n\n"
+        parsed = SSEEvent(data, event, id_, None, True)
+        source = (chunk, found.start(4), len(chunk))
+        if spelling in (_PLAIN, _MULTI):
+            run = SSERun([block], None, len(block), source, general=spelling == _MULTI, event=parsed)
+        else:
+            id_lines = None if id_ is None else [b"id: " + id_ + b"\n"]
+            if spelling == _ID_FIRST:
+                id_lines = id_lines or [b""]
+            run = SSERun([block], id_lines, len(block), source, general=spelling == _GENERAL, event=parsed)
+        items.append(run)
+        return items
 
     def _blocks(self, chunk: bytes, start: int = 0) -> list[SSEEvent | SSERun]:
         """The fast paths, from an event boundary (``start``). First the whole chunk as one run: one
