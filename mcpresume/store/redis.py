@@ -134,6 +134,21 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# The meta's fields ``access`` reads (``_access``).
+_ACCESS_FIELDS: Final = (b"epoch", b"cred", b"pv", b"uid")
+
+
+def _access(
+    epoch: bytes | None, cred: bytes | None, version: bytes | None, upstream_id: bytes | None
+) -> SessionAccess | None:
+    """The access record of the meta's ``_ACCESS_FIELDS`` (None: the session is unknown)."""
+    if epoch is None:
+        return None
+    text = _text(cred) or ""
+    credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
+    return SessionAccess(_text(epoch) or "", credentials, _text(version) or None, _text(upstream_id))
+
+
 def _evicted(flat: Sequence[int]) -> Evicted:
     evicted = Evicted()
     for index, reason in enumerate(_REASONS):
@@ -289,13 +304,9 @@ class RedisStore:
     async def access(self, session_id: str) -> SessionAccess | None:
         # On every request of a session: through the link, as ``owner`` (not redis-py's ~115 us).
         epoch, cred, version, upstream_id = await self._redis.hmget(
-            "access", session_keys(session_id)[0], (b"epoch", b"cred", b"pv", b"uid")
+            "access", session_keys(session_id)[0], _ACCESS_FIELDS
         )
-        if epoch is None:
-            return None
-        text = _text(cred) or ""
-        credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
-        return SessionAccess(_text(epoch) or "", credentials, _text(version) or None, _text(upstream_id))
+        return _access(epoch, cred, version, upstream_id)
 
     async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
         held = "" if expected is None else "=" + expected
@@ -346,6 +357,13 @@ class RedisStore:
         # of this process's CPU, one on the link about 38).
         (owner,) = await self._redis.hmget("owner", session_keys(session_id)[0], (b"own",))
         return _text(owner)
+
+    async def owner_and_access(self, session_id: str) -> tuple[str | None, SessionAccess | None]:
+        # Routing's read of a request's session and its handler's, in one HMGET of the meta.
+        owner, epoch, cred, version, upstream_id = await self._redis.hmget(
+            "owner_and_access", session_keys(session_id)[0], (b"own", *_ACCESS_FIELDS)
+        )
+        return _text(owner), _access(epoch, cred, version, upstream_id)
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
         at = _now_arg(now)
