@@ -366,8 +366,25 @@ class RedisStore:
         return _text(owner), _access(epoch, cred, version, upstream_id)
 
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        """Each session's delivery mark held here (``marks.py``) rides in its touch's script, as in an
+        append's, rather than as a script of its own before it (a view's release touches its session right
+        after its last write's mark)."""
         at = _now_arg(now)
-        await self._script_each("touch", "touch", [(sid, (at,)) for sid in session_ids])
+        calls: list[tuple[str, Sequence[str]]] = []
+        carried: list[tuple[str, tuple[int, tuple[int, ...]]]] = []
+        for sid in session_ids:
+            mark = self._marks.take(sid)
+            if mark is None:
+                calls.append((sid, (at,)))
+            else:
+                carried.append((sid, mark))
+                calls.append((sid, (at, str(mark[0]), *map(str, mark[1]))))
+        try:
+            await self._script_each("touch", "touch", calls)
+        except BaseException:
+            for sid, (seq, streams) in carried:  # not known to be applied: held again (twice is the same)
+                self._marks.add(sid, streams, seq)
+            raise
 
     # -- request ids ---------------------------------------------------------------------------------------
 
