@@ -325,6 +325,35 @@ async def test_a_delivery_mark_rides_in_the_session_s_next_append_even_one_refus
     assert await _delivered_in_redis(redis_db, sid, number) == 3
 
 
+async def test_a_delivery_mark_rides_in_the_session_s_touch(redis_db: str, make_store: Make) -> None:
+    """A view's release touches its session right after its last write's mark: the touch's script applies
+    the held mark (one script call, not the mark's and the touch's), each session its own in a touch of
+    several; a session without a mark is touched as before."""
+    store = await make_store(redis_db)
+    sid, number = await _new_stream(store)
+    other, other_number = await _new_stream(store)
+    await store.append(sid, number, [msg(b"one"), msg(b"two")], now=0.0)
+    await store.append(other, other_number, [msg(b"one")], now=0.0)
+    calls = await _script_calls(redis_db)
+    await store.mark_delivered(sid, [number], 2)
+    assert await _delivered_in_redis(redis_db, sid, number) == 0  # held
+    await store.touch([sid], now=5.0)
+    assert await _delivered_in_redis(redis_db, sid, number) == 2
+    assert await _script_calls(redis_db) == calls + 1  # the touch's alone
+    summary = await store.summary(sid)
+    assert summary is not None and summary.last_active == 5.0
+    await store.mark_delivered(sid, [number], 3)
+    await store.mark_delivered(other, [other_number], 2)
+    calls = await _script_calls(redis_db)
+    await store.touch([sid, other], now=6.0)
+    assert await _script_calls(redis_db) == calls + 2  # one per session
+    assert await _delivered_in_redis(redis_db, sid, number) == 3
+    assert await _delivered_in_redis(redis_db, other, other_number) == 2
+    for session in (sid, other):
+        summary = await store.summary(session)
+        assert summary is not None and summary.last_active == 6.0
+
+
 async def test_a_delivery_mark_no_append_takes_goes_alone_and_one_whose_append_failed_is_held_again(
     own_redis: RedisProcess, make_store: Make
 ) -> None:
@@ -345,6 +374,16 @@ async def test_a_delivery_mark_no_append_takes_goes_alone_and_one_whose_append_f
     finally:
         own_redis.resume()
     while await _delivered_in_redis(url, sid, number) != 2:  # held again, then sent alone
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(MARK_DELAY)
+    await store.mark_delivered(sid, [number], 3)
+    own_redis.pause()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.touch([sid], now=1.0)  # a touch that failed: its mark held again too
+    finally:
+        own_redis.resume()
+    while await _delivered_in_redis(url, sid, number) != 3:
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(MARK_DELAY)
 

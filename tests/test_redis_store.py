@@ -271,6 +271,11 @@ class RedisAgainstMemory(RuleBasedStateMachine):
                 assert ra.body().replace(self.epochs[0].encode(), b"E") == rb.body().replace(
                     self.epochs[1].encode(), b"E"
                 )
+        # Routing's read of the session with its access record (one HMGET): the same, the epoch aside.
+        (owner_a, access_a), (owner_b, access_b) = self.run(self.both("owner_and_access", self.sid))
+        assert owner_a == owner_b and access_a is not None and access_b is not None
+        assert (access_a.epoch, access_b.epoch) == self.epochs
+        assert replace(access_a, epoch="E") == replace(access_b, epoch="E")
         # The session inspector's look (lua/summary.lua and its twin): the same, the epoch aside.
         sa, sb = self.run(self.both("summary", self.sid))
         assert (sa.epoch, sb.epoch) == self.epochs
@@ -543,9 +548,10 @@ async def test_the_owner_registry_and_orphans(redis_db: str, make_store: Make) -
 async def test_a_routing_lookup_that_redis_refuses_is_store_unavailable_not_an_answer(
     redis_db: str, make_store: Make
 ) -> None:
-    """The owner and the replica's URL are read in one round trip each, on the link: an error reply (here a
-    key of the wrong type, written by something else) fails the lookup as an outage does (503), never reads
-    as "no owner" or "no live replica", which would route the request to the wrong place."""
+    """The owner (alone or with the access record) and the replica's URL are read in one round trip each, on
+    the link: an error reply (here a key of the wrong type, written by something else) fails the lookup as
+    an outage does (503), never reads as "no owner" or "no live replica", which would route the request to
+    the wrong place."""
     store = await make_store(redis_db)
     sid = new_session_id()
     await store.create_session(sid, now=0.0)
@@ -557,9 +563,12 @@ async def test_a_routing_lookup_that_redis_refuses_is_store_unavailable_not_an_a
         with pytest.raises(StoreUnavailable):
             await store.owner(sid)
         with pytest.raises(StoreUnavailable):
+            await store.owner_and_access(sid)
+        with pytest.raises(StoreUnavailable):
             await store.replica_url("pod-a", now=105.0)
         await client.delete(session_keys(sid)[0], REPLICA_URLS)
         assert await store.owner(sid) is None and await store.replica_url("pod-a", now=105.0) is None
+        assert await store.owner_and_access(sid) == (None, None)
         await store.register_replica("pod-a", "http://10.0.0.1:8080", ttl=10.0, now=100.0)
         assert await store.replica_url("pod-a", now=105.0) == "http://10.0.0.1:8080"
     finally:

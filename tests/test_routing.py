@@ -193,12 +193,35 @@ class CountingStore(MemoryStore):
         self.asked["access"] += 1
         return await super().access(session_id)
 
+    async def owner_and_access(self, session_id: str) -> tuple[str | None, SessionAccess | None]:
+        self.asked["owner_and_access"] += 1
+        return await super().owner_and_access(session_id)
+
+
+async def test_a_post_on_its_owner_reads_the_owner_and_the_access_record_in_one_call(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A tools/call on the session's owner: routing reads the owner and the access record in one store
+    call, and the POST handler is handed the record (no read of its own); on another replica, routing's
+    read alone, and the owner's handler its own (the hop's request is routed there too)."""
+    store = CountingStore()
+    async with pods(store, 2) as (a, b):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        store.asked.clear()
+        assert result_of(await call(client, a.url, "tally", {})) == 1
+        assert store.asked == {"owner_and_access": 1}
+        store.asked.clear()
+        assert result_of(await call(client, b.url, "tally", {})) == 2  # forwarded to a, served there
+        assert store.asked == {"owner_and_access": 2}  # b's routing, a's routing (its handler: none)
+
 
 async def test_a_re_attach_to_a_lost_owners_session_reads_its_owner_and_access_once(
     http: aiohttp.ClientSession,
 ) -> None:
-    """A re-attach on b after a released its lease: routing reads the session's owner once (``Serve``
-    carries it to the takeover it starts) and its access record once (the GET handler is handed it)."""
+    """A re-attach on b after a released its lease: routing reads the session's owner and its access record
+    once, in one call (``Serve`` carries the owner to the takeover it starts; the GET handler is handed the
+    record)."""
     store = CountingStore()
     async with pods(store, 2) as (a, b):
         client = ScriptedClient(http, a.url)
@@ -211,6 +234,6 @@ async def test_a_re_attach_to_a_lost_owners_session_reads_its_owner_and_access_o
         await a.proxy.stop()  # releases its lease: the owner is lost
         store.asked.clear()
         assert await reattach(http, client, b.url, cursor) == []  # the call had ended: nothing after it
-        assert store.asked == {"owner": 1, "access": 1}
+        assert store.asked == {"owner_and_access": 1}
         taken = lambda: sample(b.proxy.ctx.metrics, "mcpresume_takeovers_total", outcome="nothing_left")  # noqa: E731
         await until(lambda: taken() >= 1, what="the takeover started beside the re-attach")

@@ -17,7 +17,7 @@ from mcpresume.core.cursor import EPOCH_LEN, Cursor, encode_cursor, parse_cursor
 from mcpresume.core.errors import ForeignCursor, TooManySessions
 from mcpresume.core.flow import Guard
 from mcpresume.core.resume import ReAttach, StreamView, decide
-from mcpresume.core.session import Claim, ClaimOutcome, NewEvent, PumpRecord, StreamOrigin
+from mcpresume.core.session import Claim, ClaimOutcome, NewEvent, PumpRecord, SessionAccess, StreamOrigin
 from mcpresume.core.sse import frame_body
 from mcpresume.core.window import EventKind, EvictReason, WindowLimits
 from mcpresume.process.local import News
@@ -847,6 +847,34 @@ async def test_owner_and_replica_registry(store: SessionStore) -> None:
     assert await store.replica_url("pod-a", now=11.0) is None
     await store.delete_session(sid)
     assert await store.owner(sid) is None
+
+
+async def test_owner_and_access_reads_the_owner_and_the_access_record_together(store: SessionStore) -> None:
+    """``owner_and_access`` says what ``owner`` and ``access`` say, read at one instant (routing's read and
+    the handler's in one call): unknown, as created (with an owner or none), after the credentials, the
+    protocol version, the upstream's id and the owner changed, and once deleted."""
+
+    async def both() -> tuple[str | None, SessionAccess | None]:
+        return await store.owner(sid), await store.access(sid)
+
+    sid, unowned = new_session_id(), new_session_id()
+    assert await store.owner_and_access(sid) == (None, None)
+    epoch = await store.create_session(sid, now=0.0, credential=b"a" * 32, owner="pod-a")
+    await store.create_session(unowned, now=0.0)
+    owner, granted = await store.owner_and_access(sid)
+    assert (owner, granted) == await both()
+    assert owner == "pod-a" and granted is not None and granted.epoch == epoch
+    assert granted.credentials == (b"a" * 32,) and granted.upstream_id is None
+    assert await store.owner_and_access(unowned) == ("", await store.access(unowned))
+    await store.accept_credential(sid, epoch, b"b" * 32, "2025-11-25")
+    assert await store.map_upstream(sid, epoch, None, "up-1")
+    await store.take_over("pod-a", by="pod-b")
+    owner, granted = await store.owner_and_access(sid)
+    assert (owner, granted) == await both()
+    assert owner == "pod-b" and granted is not None and granted.upstream_id == "up-1"
+    assert set(granted.credentials) == {b"a" * 32, b"b" * 32} and granted.protocol_version == "2025-11-25"
+    await store.delete_session(sid)
+    assert await store.owner_and_access(sid) == (None, None)
 
 
 async def test_a_registration_is_kept_past_its_lease_until_pruned(store: SessionStore) -> None:

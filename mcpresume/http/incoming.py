@@ -14,7 +14,7 @@ from aiohttp import web
 
 from mcpresume.core.headers import PROTOCOL_VERSION_HEADER, SSE_RESPONSE_HEADERS
 from mcpresume.core.jsonrpc import MODERN_VERSIONS, ClientMessage, primes
-from mcpresume.core.session import PumpRecord
+from mcpresume.core.session import PumpRecord, SessionAccess
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import resume_headers
 from mcpresume.http.forward import client_headers
@@ -31,6 +31,10 @@ class Post:
     session_id: str | None  # its Mcp-Session-Id
     # A bridged session's request (http/bridge.py): the 2026-07-28 headers it is sent upstream with.
     bridged: tuple[tuple[str, str], ...] | None = None
+    # What routing read of the session (``route.Routed``): ``asked``, it did; ``access``, the record it read
+    # (None: unknown). The executor's ``Need.ACCESS`` takes it instead of reading it again.
+    asked: bool = False
+    access: SessionAccess | None = None
 
     @property
     def request_id(self) -> str | int | None:

@@ -67,8 +67,8 @@ class Posts:
                 continue
             assert session_id is not None  # the other needs are a session's
             match step:
-                case Need.ACCESS:
-                    granted = await store.access(session_id)
+                case Need.ACCESS:  # read with the session's owner when routing asked it (``Post.asked``)
+                    granted = post.access if post.asked else await store.access(session_id)
                     facts.asked, facts.known = True, granted is not None
                 case Need.CREDENTIALS:
                     # Credentials the upstream has not accepted in the session claim nothing in it (not a

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, Final
 
 from aiohttp import web
@@ -153,7 +154,12 @@ class Proxy:
                     self.bridge.tasked()  # counted by era as every POST
                 else:
                     routed = await self.routing.route(request, body, post.request_id)
-                    response = routed.answer if routed.answer is not None else await self._post(post)
+                    if routed.answer is not None:
+                        response = routed.answer
+                    else:
+                        if routed.asked:  # the session's access record: the executor needs it
+                            post = replace(post, asked=True, access=routed.access)
+                        response = await self._post(post)
             elif method == "GET":
                 # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
                 ahead = self.gets.openings.arrive(request)

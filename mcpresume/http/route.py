@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from mcpresume.core.credentials import Access, access
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER
 from mcpresume.core.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.core.session import SessionAccess
 from mcpresume.http.context import DID, HOPPED_TO, Action, ProxyContext
 from mcpresume.http.credentials import presented, upstream_knows
 from mcpresume.process.config import Settings
 from mcpresume.process.logs import log_id
-from mcpresume.replicas.hop import plan
+from mcpresume.replicas.hop import decide, plan, routed_session
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")
@@ -44,8 +44,9 @@ log = logging.getLogger("mcpresume.proxy")
 @dataclass(frozen=True, slots=True)
 class Routed:
     """How routing ended: ``answer``, the response (forwarded or refused), or None: served here. ``asked``:
-    routing read the session's access record (a re-attach), ``access`` what it said (None: unknown), so the
-    handler does not read it again."""
+    routing read the session's access record with its owner (``Registry.owner_and_access``), ``access`` what
+    it said (None: unknown), so the handler does not read it again (a POST's, a GET's; a DELETE reads it
+    after the upstream answered)."""
 
     answer: web.StreamResponse | None = None
     asked: bool = False
@@ -70,9 +71,16 @@ class Routing:
         if hop is None:
             return HERE
         here = ctx.settings.replica
-        routed = await self._needs_upstream(request)
-        needs_upstream = routed.access is not None and _verify(ctx, request, routed.access)
-        decision = await plan(ctx.store, request, here, ctx.clock(), needs_upstream=needs_upstream)
+        session_id = routed_session(request)
+        if session_id is None:
+            return HERE
+        # The owner and the access record in one read: routing needs the owner, the handler the record (a
+        # re-attach's routing too: whether serving it here would ask the upstream, a ping for credentials
+        # new to the session). Nothing this request does between the two changes the session.
+        owner, granted = await ctx.store.owner_and_access(session_id)
+        routed = Routed(asked=True, access=granted)
+        needs_upstream = granted is not None and _reattach(request) and _verify(ctx, request, granted)
+        decision = await decide(ctx.store, request, owner, here, ctx.clock(), needs_upstream=needs_upstream)
         if isinstance(decision, TakeOver):
             alive_at = await self.take_over(decision.owner)
             routed = HERE  # what it read may have changed (a session retired): the handler reads again
@@ -88,18 +96,10 @@ class Routing:
                     return Routed(await hop.forward(request, body, url, request_id))
             case Refuse(error=error):
                 return Routed(ctx.reject(request, error, request_id))
-            case Serve(lost_owner=str(owner)):
+            case Serve(lost_owner=str(lost)):
                 # Served without waiting for the takeover: the drain holds the task (step 5).
-                ctx.drain.spawn(self._lost(owner), name="mcpresume-takeover")
+                ctx.drain.spawn(self._lost(lost), name="mcpresume-takeover")
         return routed
-
-    async def _needs_upstream(self, request: web.Request) -> Routed:
-        """A re-attach: the session's access record (served here, the handler needs it too; whether serving
-        it here would ask the upstream, a ping for credentials new to the session, routing needs)."""
-        session_id = request.headers.get(SESSION_HEADER)
-        if request.method != "GET" or session_id is None or LAST_EVENT_ID_HEADER not in request.headers:
-            return HERE
-        return Routed(asked=True, access=await self.ctx.store.access(session_id))
 
     async def _lost(self, owner: str) -> None:
         await self.take_over(owner)
@@ -166,6 +166,11 @@ def probe_timeout(settings: Settings) -> float:
     loop stalls longer than that would lose its lease to a pause of that length anyway), at least the
     connect timeout."""
     return max(settings.connect_timeout, settings.owner_lease_ttl / 2)
+
+
+def _reattach(request: web.Request) -> bool:
+    """A GET with a cursor: routing serves it here unless serving it would ask the upstream."""
+    return request.method == "GET" and LAST_EVENT_ID_HEADER in request.headers
 
 
 def _verify(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:

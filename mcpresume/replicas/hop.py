@@ -61,17 +61,51 @@ async def plan(
 ) -> Route:
     """Where ``request`` (to the MCP endpoint) is served: ``core.route.route`` on what the store says of its
     session's owner (``needs_upstream`` and ``takeover_tried`` as there). The store is asked only for a
-    request routing depends on, and the owner's URL only when the owner is another replica. A session id
-    the handler will refuse (400) is not looked up. ``answered``: (replica id, URL) of a replica that answered
-    a liveness check there (``Hop.probe``): if it owns the session, it is live there, whatever its lease
-    says."""
-    session_id = request.headers.get(SESSION_HEADER)
-    kind = kind_of(
-        request.method, session=session_id is not None, cursor=LAST_EVENT_ID_HEADER in request.headers
-    )
-    if session_id is None or kind is Kind.OTHER or not valid_session_id(session_id):
+    request routing depends on (``routed_session``), and the owner's URL only when the owner is another
+    replica. ``answered``: (replica id, URL) of a replica that answered a liveness check there
+    (``Hop.probe``): if it owns the session, it is live there, whatever its lease says."""
+    session_id = routed_session(request)
+    if session_id is None:
         return Serve()
     owner = await owners.owner(session_id)
+    return await decide(
+        owners,
+        request,
+        owner,
+        here,
+        now,
+        needs_upstream=needs_upstream,
+        takeover_tried=takeover_tried,
+        answered=answered,
+    )
+
+
+def routed_session(request: web.Request) -> str | None:
+    """The session whose owner routes ``request`` (None: routing asks the store nothing, it is served here).
+    A session id the handler will refuse (400) is not looked up."""
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None or not valid_session_id(session_id):
+        return None
+    cursor = LAST_EVENT_ID_HEADER in request.headers
+    return None if kind_of(request.method, session=True, cursor=cursor) is Kind.OTHER else session_id
+
+
+async def decide(
+    owners: Registry,
+    request: web.Request,
+    owner: str | None,
+    here: str,
+    now: float,
+    *,
+    needs_upstream: bool = False,
+    takeover_tried: bool = False,
+    answered: tuple[str, str] | None = None,
+) -> Route:
+    """``plan`` with the owner of ``routed_session(request)`` read already (``owner``, as
+    ``Registry.owner`` says it)."""
+    session_id = request.headers.get(SESSION_HEADER)
+    assert session_id is not None  # routed_session's
+    kind = kind_of(request.method, session=True, cursor=LAST_EVENT_ID_HEADER in request.headers)
     owner_url = await owners.replica_url(owner, now) if owner and owner != here else None
     if owner_url is None and answered is not None and owner == answered[0] and owner != here:
         owner_url = answered[1]

@@ -331,6 +331,11 @@ class Registry(Protocol):
         """The replica id of the session's owner (None: session unknown)."""
         ...
 
+    async def owner_and_access(self, session_id: str) -> tuple[str | None, SessionAccess | None]:
+        """``owner`` and ``Sessions.access`` of the session, read at one instant: what routing reads of a
+        request's session and its handler then needs, in one call (one round trip on Redis)."""
+        ...
+
     async def register_replica(
         self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
     ) -> None:

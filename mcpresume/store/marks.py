@@ -3,9 +3,10 @@
 A view marks what its client was sent after every write (``mark_delivered``). Sent as a call of its own,
 each mark was one more script for Redis to run (about 16 us, in front of whatever call it rode with: at 1k
 events/s, in front of nearly every append). Here a mark waits for the session's next append instead, which
-applies it in the same script call; any other call of this process on the session sends the session's mark
-first (so a later call of this process never finds the session without it, as before); and a mark no
-append took within ``MARK_DELAY`` is sent alone. What a mark sets (a stream's delivered seq) only moves
+applies it in the same script call (a touch of the session too: a view's release touches it right after its
+last write's mark); any other call of this process on the session sends the session's mark first (so a
+later call of this process never finds the session without it, as before); and a mark no append took
+within ``MARK_DELAY`` is sent alone. What a mark sets (a stream's delivered seq) only moves
 forward, so a mark applied late, or twice, is the same as one applied once.
 """
 

@@ -246,6 +246,12 @@ class MemoryStore:
         return epoch
 
     async def owner(self, session_id: str) -> str | None:
+        return self._owner(session_id)
+
+    async def owner_and_access(self, session_id: str) -> tuple[str | None, SessionAccess | None]:
+        return self._owner(session_id), self._access(session_id)
+
+    def _owner(self, session_id: str) -> str | None:
         return self._owners.get(session_id, "") if session_id in self._sessions else None
 
     # -- replicas (one process: the registry is a dict) --------------------------------------------------
@@ -282,6 +288,9 @@ class MemoryStore:
             raise Fenced(session_id, fence, current)
 
     async def access(self, session_id: str) -> SessionAccess | None:
+        return self._access(session_id)
+
+    def _access(self, session_id: str) -> SessionAccess | None:
         session = self._sessions.get(session_id)
         if session is None:
             return None

@@ -134,6 +134,21 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# The meta's fields ``access`` reads (``_access``).
+_ACCESS_FIELDS: Final = (b"epoch", b"cred", b"pv", b"uid")
+
+
+def _access(
+    epoch: bytes | None, cred: bytes | None, version: bytes | None, upstream_id: bytes | None
+) -> SessionAccess | None:
+    """The access record of the meta's ``_ACCESS_FIELDS`` (None: the session is unknown)."""
+    if epoch is None:
+        return None
+    text = _text(cred) or ""
+    credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
+    return SessionAccess(_text(epoch) or "", credentials, _text(version) or None, _text(upstream_id))
+
+
 def _evicted(flat: Sequence[int]) -> Evicted:
     evicted = Evicted()
     for index, reason in enumerate(_REASONS):
@@ -289,13 +304,9 @@ class RedisStore:
     async def access(self, session_id: str) -> SessionAccess | None:
         # On every request of a session: through the link, as ``owner`` (not redis-py's ~115 us).
         epoch, cred, version, upstream_id = await self._redis.hmget(
-            "access", session_keys(session_id)[0], (b"epoch", b"cred", b"pv", b"uid")
+            "access", session_keys(session_id)[0], _ACCESS_FIELDS
         )
-        if epoch is None:
-            return None
-        text = _text(cred) or ""
-        credentials = tuple(bytes.fromhex(d) for d in text.split(",") if d)
-        return SessionAccess(_text(epoch) or "", credentials, _text(version) or None, _text(upstream_id))
+        return _access(epoch, cred, version, upstream_id)
 
     async def map_upstream(self, session_id: str, epoch: str, expected: str | None, upstream_id: str) -> bool:
         held = "" if expected is None else "=" + expected
@@ -347,9 +358,33 @@ class RedisStore:
         (owner,) = await self._redis.hmget("owner", session_keys(session_id)[0], (b"own",))
         return _text(owner)
 
+    async def owner_and_access(self, session_id: str) -> tuple[str | None, SessionAccess | None]:
+        # Routing's read of a request's session and its handler's, in one HMGET of the meta.
+        owner, epoch, cred, version, upstream_id = await self._redis.hmget(
+            "owner_and_access", session_keys(session_id)[0], (b"own", *_ACCESS_FIELDS)
+        )
+        return _text(owner), _access(epoch, cred, version, upstream_id)
+
     async def touch(self, session_ids: Sequence[str], now: float) -> None:
+        """Each session's delivery mark held here (``marks.py``) rides in its touch's script, as in an
+        append's, rather than as a script of its own before it (a view's release touches its session right
+        after its last write's mark)."""
         at = _now_arg(now)
-        await self._script_each("touch", "touch", [(sid, (at,)) for sid in session_ids])
+        calls: list[tuple[str, Sequence[str]]] = []
+        carried: list[tuple[str, tuple[int, tuple[int, ...]]]] = []
+        for sid in session_ids:
+            mark = self._marks.take(sid)
+            if mark is None:
+                calls.append((sid, (at,)))
+            else:
+                carried.append((sid, mark))
+                calls.append((sid, (at, str(mark[0]), *map(str, mark[1]))))
+        try:
+            await self._script_each("touch", "touch", calls)
+        except BaseException:
+            for sid, (seq, streams) in carried:  # not known to be applied: held again (twice is the same)
+                self._marks.add(sid, streams, seq)
+            raise
 
     # -- request ids ---------------------------------------------------------------------------------------
 
