@@ -113,12 +113,13 @@ _VERSION_HEADERS: Final = {
 }
 
 
-def resume_headers(ctx: ProxyContext, request: web.Request, session_id: str) -> tuple[tuple[str, str], ...]:
+def resume_headers(
+    ctx: ProxyContext, request: web.Request, session_id: str, version: str | None
+) -> tuple[tuple[str, str], ...]:
     """The headers with which a resume GET speaks for the client of this request: its session, protocol
-    revision and credentials."""
+    revision (``version``, its ``MCP-Protocol-Version``) and credentials."""
     # The upstream's own id of a session begun again there (upstream_session_lost = "reinitialize").
     headers = [(SESSION_HEADER, ctx.upstream.aliases.get(session_id, session_id))]
-    version = request.headers.get(PROTOCOL_VERSION_HEADER)
     if version is not None:
         headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))
     headers += credential_headers_of(ctx, request)
@@ -172,7 +173,8 @@ async def authorize(
             return refused(ctx, request, error, request_id)
     # Accepted: the newest the upstream accepted (just now, after a ping) go to the session's pumps here.
     if ctx.pumps.pumping(session_id) and (decided is Access.VERIFY or newest(granted.credentials, digest)):
-        ctx.pumps.refresh_credentials(session_id, request.path_qs, resume_headers(ctx, request, session_id))
+        resume = resume_headers(ctx, request, session_id, request.headers.get(PROTOCOL_VERSION_HEADER))
+        ctx.pumps.refresh_credentials(session_id, request.path_qs, resume)
     return None
 
 
@@ -288,12 +290,12 @@ async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tupl
 
 
 async def remember_version(
-    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess, version: str | None
 ) -> None:
-    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried is
-    the one a ping in the session is sent with. Its credentials are not remembered from this (a 2xx is not
-    always acceptance: see core/credentials.py), only when they are ones accepted there already."""
-    version = request.headers.get(PROTOCOL_VERSION_HEADER)
+    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried
+    (``version``) is the one a ping in the session is sent with. Its credentials are not remembered from this
+    (a 2xx is not always acceptance: see core/credentials.py), only when they are ones accepted there
+    already."""
     if version is None or version == granted.protocol_version or not granted.credentials:
         return  # the common case: what the session holds already (no store call); or no ping is ever sent
     digest = presented(ctx, request)

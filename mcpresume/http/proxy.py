@@ -136,7 +136,7 @@ class Proxy:
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
-            self._admit(request)
+            session_id = self._admit(request)
             method = request.method
             if request.path != ctx.upstream.mcp_path:
                 response = await self._other_path(request)
@@ -146,7 +146,7 @@ class Proxy:
                 body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
                 message = parse_client_body(body)
                 methods = message.methods
-                post = Post(request, body, message, request.headers.get(SESSION_HEADER))
+                post = Post.admit(request, body, message, session_id)
                 tasked = await self.tasks.serve(post) if self.tasks is not None else None
                 if tasked is not None:
                     response = tasked
@@ -256,8 +256,9 @@ class Proxy:
             )
         return await passthrough(self.ctx, request, body)
 
-    def _admit(self, request: web.Request) -> None:
-        """Checks every request passes before anything is read or forwarded."""
+    def _admit(self, request: web.Request) -> str | None:
+        """Checks every request passes before anything is read or forwarded; its ``Mcp-Session-Id`` (None
+        off the MCP endpoint)."""
         settings = self.settings
         if header_bytes(request.raw_headers) > settings.max_header_bytes:
             raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
@@ -272,7 +273,8 @@ class Proxy:
         if not host_allowed(host, self._allowed_hosts):
             raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed{self._hosts_hint}")
         if request.path != self.ctx.upstream.mcp_path:
-            return
+            return None
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId(f"Mcp-Session-Id must be 1-{MAX_SESSION_ID_LEN} visible ASCII characters")
+        return session_id
