@@ -152,13 +152,13 @@ class Proxy:
                     response = tasked
                     self.bridge.tasked()  # counted by era as every POST
                 else:
-                    routed = await self.routing.route(request, body, post.request_id)
+                    routed = await self.routing.route(request, session_id, body, post.request_id)
                     response = routed.answer if routed.answer is not None else await self._post(post)
             elif method == "GET":
                 # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
                 ahead = self.gets.openings.arrive(request)
                 try:
-                    routed = await self.routing.route(request, b"")
+                    routed = await self.routing.route(request, session_id, b"")
                     response = (
                         routed.answer
                         if routed.answer is not None
@@ -168,7 +168,7 @@ class Proxy:
                 finally:
                     ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)
             elif method == "DELETE":
-                routed = await self.routing.route(request, b"")
+                routed = await self.routing.route(request, session_id, b"")
                 if routed.answer is not None:
                     response = routed.answer
                 else:

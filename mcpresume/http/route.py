@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from mcpresume.core.credentials import Access, access
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER
 from mcpresume.core.route import Forward, Refuse, Serve, TakeOver
 from mcpresume.core.session import SessionAccess
 from mcpresume.http.context import DID, HOPPED_TO, Action, ProxyContext
@@ -63,23 +63,28 @@ class Routing:
         self._takeovers: dict[str, asyncio.Task[str | None]] = {}
         self._alive: set[str] = set()  # owners with a lapsed lease that answered (logged once each)
 
-    async def route(self, request: web.Request, body: bytes, request_id: str | int | None = None) -> Routed:
-        """Where a request of a session is served (with one replica, no ``advertise_url``: here)."""
+    async def route(
+        self, request: web.Request, session_id: str | None, body: bytes, request_id: str | int | None = None
+    ) -> Routed:
+        """Where a request of a session (``session_id``: its ``Mcp-Session-Id``, read at admission) is served
+        (with one replica, no ``advertise_url``: here)."""
         ctx = self.ctx
         hop = ctx.hop
         if hop is None:
             return HERE
         here = ctx.settings.replica
-        routed = await self._needs_upstream(request)
+        routed = await self._needs_upstream(request, session_id)
         needs_upstream = routed.access is not None and _verify(ctx, request, routed.access)
-        decision = await plan(ctx.store, request, here, ctx.clock(), needs_upstream=needs_upstream)
+        decision = await plan(
+            ctx.store, request, session_id, here, ctx.clock(), needs_upstream=needs_upstream
+        )
         if isinstance(decision, TakeOver):
             alive_at = await self.take_over(decision.owner)
             routed = HERE  # what it read may have changed (a session retired): the handler reads again
             # The owner's URL when it answered alive (its lease lapsed in a store outage): it serves.
             answered = None if alive_at is None else (decision.owner, alive_at)
             decision = await plan(
-                ctx.store, request, here, ctx.clock(), takeover_tried=True, answered=answered
+                ctx.store, request, session_id, here, ctx.clock(), takeover_tried=True, answered=answered
             )
         match decision:
             case Forward(url=url):
@@ -93,10 +98,9 @@ class Routing:
                 ctx.drain.spawn(self._lost(owner), name="mcpresume-takeover")
         return routed
 
-    async def _needs_upstream(self, request: web.Request) -> Routed:
+    async def _needs_upstream(self, request: web.Request, session_id: str | None) -> Routed:
         """A re-attach: the session's access record (served here, the handler needs it too; whether serving
         it here would ask the upstream, a ping for credentials new to the session, routing needs)."""
-        session_id = request.headers.get(SESSION_HEADER)
         if request.method != "GET" or session_id is None or LAST_EVENT_ID_HEADER not in request.headers:
             return HERE
         return Routed(asked=True, access=await self.ctx.store.access(session_id))

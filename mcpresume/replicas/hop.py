@@ -29,7 +29,6 @@ from mcpresume.core.headers import (
     LAST_EVENT_ID_HEADER,
     PROBE_HEADER,
     REPLICA_HEADER,
-    SESSION_HEADER,
     end_to_end,
     forwarded,
     valid_session_id,
@@ -52,6 +51,7 @@ _NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 async def plan(
     owners: Registry,
     request: web.Request,
+    session_id: str | None,
     here: str,
     now: float,
     *,
@@ -59,13 +59,13 @@ async def plan(
     takeover_tried: bool = False,
     answered: tuple[str, str] | None = None,
 ) -> Route:
-    """Where ``request`` (to the MCP endpoint) is served: ``core.route.route`` on what the store says of its
-    session's owner (``needs_upstream`` and ``takeover_tried`` as there). The store is asked only for a
+    """Where ``request`` (to the MCP endpoint; ``session_id``, its ``Mcp-Session-Id``) is served:
+    ``core.route.route`` on what the store says of its session's owner (``needs_upstream`` and
+    ``takeover_tried`` as there). The store is asked only for a
     request routing depends on, and the owner's URL only when the owner is another replica. A session id
     the handler will refuse (400) is not looked up. ``answered``: (replica id, URL) of a replica that answered
     a liveness check there (``Hop.probe``): if it owns the session, it is live there, whatever its lease
     says."""
-    session_id = request.headers.get(SESSION_HEADER)
     kind = kind_of(
         request.method, session=session_id is not None, cursor=LAST_EVENT_ID_HEADER in request.headers
     )
