@@ -651,3 +651,30 @@ async def test_credentials_in_the_query_string_are_bound_too(http, serve) -> Non
         async with http.get(owner.url, headers=owner.headers(**{"Last-Event-ID": cursors[0]})) as response:
             assert SECRET in (await collect(response))[-1].data.decode()  # the owner's own URL: no ping
     assert calls(upstream, "ping", "?api_key") == ["Bearer intruder", None, "Bearer owner-1"]
+
+
+async def test_a_call_reads_its_credentials_once(http, proxy, upstream, monkeypatch) -> None:
+    """A tools/call in a session whose standalone stream is pumped is checked (``authorize``), hands its
+    credentials to the session's pumps, and records them for its own stream's resumes: one reading of its
+    credential headers and one digest serve all three."""
+    counted = {"fields": 0, "digests": 0}
+
+    def fields(*args: Any) -> tuple[tuple[str, str], ...]:
+        counted["fields"] += 1
+        return credential_fields(*args)
+
+    def digest(*args: Any) -> bytes:
+        counted["digests"] += 1
+        return credential_digest(*args)
+
+    owner, _, _ = await owner_with_a_result(http, proxy)
+    async with http.get(proxy.url, headers=owner.headers()) as standalone:
+        assert (await anext(aiter(sse_events(standalone)))).data == b""  # its pump is running
+        monkeypatch.setattr("mcpresume.http.credentials.credential_fields", fields)
+        monkeypatch.setattr("mcpresume.http.credentials.credential_digest", digest)
+        for calls_made in (1, 2):
+            _, body = owner.tool_call("secret", {})
+            async with http.post(proxy.url, data=body, headers=owner.headers()) as response:
+                assert SECRET in (await collect(response))[-1].data.decode()
+            assert counted == {"fields": calls_made, "digests": calls_made}
+    assert calls(upstream, "ping") == []  # the owner's own token: never asked about

@@ -160,7 +160,7 @@ async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]
         handlers.append(task)
         body = await request.read()
         owners.path = request.query.get("path")  # a test's pick among the owner's paths
-        decision = await plan(owners, request, HERE, now=0.0)
+        decision = await plan(owners, request, request.headers.get(SESSION_HEADER), HERE, now=0.0)
         match decision:
             case Forward(url=url):
                 return await hop.forward(request, body, url, request_id=7)
@@ -438,7 +438,7 @@ async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
     await store.register_replica(OWNER, "http://10.0.0.2:8080/mcp", ttl=10.0, now=0.0)
 
     async def planned(session: str, now: float, method: str = "POST", **headers: str) -> Route:
-        return await plan(store, _request(method, {SESSION_HEADER: session, **headers}), HERE, now)
+        return await plan(store, _request(method, {SESSION_HEADER: session, **headers}), session, HERE, now)
 
     assert await planned("theirs", 5.0) == Forward("http://10.0.0.2:8080/mcp")
     assert await planned("mine", 5.0) == Serve()

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import aiohttp
@@ -84,7 +84,7 @@ from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import MODERN_CHECK, authorize, begins_with
 from mcpresume.http.forward import relay, upstream_headers
-from mcpresume.http.incoming import SSE_HEADERS, Post, primes_of, pump_record, stateless
+from mcpresume.http.incoming import SSE_HEADERS, Post, pump_record
 from mcpresume.http.listen import GeneratedBody, ListenAnswer
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
@@ -293,7 +293,7 @@ class Bridge:
     async def serve(self, post: Post, serve_post: ServePost) -> web.StreamResponse | None:
         """The answer of a bridged POST; None for one served as without the bridge (counted either way)."""
         request, message, session_id = post.request, post.message, post.session_id
-        if stateless(request, message):
+        if post.stateless:
             self._count(Era.MODERN, "passed_through")
             if not self._told_modern:
                 self._told_modern = True
@@ -480,7 +480,7 @@ class Bridge:
                 return web.Response(body=orjson.dumps(answer), content_type=JSON)
             case _:
                 body = orjson.dumps(treated.body)
-                return await serve_post(Post(request, body, post.message, session_id, treated.headers))
+                return await serve_post(replace(post, body=body, bridged=treated.headers))
 
     async def _set_level(self, session_id: str, bridged: Bridged, level: str) -> None:
         """A ``logging/setLevel``: the level every later request of the session carries, kept with the
@@ -689,7 +689,7 @@ async def retain(
     bridge: Bridge | None = post.request.get(BRIDGE)
     asked = input_required(_last_message(answer)) if bridge is not None and len(answer) <= limit else None
     asking = bridge is not None and asked is not None and bool(asked.requests)
-    record = pump_record(ctx, post.request, session_id, message.request_ids) if asking else None
+    record = pump_record(ctx, post.request, session_id, message.request_ids, post.version) if asking else None
     now = ctx.clock()
     opened = await ctx.store.open_stream(
         session_id,
@@ -697,7 +697,7 @@ async def retain(
         message.request_keys,
         now,
         granted.epoch,
-        priming=primes_of(post.request, message),
+        priming=post.primes,
         pump=record,
     )
     if opened is None:

@@ -12,6 +12,10 @@ hands them to the session's pumps in this process (``Pumps.refresh_credentials``
 upstream with the freshest credentials its client presented, not forever with those that opened it. Only
 this process keeps them, beside its pumps; the store holds what it held before (digests, and a live
 stream's record with the credentials that opened it).
+
+A request's credentials are read from its headers once (``presented_by``), the first time a check needs
+them, and kept on the request: a POST in a session is checked (``authorize``), may be trusted on a 404, have
+its protocol revision remembered and its stream's resume headers recorded, all with the one reading.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
@@ -68,9 +73,37 @@ _PING_KEEPS = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Presented:
+    """The credentials a request carries: its credential headers (``credential_headers``) as they came, and
+    the digest of those and of its query string (an API key in the endpoint's URL); ``bound``: whether
+    there are any (a session a request without any begins is bound to none)."""
+
+    headers: tuple[tuple[str, str], ...]
+    digest: bytes
+    bound: bool
+
+
+# A request's credentials as read the first time a check needed them (``presented_by``).
+PRESENTED: Final = web.RequestKey("mcpresume_presented", Presented)
+
+
+def presented_by(ctx: ProxyContext, request: web.Request) -> Presented:
+    """The request's credentials, read from its headers once per request and kept on it."""
+    known = request.get(PRESENTED)
+    if known is None:
+        headers = credential_fields(request.headers.items(), ctx.settings.credential_headers)
+        fields = headers
+        query = request.rel_url.raw_query_string
+        if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too
+            fields += ((QUERY_FIELD, query),)
+        known = request[PRESENTED] = Presented(headers, credential_digest(fields), bool(fields))
+    return known
+
+
 def credential_headers_of(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
     """The request's credential headers (``credential_headers``), as they came."""
-    return credential_fields(request.headers.items(), ctx.settings.credential_headers)
+    return presented_by(ctx, request).headers
 
 
 # A live stream keeps its pump record as long as it lives (a standalone stream: as long as its session): one
@@ -80,36 +113,28 @@ _VERSION_HEADERS: Final = {
 }
 
 
-def resume_headers(ctx: ProxyContext, request: web.Request, session_id: str) -> tuple[tuple[str, str], ...]:
+def resume_headers(
+    ctx: ProxyContext, request: web.Request, session_id: str, version: str | None
+) -> tuple[tuple[str, str], ...]:
     """The headers with which a resume GET speaks for the client of this request: its session, protocol
-    revision and credentials."""
+    revision (``version``, its ``MCP-Protocol-Version``) and credentials."""
     # The upstream's own id of a session begun again there (upstream_session_lost = "reinitialize").
     headers = [(SESSION_HEADER, ctx.upstream.aliases.get(session_id, session_id))]
-    version = request.headers.get(PROTOCOL_VERSION_HEADER)
     if version is not None:
         headers.append(_VERSION_HEADERS.get(version) or (PROTOCOL_VERSION_HEADER, version))
     headers += credential_headers_of(ctx, request)
     return tuple(headers)
 
 
-def _presented_fields(ctx: ProxyContext, request: web.Request) -> tuple[tuple[str, str], ...]:
-    """The request's credential headers and its query string (an API key in the endpoint's URL)."""
-    fields = credential_headers_of(ctx, request)
-    query = request.rel_url.raw_query_string
-    if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too
-        fields += ((QUERY_FIELD, query),)
-    return fields
-
-
 def presented(ctx: ProxyContext, request: web.Request) -> bytes:
     """The digest of the credentials a request carries."""
-    return credential_digest(_presented_fields(ctx, request))
+    return presented_by(ctx, request).digest
 
 
 def begins_with(ctx: ProxyContext, request: web.Request) -> bytes | None:
     """What a session that this request begins is bound to: its credentials' digest, None without any."""
-    fields = _presented_fields(ctx, request)
-    return credential_digest(fields) if fields else None
+    known = presented_by(ctx, request)
+    return known.digest if known.bound else None
 
 
 def trusted(ctx: ProxyContext, request: web.Request, granted: SessionAccess) -> bool:
@@ -148,7 +173,8 @@ async def authorize(
             return refused(ctx, request, error, request_id)
     # Accepted: the newest the upstream accepted (just now, after a ping) go to the session's pumps here.
     if ctx.pumps.pumping(session_id) and (decided is Access.VERIFY or newest(granted.credentials, digest)):
-        ctx.pumps.refresh_credentials(session_id, request.path_qs, resume_headers(ctx, request, session_id))
+        resume = resume_headers(ctx, request, session_id, request.headers.get(PROTOCOL_VERSION_HEADER))
+        ctx.pumps.refresh_credentials(session_id, request.path_qs, resume)
     return None
 
 
@@ -264,12 +290,12 @@ async def upstream_knows(ctx: ProxyContext, path_qs: str, headers: Sequence[tupl
 
 
 async def remember_version(
-    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess
+    ctx: ProxyContext, request: web.Request, session_id: str, granted: SessionAccess, version: str | None
 ) -> None:
-    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried is
-    the one a ping in the session is sent with. Its credentials are not remembered from this (a 2xx is not
-    always acceptance: see core/credentials.py), only when they are ones accepted there already."""
-    version = request.headers.get(PROTOCOL_VERSION_HEADER)
+    """The upstream answered a request of the session with a 2xx: the ``MCP-Protocol-Version`` it carried
+    (``version``) is the one a ping in the session is sent with. Its credentials are not remembered from this
+    (a 2xx is not always acceptance: see core/credentials.py), only when they are ones accepted there
+    already."""
     if version is None or version == granted.protocol_version or not granted.credentials:
         return  # the common case: what the session holds already (no store call); or no ping is ever sent
     digest = presented(ctx, request)

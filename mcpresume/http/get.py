@@ -33,14 +33,21 @@ from mcpresume.core.get import (
     plan_get,
     plan_standalone,
 )
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER, SESSION_HEADER
+from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpresume.core.session import SessionAccess, StreamOrigin
 from mcpresume.core.sse import encode_frame, priming_block
 from mcpresume.http import reinit
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize, remember_version, trusted
 from mcpresume.http.forward import SSE, passthrough, relay, upstream_headers
-from mcpresume.http.incoming import SSE_HEADERS, client_sse_headers, primes_of, pump_record, stateless
+from mcpresume.http.incoming import (
+    SSE_HEADERS,
+    client_sse_headers,
+    primes_of,
+    primes_version,
+    pump_record,
+    stateless,
+)
 from mcpresume.http.resume import decide_cursor, resume_preface
 from mcpresume.http.route import Routed
 from mcpresume.http.view import ViewPlan, attach_view, release_view, reserve_view, serve_view
@@ -282,16 +289,17 @@ class Gets:
                 raise UpstreamSessionLost()
             opened = None
             if answer.status == 200 and answer.content_type == SSE:
-                await remember_version(ctx, request, session_id, granted)
+                version = request.headers.get(PROTOCOL_VERSION_HEADER)
+                await remember_version(ctx, request, session_id, granted, version)
                 now = ctx.clock()
-                record = pump_record(ctx, request, session_id, ())
+                record = pump_record(ctx, request, session_id, (), version)
                 opened = await ctx.store.open_stream(
                     session_id,
                     StreamOrigin.GET,
                     (),
                     now,
                     granted.epoch,
-                    priming=primes_of(request),
+                    priming=primes_version(version),
                     pump=record,
                 )
                 if opened is None:  # ended meanwhile: never relayed raw (the upstream's own event ids)

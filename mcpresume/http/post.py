@@ -17,7 +17,6 @@ from typing import assert_never
 from aiohttp import web
 
 from mcpresume.core.get import Relay
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER
 from mcpresume.core.post import (
     ANSWER_STEPS,
     AttachOriginal,
@@ -36,7 +35,7 @@ from mcpresume.http.bridge import bridged_answer
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import authorize
 from mcpresume.http.forward import passthrough, relay
-from mcpresume.http.incoming import SSE_HEADERS, Post, stateless
+from mcpresume.http.incoming import SSE_HEADERS, Post
 from mcpresume.http.resume import decide_cursor, resume_preface
 from mcpresume.http.send import Sender
 from mcpresume.http.view import ViewPlan, attach_view, release_view, reserve_view, serve_view
@@ -52,9 +51,9 @@ class Posts:
         ctx, request, message, session_id = self.ctx, post.request, post.message, post.session_id
         settings, store = ctx.settings, ctx.store
         limits = {"max_sessions": settings.max_sessions, "max_streams": settings.max_streams_per_session}
-        cursor_header = request.headers.get(LAST_EVENT_ID_HEADER)
+        cursor_header = post.cursor
         facts = PostFacts(
-            stateless=stateless(request, message),
+            stateless=post.stateless,
             has_session=session_id is not None,
             initialize=message.is_initialize,
             has_cursor=cursor_header is not None,
@@ -200,6 +199,6 @@ class Posts:
         assert session_id is not None
         if len(streams) > 1:
             await ctx.store.group_streams(session_id, list(streams))
-        cursor = post.request.headers.get(LAST_EVENT_ID_HEADER, "")
+        cursor = post.cursor or ""
         preface = resume_preface(ctx, post.request, cursor, tail.stream) if tail.followed else b""
         return ViewPlan(streams, tail.after, SSE_HEADERS, preface, tail.newest, reader)

@@ -137,7 +137,7 @@ class Proxy:
         try:
             if ctx.drain.started:
                 raise ShuttingDown("the proxy is shutting down; retry on another replica")
-            self._admit(request)
+            session_id = self._admit(request)
             method = request.method
             if request.path != ctx.upstream.mcp_path:
                 response = await self._other_path(request)
@@ -147,13 +147,13 @@ class Proxy:
                 body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
                 message = parse_client_body(body)
                 methods = message.methods
-                post = Post(request, body, message, request.headers.get(SESSION_HEADER))
+                post = Post.admit(request, body, message, session_id)
                 tasked = await self.tasks.serve(post) if self.tasks is not None else None
                 if tasked is not None:
                     response = tasked
                     self.bridge.tasked()  # counted by era as every POST
                 else:
-                    routed = await self.routing.route(request, body, post.request_id)
+                    routed = await self.routing.route(request, session_id, body, post.request_id)
                     if routed.answer is not None:
                         response = routed.answer
                     else:
@@ -164,7 +164,7 @@ class Proxy:
                 # Before anything is awaited: the session's POSTs that come after it wait for it (#12).
                 ahead = self.gets.openings.arrive(request)
                 try:
-                    routed = await self.routing.route(request, b"")
+                    routed = await self.routing.route(request, session_id, b"")
                     response = (
                         routed.answer
                         if routed.answer is not None
@@ -174,7 +174,7 @@ class Proxy:
                 finally:
                     ahead.settle()  # refused, or answered (a stream is placed sooner: Gets.serve)
             elif method == "DELETE":
-                routed = await self.routing.route(request, b"")
+                routed = await self.routing.route(request, session_id, b"")
                 if routed.answer is not None:
                     response = routed.answer
                 else:
@@ -262,8 +262,9 @@ class Proxy:
             )
         return await passthrough(self.ctx, request, body)
 
-    def _admit(self, request: web.Request) -> None:
-        """Checks every request passes before anything is read or forwarded."""
+    def _admit(self, request: web.Request) -> str | None:
+        """Checks every request passes before anything is read or forwarded; its ``Mcp-Session-Id`` (None
+        off the MCP endpoint)."""
         settings = self.settings
         if header_bytes(request.raw_headers) > settings.max_header_bytes:
             raise HeadersTooLarge(f"request headers over {settings.max_header_bytes} bytes")
@@ -278,7 +279,8 @@ class Proxy:
         if not host_allowed(host, self._allowed_hosts):
             raise HostNotAllowed(f"Host {(host or '')[:200]!r} is not allowed{self._hosts_hint}")
         if request.path != self.ctx.upstream.mcp_path:
-            return
+            return None
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is not None and not valid_session_id(session_id):
             raise BadSessionId(f"Mcp-Session-Id must be 1-{MAX_SESSION_ID_LEN} visible ASCII characters")
+        return session_id

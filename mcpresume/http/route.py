@@ -64,14 +64,17 @@ class Routing:
         self._takeovers: dict[str, asyncio.Task[str | None]] = {}
         self._alive: set[str] = set()  # owners with a lapsed lease that answered (logged once each)
 
-    async def route(self, request: web.Request, body: bytes, request_id: str | int | None = None) -> Routed:
-        """Where a request of a session is served (with one replica, no ``advertise_url``: here)."""
+    async def route(
+        self, request: web.Request, session_id: str | None, body: bytes, request_id: str | int | None = None
+    ) -> Routed:
+        """Where a request of a session (``session_id``: its ``Mcp-Session-Id``, read at admission) is served
+        (with one replica, no ``advertise_url``: here)."""
         ctx = self.ctx
         hop = ctx.hop
         if hop is None:
             return HERE
         here = ctx.settings.replica
-        session_id = routed_session(request)
+        session_id = routed_session(request, session_id)
         if session_id is None:
             return HERE
         # The owner and the access record in one read: routing needs the owner, the handler the record (a
@@ -80,14 +83,16 @@ class Routing:
         owner, granted = await ctx.store.owner_and_access(session_id)
         routed = Routed(asked=True, access=granted)
         needs_upstream = granted is not None and _reattach(request) and _verify(ctx, request, granted)
-        decision = await decide(ctx.store, request, owner, here, ctx.clock(), needs_upstream=needs_upstream)
+        decision = await decide(
+            ctx.store, request, session_id, owner, here, ctx.clock(), needs_upstream=needs_upstream
+        )
         if isinstance(decision, TakeOver):
             alive_at = await self.take_over(decision.owner)
             routed = HERE  # what it read may have changed (a session retired): the handler reads again
             # The owner's URL when it answered alive (its lease lapsed in a store outage): it serves.
             answered = None if alive_at is None else (decision.owner, alive_at)
             decision = await plan(
-                ctx.store, request, here, ctx.clock(), takeover_tried=True, answered=answered
+                ctx.store, request, session_id, here, ctx.clock(), takeover_tried=True, answered=answered
             )
         match decision:
             case Forward(url=url):

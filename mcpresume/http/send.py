@@ -52,7 +52,7 @@ from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
 from mcpresume.http.forward import upstream_headers
 from mcpresume.http.get import Openings
-from mcpresume.http.incoming import Post, client_sse_headers, primes_of, pump_record
+from mcpresume.http.incoming import Post, client_sse_headers, pump_record
 from mcpresume.process.logs import log_id
 from mcpresume.streams.pump import PumpJob
 from mcpresume.streams.starter import PumpStarter
@@ -200,7 +200,7 @@ class Sender:
             epoch = begun
             await reinit.began(ctx, sid, epoch, post.body)
         elif granted is not None:
-            await remember_version(ctx, request, sid, granted)
+            await remember_version(ctx, request, sid, granted, post.version)
             await reinit.shaped(ctx, sid, granted.epoch, message.methods, post.body)
         if outcome is Upstream.WRONG_TYPE:
             content_type = upstream.content_type
@@ -215,9 +215,9 @@ class Sender:
             await self._end_claim(claim_end, sid, keys, epoch)
             return Forwarded.of(upstream)
         now = ctx.clock()
-        record = pump_record(ctx, request, sid, message.request_ids)
+        record = pump_record(ctx, request, sid, message.request_ids, post.version)
         stream = await ctx.store.open_stream(
-            sid, StreamOrigin.POST, keys, now, epoch, priming=primes_of(request, message), pump=record
+            sid, StreamOrigin.POST, keys, now, epoch, priming=post.primes, pump=record
         )
         if stream is None:
             # The session ended while its request was forwarded (DELETE, reaped, its id re-issued): answered
@@ -300,9 +300,8 @@ class Sender:
         finally:
             upstream.release()
         now = ctx.clock()
-        primed = primes_of(post.request, message)
         opened = await ctx.store.open_stream(
-            post.session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=primed
+            post.session_id, StreamOrigin.POST, message.request_keys, now, epoch, priming=post.primes
         )
         if opened is None:
             raise UnknownSession(SessionGone.ENDED_WHILE_FORWARDED)

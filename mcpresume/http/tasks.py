@@ -54,7 +54,7 @@ from mcpresume.core.tasks import Event, Status, Task
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.credentials import refused, verify_modern
 from mcpresume.http.forward import SSE, client_headers, upstream_headers
-from mcpresume.http.incoming import Post, stateless
+from mcpresume.http.incoming import Post
 from mcpresume.http.view import ClientWriter, Stalled
 from mcpresume.store.tasks import MemoryTasks, RedisTasks, TaskStore
 
@@ -230,7 +230,7 @@ class Tasks:
     async def serve(self, post: Post) -> web.StreamResponse | None:
         """The answer, or None: the request goes as today."""
         request, message = post.request, post.message
-        if not stateless(request, message) or len(message.methods) != 1:
+        if not post.stateless or len(message.methods) != 1:
             return None
         method = message.methods[0]
         if method != plan.TOOLS_CALL and method not in plan.TASK_METHODS:

@@ -29,7 +29,6 @@ from mcpresume.core.headers import (
     LAST_EVENT_ID_HEADER,
     PROBE_HEADER,
     REPLICA_HEADER,
-    SESSION_HEADER,
     end_to_end,
     forwarded,
     valid_session_id,
@@ -52,6 +51,7 @@ _NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 async def plan(
     owners: Registry,
     request: web.Request,
+    session_id: str | None,
     here: str,
     now: float,
     *,
@@ -59,18 +59,21 @@ async def plan(
     takeover_tried: bool = False,
     answered: tuple[str, str] | None = None,
 ) -> Route:
-    """Where ``request`` (to the MCP endpoint) is served: ``core.route.route`` on what the store says of its
-    session's owner (``needs_upstream`` and ``takeover_tried`` as there). The store is asked only for a
-    request routing depends on (``routed_session``), and the owner's URL only when the owner is another
-    replica. ``answered``: (replica id, URL) of a replica that answered a liveness check there
-    (``Hop.probe``): if it owns the session, it is live there, whatever its lease says."""
-    session_id = routed_session(request)
+    """Where ``request`` (to the MCP endpoint; ``session_id``, its ``Mcp-Session-Id``) is served:
+    ``core.route.route`` on what the store says of its session's owner (``needs_upstream`` and
+    ``takeover_tried`` as there). The store is asked only for a
+    request routing depends on, and the owner's URL only when the owner is another replica. A session id
+    the handler will refuse (400) is not looked up. ``answered``: (replica id, URL) of a replica that answered
+    a liveness check there (``Hop.probe``): if it owns the session, it is live there, whatever its lease
+    says."""
+    session_id = routed_session(request, session_id)
     if session_id is None:
         return Serve()
     owner = await owners.owner(session_id)
     return await decide(
         owners,
         request,
+        session_id,
         owner,
         here,
         now,
@@ -80,10 +83,10 @@ async def plan(
     )
 
 
-def routed_session(request: web.Request) -> str | None:
-    """The session whose owner routes ``request`` (None: routing asks the store nothing, it is served here).
-    A session id the handler will refuse (400) is not looked up."""
-    session_id = request.headers.get(SESSION_HEADER)
+def routed_session(request: web.Request, session_id: str | None) -> str | None:
+    """The session whose owner routes ``request`` (``session_id``: its ``Mcp-Session-Id``; None: routing
+    asks the store nothing, it is served here). A session id the handler will refuse (400) is not looked
+    up."""
     if session_id is None or not valid_session_id(session_id):
         return None
     cursor = LAST_EVENT_ID_HEADER in request.headers
@@ -93,6 +96,7 @@ def routed_session(request: web.Request) -> str | None:
 async def decide(
     owners: Registry,
     request: web.Request,
+    session_id: str,
     owner: str | None,
     here: str,
     now: float,
@@ -101,10 +105,8 @@ async def decide(
     takeover_tried: bool = False,
     answered: tuple[str, str] | None = None,
 ) -> Route:
-    """``plan`` with the owner of ``routed_session(request)`` read already (``owner``, as
-    ``Registry.owner`` says it)."""
-    session_id = request.headers.get(SESSION_HEADER)
-    assert session_id is not None  # routed_session's
+    """``plan`` for ``session_id`` (what ``routed_session`` returned) with its owner read already
+    (``owner``, as ``Registry.owner`` says it)."""
     kind = kind_of(request.method, session=True, cursor=LAST_EVENT_ID_HEADER in request.headers)
     owner_url = await owners.replica_url(owner, now) if owner and owner != here else None
     if owner_url is None and answered is not None and owner == answered[0] and owner != here:
