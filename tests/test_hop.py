@@ -33,7 +33,8 @@ from mcpresume.core.route import Forward, Refuse, Route, Serve, TakeOver
 from mcpresume.core.window import WindowLimits
 from mcpresume.process.drain import Drain
 from mcpresume.process.metrics import Metrics
-from mcpresume.replicas.hop import Hop, owner_head_timeout, plan
+from mcpresume.replicas.hop import Hop, decide, owner_head_timeout, routed_session
+from mcpresume.store import Registry
 from mcpresume.store.memory import MemoryStore
 from tests.conftest import ServeApp
 from tests.support.metrics import sample
@@ -138,6 +139,14 @@ class Front:
     drain: Drain
 
 
+async def routed(owners: Registry, request: web.Request, here: str, now: float) -> Route:
+    """Where ``request`` goes as routing decides it: its session and kind, the owner read, then ``decide``."""
+    asked = routed_session(request, request.headers.get(SESSION_HEADER))
+    if asked is None:
+        return Serve()
+    return await decide(owners, request, asked, await owners.owner(asked.session_id), here, now)
+
+
 @pytest.fixture
 def owner() -> Owner:
     return Owner()
@@ -160,7 +169,7 @@ async def running_front(serve: ServeApp, owner_url: str) -> AsyncIterator[Front]
         handlers.append(task)
         body = await request.read()
         owners.path = request.query.get("path")  # a test's pick among the owner's paths
-        decision = await plan(owners, request, request.headers.get(SESSION_HEADER), HERE, now=0.0)
+        decision = await routed(owners, request, HERE, now=0.0)
         match decision:
             case Forward(url=url):
                 return await hop.forward(request, body, url, request_id=7)
@@ -428,8 +437,8 @@ def _request(method: str, headers: dict[str, str]) -> web.Request:
     return make_mocked_request(method, "/mcp", headers=headers)
 
 
-async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
-    """plan() on a real store (the memory backend's registry): the owner it recorded at create_session, its
+async def test_routing_on_the_memory_stores_owners_and_leases() -> None:
+    """Routing on a real store (the memory backend's registry): the owner it recorded at create_session, its
     URL while the lease lives, no URL once it lapsed or was released."""
     store = _memory_store()
     await store.create_session("theirs", now=0.0, owner=OWNER)
@@ -438,7 +447,7 @@ async def test_plan_on_the_memory_stores_owners_and_leases() -> None:
     await store.register_replica(OWNER, "http://10.0.0.2:8080/mcp", ttl=10.0, now=0.0)
 
     async def planned(session: str, now: float, method: str = "POST", **headers: str) -> Route:
-        return await plan(store, _request(method, {SESSION_HEADER: session, **headers}), session, HERE, now)
+        return await routed(store, _request(method, {SESSION_HEADER: session, **headers}), HERE, now)
 
     assert await planned("theirs", 5.0) == Forward("http://10.0.0.2:8080/mcp")
     assert await planned("mine", 5.0) == Serve()

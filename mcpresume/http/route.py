@@ -35,7 +35,7 @@ from mcpresume.http.context import DID, HOPPED_TO, Action, ProxyContext
 from mcpresume.http.credentials import presented, upstream_knows
 from mcpresume.process.config import Settings
 from mcpresume.process.logs import log_id
-from mcpresume.replicas.hop import decide, plan, routed_session
+from mcpresume.replicas.hop import decide, routed_session
 from mcpresume.streams.starter import PumpStarter
 
 log = logging.getLogger("mcpresume.proxy")
@@ -74,25 +74,26 @@ class Routing:
         if hop is None:
             return HERE
         here = ctx.settings.replica
-        session_id = routed_session(request, session_id)
-        if session_id is None:
+        asked = routed_session(request, session_id)
+        if asked is None:
             return HERE
         # The owner and the access record in one read: routing needs the owner, the handler the record (a
         # re-attach's routing too: whether serving it here would ask the upstream, a ping for credentials
         # new to the session). Nothing this request does between the two changes the session.
-        owner, granted = await ctx.store.owner_and_access(session_id)
+        owner, granted = await ctx.store.owner_and_access(asked.session_id)
         routed = Routed(asked=True, access=granted)
         needs_upstream = granted is not None and _reattach(request) and _verify(ctx, request, granted)
         decision = await decide(
-            ctx.store, request, session_id, owner, here, ctx.clock(), needs_upstream=needs_upstream
+            ctx.store, request, asked, owner, here, ctx.clock(), needs_upstream=needs_upstream
         )
         if isinstance(decision, TakeOver):
             alive_at = await self.take_over(decision.owner)
             routed = HERE  # what it read may have changed (a session retired): the handler reads again
             # The owner's URL when it answered alive (its lease lapsed in a store outage): it serves.
             answered = None if alive_at is None else (decision.owner, alive_at)
-            decision = await plan(
-                ctx.store, request, session_id, here, ctx.clock(), takeover_tried=True, answered=answered
+            owner = await ctx.store.owner(asked.session_id)
+            decision = await decide(
+                ctx.store, request, asked, owner, here, ctx.clock(), takeover_tried=True, answered=answered
             )
         match decision:
             case Forward(url=url):

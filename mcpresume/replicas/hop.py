@@ -14,6 +14,7 @@ owner sees its client leave as it would a direct one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -33,7 +34,7 @@ from mcpresume.core.headers import (
     forwarded,
     valid_session_id,
 )
-from mcpresume.core.route import HopOutcome, Kind, Route, Serve, kind_of, route
+from mcpresume.core.route import HopOutcome, Kind, Route, kind_of, route
 from mcpresume.process.drain import Drain, Interrupted, end_for_drain
 from mcpresume.process.metrics import Metrics
 from mcpresume.process.tracing import NO_TRACING
@@ -48,55 +49,28 @@ Reject = Callable[[web.Request, ProxyError, Any], web.StreamResponse]
 _NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 
 
-async def plan(
-    owners: Registry,
-    request: web.Request,
-    session_id: str | None,
-    here: str,
-    now: float,
-    *,
-    needs_upstream: bool = False,
-    takeover_tried: bool = False,
-    answered: tuple[str, str] | None = None,
-) -> Route:
-    """Where ``request`` (to the MCP endpoint; ``session_id``, its ``Mcp-Session-Id``) is served:
-    ``core.route.route`` on what the store says of its session's owner (``needs_upstream`` and
-    ``takeover_tried`` as there). The store is asked only for a
-    request routing depends on, and the owner's URL only when the owner is another replica. A session id
-    the handler will refuse (400) is not looked up. ``answered``: (replica id, URL) of a replica that answered
-    a liveness check there (``Hop.probe``): if it owns the session, it is live there, whatever its lease
-    says."""
-    session_id = routed_session(request, session_id)
-    if session_id is None:
-        return Serve()
-    owner = await owners.owner(session_id)
-    return await decide(
-        owners,
-        request,
-        session_id,
-        owner,
-        here,
-        now,
-        needs_upstream=needs_upstream,
-        takeover_tried=takeover_tried,
-        answered=answered,
-    )
+@dataclasses.dataclass(frozen=True, slots=True)
+class Asked:
+    """A request whose session's owner routes it (``routed_session``): the session and the request's kind."""
+
+    session_id: str
+    kind: Kind
 
 
-def routed_session(request: web.Request, session_id: str | None) -> str | None:
-    """The session whose owner routes ``request`` (``session_id``: its ``Mcp-Session-Id``; None: routing
-    asks the store nothing, it is served here). A session id the handler will refuse (400) is not looked
-    up."""
+def routed_session(request: web.Request, session_id: str | None) -> Asked | None:
+    """The session whose owner routes ``request`` (``session_id``: its ``Mcp-Session-Id``), with the
+    request's kind; None: routing asks the store nothing, it is served here. A session id the handler will
+    refuse (400) is not looked up."""
     if session_id is None or not valid_session_id(session_id):
         return None
-    cursor = LAST_EVENT_ID_HEADER in request.headers
-    return None if kind_of(request.method, session=True, cursor=cursor) is Kind.OTHER else session_id
+    kind = kind_of(request.method, session=True, cursor=LAST_EVENT_ID_HEADER in request.headers)
+    return None if kind is Kind.OTHER else Asked(session_id, kind)
 
 
 async def decide(
     owners: Registry,
     request: web.Request,
-    session_id: str,
+    asked: Asked,
     owner: str | None,
     here: str,
     now: float,
@@ -105,14 +79,16 @@ async def decide(
     takeover_tried: bool = False,
     answered: tuple[str, str] | None = None,
 ) -> Route:
-    """``plan`` for ``session_id`` (what ``routed_session`` returned) with its owner read already
-    (``owner``, as ``Registry.owner`` says it)."""
-    kind = kind_of(request.method, session=True, cursor=LAST_EVENT_ID_HEADER in request.headers)
+    """Where ``request`` is served: ``core.route.route`` on what the store says of its session's owner
+    (``owner``, as ``Registry.owner`` says it; ``needs_upstream`` and ``takeover_tried`` as there). The
+    owner's URL is asked only when the owner is another replica. ``answered``: (replica id, URL) of a
+    replica that answered a liveness check there (``Hop.probe``): if it owns the session, it is live
+    there, whatever its lease says."""
     owner_url = await owners.replica_url(owner, now) if owner and owner != here else None
     if owner_url is None and answered is not None and owner == answered[0] and owner != here:
         owner_url = answered[1]
     return route(
-        kind,
+        asked.kind,
         owner=owner,
         here=here,
         hopped=HOP_HEADER in request.headers,
