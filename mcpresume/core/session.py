@@ -476,7 +476,7 @@ class SessionState:
             self.version += 1  # a reader of the stream may wait on it (its end, say): the stream is news
             return Event(seq, number, b"", now)
         block = priming_block(self.retry_ms)
-        self._add(Segment.of(number, seq, [block], now), now)
+        self._add(Segment.of(number, seq, [block], now, len(block)), now)
         return Event(seq, number, encode_frame(encode_cursor(self.epoch, number, seq), block), now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
@@ -571,13 +571,14 @@ class SessionState:
         # (A stream that never had an event, ``last_seq < first_seq``, is gone as soon as it ends.)
         gone = [
             n
-            for n in sorted(candidates)
+            for n in candidates
             if (s := streams.get(n)) is not None
             and _GOES_WHEN_EMPTIED[s.live]
             and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
         ]
         if not gone:
             return  # the common case (every append to a full window gets here)
+        gone.sort()  # oldest first: the order of the tombstones
         for number in gone:
             state = self.streams.pop(number)
             window.forget_emptied(number)  # its last event is evicted (or it had none): no walk
@@ -665,7 +666,12 @@ class SessionState:
                 size += part
             if truncated:
                 break
-        complete = not truncated and all(not states[n].live for n in streams)
+        complete = not truncated
+        if complete:
+            for number in streams:
+                if states[number].live:
+                    complete = False
+                    break
         return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
     # -- request ids (exactly once per request) ----------------------------------------------------------
@@ -821,9 +827,13 @@ class SessionState:
         if not would_evict:
             return None
         # The delivered marks of the streams the append would evict only (all ``refusal`` reads), not of
-        # every stream the session retains.
+        # every stream the session retains; and only under ``keep_undelivered``, the one guard reading them.
         streams = self.streams
-        delivered = {n: state.delivered for n, _ in would_evict if (state := streams.get(n)) is not None}
+        delivered = (
+            {n: state.delivered for n, _ in would_evict if (state := streams.get(n)) is not None}
+            if guard.keep_undelivered
+            else {}
+        )
         return refusal(would_evict, guard, delivered)
 
     # -- credentials -----------------------------------------------------------------------------------
