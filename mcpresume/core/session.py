@@ -693,19 +693,20 @@ class SessionState:
         requests = self._requests
         asked = digests if digests else (b"",) * len(request_keys)
         seen = [requests.get(key) for key in request_keys]
-        resent = [s is not None and same_request(s.digest, d) for s, d in zip(seen, asked, strict=True)]
-        if any(resent):
-            holders = {s.holder for s in seen if s is not None}
-            if not all(resent) or len(holders) != 1:
-                return Claim(ClaimOutcome.CONFLICT)
-            (holder,) = holders
-            if isinstance(holder, ClaimState):
-                return Claim(CLAIM_OF_STATE[holder])
-            if holder in self.streams and self.window.evicted_through(holder) == 0:
-                return Claim(ClaimOutcome.ATTACH, holder)
-            return Claim(ClaimOutcome.GONE, holder)
-        if any(s is not None and not self._over(s.holder) for s in seen):
-            return Claim(ClaimOutcome.IN_USE)
+        if seen.count(None) < len(seen):  # some id was claimed before (new ids, the usual case, skip this)
+            resent = [s is not None and same_request(s.digest, d) for s, d in zip(seen, asked, strict=True)]
+            if any(resent):
+                holders = {s.holder for s in seen if s is not None}
+                if not all(resent) or len(holders) != 1:
+                    return Claim(ClaimOutcome.CONFLICT)
+                (holder,) = holders
+                if isinstance(holder, ClaimState):
+                    return Claim(CLAIM_OF_STATE[holder])
+                if holder in self.streams and self.window.evicted_through(holder) == 0:
+                    return Claim(ClaimOutcome.ATTACH, holder)
+                return Claim(ClaimOutcome.GONE, holder)
+            if any(s is not None and not self._over(s.holder) for s in seen):
+                return Claim(ClaimOutcome.IN_USE)
         if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
             return Claim(ClaimOutcome.LIMITED)
         for key, digest in zip(request_keys, asked, strict=True):
