@@ -83,13 +83,14 @@ def blocked_by(
     if not would_evict:
         return None
     lost = dict(would_evict)
-    in_the_way = tuple(
-        index
-        for index, (streams, position) in enumerate(guard.readers)
-        if any(lost.get(stream, 0) > position for stream in streams)
-    )
+    in_the_way: list[int] = []
+    for index, (streams, position) in enumerate(guard.readers):
+        for stream in streams:
+            if lost.get(stream, 0) > position:
+                in_the_way.append(index)
+                break
     if in_the_way:
-        return in_the_way
+        return tuple(in_the_way)
     if guard.keep_undelivered and any(last > delivered.get(stream, 0) for stream, last in lost.items()):
         return ()
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -50,10 +50,13 @@ class ClientMessage:
     # request from another request under the same id.
     request_digests: tuple[bytes, ...] = ()
     cancelled: tuple[str, ...] = ()  # keys of the request ids its notifications/cancelled name
+    # The keys of ``request_ids`` (``request_key``), in their order: made once, read by the claim, the
+    # stream's opening and a release. Given by ``parse_client_body``, which makes them to find duplicates.
+    request_keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
-    @property
-    def request_keys(self) -> tuple[str, ...]:
-        return tuple(request_key(i) for i in self.request_ids)
+    def __post_init__(self) -> None:
+        if len(self.request_keys) != len(self.request_ids):
+            object.__setattr__(self, "request_keys", tuple(map(request_key, self.request_ids)))
 
     @property
     def first_id(self) -> str | int | None:
@@ -130,9 +133,12 @@ def parse_client_body(body: bytes) -> ClientMessage:
                 raise BadRequest("JSON-RPC request id must be a string or an integer")
             ids.append(request_id)
             digests.append(request_digest(method, item.get("params")))
-    if len(set(map(request_key, ids))) != len(ids):
+    keys = tuple(map(request_key, ids))
+    if len(set(keys)) != len(keys):
         raise BadRequest("duplicate request id within one batch")
-    return ClientMessage(tuple(methods), tuple(ids), is_batch, version, tuple(digests), tuple(cancelled))
+    return ClientMessage(
+        tuple(methods), tuple(ids), is_batch, version, tuple(digests), tuple(cancelled), keys
+    )
 
 
 # How the official SDKs serialize a request or notification (the TypeScript SDK with JSON.stringify, the

@@ -476,7 +476,7 @@ class SessionState:
             self.version += 1  # a reader of the stream may wait on it (its end, say): the stream is news
             return Event(seq, number, b"", now)
         block = priming_block(self.retry_ms)
-        self._add(Segment.of(number, seq, [block], now), now)
+        self._add(Segment.of(number, seq, [block], now, len(block)), now)
         return Event(seq, number, encode_frame(encode_cursor(self.epoch, number, seq), block), now)
 
     def append(self, stream: int, items: Sequence[NewEvent], now: float) -> Evicted:
@@ -571,13 +571,14 @@ class SessionState:
         # (A stream that never had an event, ``last_seq < first_seq``, is gone as soon as it ends.)
         gone = [
             n
-            for n in sorted(candidates)
+            for n in candidates
             if (s := streams.get(n)) is not None
             and _GOES_WHEN_EMPTIED[s.live]
             and (window.evicted_through(n) >= s.last_seq or s.last_seq < s.first_seq)
         ]
         if not gone:
             return  # the common case (every append to a full window gets here)
+        gone.sort()  # oldest first: the order of the tombstones
         for number in gone:
             state = self.streams.pop(number)
             window.forget_emptied(number)  # its last event is evicted (or it had none): no walk
@@ -665,7 +666,12 @@ class SessionState:
                 size += part
             if truncated:
                 break
-        complete = not truncated and all(not states[n].live for n in streams)
+        complete = not truncated
+        if complete:
+            for number in streams:
+                if states[number].live:
+                    complete = False
+                    break
         return ReadResult(found, complete, False, self.version, truncated, self.epoch.encode())
 
     # -- request ids (exactly once per request) ----------------------------------------------------------
@@ -687,19 +693,20 @@ class SessionState:
         requests = self._requests
         asked = digests if digests else (b"",) * len(request_keys)
         seen = [requests.get(key) for key in request_keys]
-        resent = [s is not None and same_request(s.digest, d) for s, d in zip(seen, asked, strict=True)]
-        if any(resent):
-            holders = {s.holder for s in seen if s is not None}
-            if not all(resent) or len(holders) != 1:
-                return Claim(ClaimOutcome.CONFLICT)
-            (holder,) = holders
-            if isinstance(holder, ClaimState):
-                return Claim(CLAIM_OF_STATE[holder])
-            if holder in self.streams and self.window.evicted_through(holder) == 0:
-                return Claim(ClaimOutcome.ATTACH, holder)
-            return Claim(ClaimOutcome.GONE, holder)
-        if any(s is not None and not self._over(s.holder) for s in seen):
-            return Claim(ClaimOutcome.IN_USE)
+        if seen.count(None) < len(seen):  # some id was claimed before (new ids, the usual case, skip this)
+            resent = [s is not None and same_request(s.digest, d) for s, d in zip(seen, asked, strict=True)]
+            if any(resent):
+                holders = {s.holder for s in seen if s is not None}
+                if not all(resent) or len(holders) != 1:
+                    return Claim(ClaimOutcome.CONFLICT)
+                (holder,) = holders
+                if isinstance(holder, ClaimState):
+                    return Claim(CLAIM_OF_STATE[holder])
+                if holder in self.streams and self.window.evicted_through(holder) == 0:
+                    return Claim(ClaimOutcome.ATTACH, holder)
+                return Claim(ClaimOutcome.GONE, holder)
+            if any(s is not None and not self._over(s.holder) for s in seen):
+                return Claim(ClaimOutcome.IN_USE)
         if max_live_streams is not None and self.live_post_streams() + self.in_flight >= max_live_streams:
             return Claim(ClaimOutcome.LIMITED)
         for key, digest in zip(request_keys, asked, strict=True):
@@ -821,9 +828,13 @@ class SessionState:
         if not would_evict:
             return None
         # The delivered marks of the streams the append would evict only (all ``refusal`` reads), not of
-        # every stream the session retains.
+        # every stream the session retains; and only under ``keep_undelivered``, the one guard reading them.
         streams = self.streams
-        delivered = {n: state.delivered for n, _ in would_evict if (state := streams.get(n)) is not None}
+        delivered = (
+            {n: state.delivered for n, _ in would_evict if (state := streams.get(n)) is not None}
+            if guard.keep_undelivered
+            else {}
+        )
         return refusal(would_evict, guard, delivered)
 
     # -- credentials -----------------------------------------------------------------------------------

@@ -377,7 +377,7 @@ class Window:
         index of its first such block). The segments are the window's own: copy before an await."""
         found: list[tuple[Segment, int]] = []
         for segment in reversed(self._order):
-            if segment.last <= seq:
+            if segment.seq + len(segment.blocks) <= seq + 1:  # its last seq is at most ``seq``
                 break
             if segment.stream in streams:
                 found.append((segment, max(0, seq - segment.seq + 1)))
