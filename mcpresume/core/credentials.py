@@ -77,17 +77,14 @@ class Access(enum.Enum):
 class HeaderLookup(Protocol):
     """A request's headers, looked up by name case-insensitively (aiohttp's ``CIMultiDictProxy``)."""
 
-    def getall(self, key: str, default: list[str], /) -> list[str]: ...
-
-
-_NONE: Final[list[str]] = []
+    def getall(self, key: str, default: tuple[()], /) -> list[str] | tuple[()]: ...
 
 
 def credential_fields(headers: HeaderLookup, names: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """The credential headers of a request: (name, value) for each of ``names`` (in lower case) in that
     order, each header's values in the order they came. One lookup per name: a request's other headers are
     never looked at."""
-    return tuple((name, value) for name in names for value in headers.getall(name, _NONE))
+    return tuple((name, value) for name in names for value in headers.getall(name, ()))
 
 
 def credential_digest(fields: Sequence[tuple[str, str]]) -> bytes:

@@ -66,8 +66,8 @@ _REQUEST_DROPS: Final = _DROPS | _REQUEST_ONLY_DROPS
 IDENTITY: Final = ("Accept-Encoding", "identity")
 
 # Each message's header names are lowercased once (``_lowered``), and every decision about the message is
-# made on that one list: a short call's request and answer cross several of these filters, and the
-# lowercasing, name by name, was most of what they cost.
+# made on that one list: a short call's request and answer each cross several of these filters, and
+# lowercasing the names again in each would be most of what they cost.
 
 
 def _lowered(items: Sequence[tuple[str, str]]) -> list[str]:
