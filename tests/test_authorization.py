@@ -371,7 +371,9 @@ def test_access_decision_table() -> None:
 
 def test_the_credentials_are_every_credential_header_together() -> None:
     names = ("authorization", "cookie", "x-api-key")
-    request = [("Cookie", "b=2"), ("Accept", "*/*"), ("AUTHORIZATION", "Bearer a"), ("cookie", "a=1")]
+    request = CIMultiDict(
+        [("Cookie", "b=2"), ("Accept", "*/*"), ("AUTHORIZATION", "Bearer a"), ("cookie", "a=1")]
+    )
     fields = credential_fields(request, names)
     assert fields == (("authorization", "Bearer a"), ("cookie", "b=2"), ("cookie", "a=1"))
     assert credential_digest(fields) != bearer("a")  # the cookies count too

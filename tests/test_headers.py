@@ -7,15 +7,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcpresume.core.headers import (
+    IDENTITY,
     IP_ADDRESSES,
     LOOPBACK_HOSTS,
+    SSE_RESPONSE_HEADERS,
+    AskingIdentity,
+    answer_headers,
+    asking_identity,
     effective_allowed_hosts,
     end_to_end,
     forwarded,
     header,
     host_allowed,
+    identity_request_headers,
+    request_headers,
     rewrite_locations,
     split_host,
+    sse_answer_headers,
     visible_ascii,
 )
 
@@ -170,6 +178,88 @@ def test_forwarded_without_host() -> None:
     result = forwarded([], client_ip="10.0.0.7", proto="http", host=None)
     assert header(result, "X-Forwarded-Host") is None
     assert header(result, "X-Forwarded-Proto") == "http"
+
+
+# -- each message's names lowercased once: the same as the filters one after another ----------------------
+
+# Names that every filter above decides on, in several spellings, and values that matter to some of them.
+_NAMES = st.sampled_from(
+    [
+        "Accept",
+        "accept-encoding",
+        "Accept-Encoding",
+        "Connection",
+        "connection",
+        "Content-Length",
+        "Content-Encoding",
+        "Content-Type",
+        "Cache-Control",
+        "X-Accel-Buffering",
+        "Host",
+        "Location",
+        "content-location",
+        "Mcp-Session-Id",
+        "Transfer-Encoding",
+        "X-Forwarded-For",
+        "x-forwarded-for",
+        "X-Forwarded-Proto",
+        "X-FORWARDED-HOST",
+        "Expect",
+        "Mcp-Resume-Hop",
+    ]
+)
+_VALUES = st.sampled_from(
+    [
+        "1",
+        "keep-alive",
+        "X-Forwarded-For, x-forwarded-proto",
+        "Location, accept-encoding",
+        "x-forwarded-host",
+        "http://up.example/a?b",
+        "https://elsewhere.example/",
+        "10.0.0.1",
+    ]
+)
+_HEADERS = st.lists(st.tuples(_NAMES, _VALUES), max_size=10)
+_UPSTREAM = "http://up.example"
+
+
+@given(_HEADERS, st.sampled_from([None, "10.0.0.7"]), st.sampled_from([None, "proxy.example:8080"]))
+def test_request_headers_are_forwarded_of_end_to_end(
+    headers: list[tuple[str, str]], client_ip: str | None, host: str | None
+) -> None:
+    expected = forwarded(end_to_end(headers, request=True), client_ip=client_ip, proto="https", host=host)
+    assert request_headers(headers, client_ip=client_ip, proto="https", host=host) == expected
+    # A request whose answer the proxy reads: the client's Accept-Encoding replaced by identity, last.
+    identity = [(n, v) for n, v in expected if n.lower() != "accept-encoding"] + [IDENTITY]
+    asked = identity_request_headers(iter(headers), client_ip=client_ip, proto="https", host=host)
+    assert isinstance(asked, AskingIdentity) and list(asked) == identity
+    assert list(asking_identity(expected)) == identity
+    assert asking_identity(asked) is asked  # asked once: not filtered again
+
+
+@given(_HEADERS)
+def test_answer_headers_are_the_filters_one_after_another(headers: list[tuple[str, str]]) -> None:
+    relayed = end_to_end(headers, request=False)
+    assert answer_headers(iter(headers), _UPSTREAM, decoded=False) == rewrite_locations(relayed, _UPSTREAM)
+    decoded = [(n, v) for n, v in relayed if n.lower() != "content-encoding"]
+    assert answer_headers(headers, _UPSTREAM, decoded=True) == rewrite_locations(decoded, _UPSTREAM)
+    ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
+    sse = [(n, v) for n, v in rewrite_locations(decoded, _UPSTREAM) if n.lower() not in ours]
+    assert sse_answer_headers(headers, _UPSTREAM) == sse
+
+
+def test_an_answer_location_at_the_upstream_points_at_the_proxy() -> None:
+    headers = [
+        ("Content-Encoding", "gzip"),
+        ("Location", "http://up.example/next?x=1"),
+        ("Connection", "close"),
+    ]
+    assert answer_headers(headers, _UPSTREAM, decoded=True) == [("Location", "/next?x=1")]
+    assert answer_headers(headers, _UPSTREAM, decoded=False) == [
+        ("Content-Encoding", "gzip"),
+        ("Location", "/next?x=1"),
+    ]
 
 
 # -- header -----------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import enum
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -74,13 +74,17 @@ class Access(enum.Enum):
     VERIFY = "verify"  # other credentials, or none: ask the upstream before serving anything
 
 
-def credential_fields(
-    headers: Iterable[tuple[str, str]], names: Iterable[str]
-) -> tuple[tuple[str, str], ...]:
-    """The credential headers of a request: (lowercased name, value) for each of ``names`` in that order,
-    each header's values in the order they came."""
-    present = [(name.lower(), value) for name, value in headers]
-    return tuple(field for name in names for field in present if field[0] == name)
+class HeaderLookup(Protocol):
+    """A request's headers, looked up by name case-insensitively (aiohttp's ``CIMultiDictProxy``)."""
+
+    def getall(self, key: str, default: tuple[()], /) -> list[str] | tuple[()]: ...
+
+
+def credential_fields(headers: HeaderLookup, names: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The credential headers of a request: (name, value) for each of ``names`` (in lower case) in that
+    order, each header's values in the order they came. One lookup per name: a request's other headers are
+    never looked at."""
+    return tuple((name, value) for name in names for value in headers.getall(name, ()))
 
 
 def credential_digest(fields: Sequence[tuple[str, str]]) -> bytes:

@@ -58,21 +58,48 @@ SSE_RESPONSE_HEADERS: Final = (
 )
 
 
-def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+# What ``end_to_end`` drops of every message, and of a request besides (each name in lower case).
+_DROPS: Final = HOP_BY_HOP | _FRAMING
+_REQUEST_DROPS: Final = _DROPS | _REQUEST_ONLY_DROPS
+
+# The proxy re-frames the events it reads: the upstream must send them as they are (``asking_identity``).
+IDENTITY: Final = ("Accept-Encoding", "identity")
+
+# Each message's header names are lowercased once (``_lowered``), and every decision about the message is
+# made on that one list: a short call's request and answer each cross several of these filters, and
+# lowercasing the names again in each would be most of what they cost.
+
+
+def _lowered(items: Sequence[tuple[str, str]]) -> list[str]:
+    return [name.lower() for name, _ in items]
+
+
+def _connection_tokens(items: Sequence[tuple[str, str]], lowered: Sequence[str]) -> set[str]:
     tokens: set[str] = set()
-    for name, value in headers:
-        if name.lower() == "connection":
+    for name, (_, value) in zip(lowered, items, strict=False):
+        if name == "connection":
             tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
     return tokens
+
+
+def _drops(items: Sequence[tuple[str, str]], lowered: Sequence[str], drop: frozenset[str]) -> frozenset[str]:
+    """``drop`` and the fields the message's ``Connection`` names (RFC 9110 section 7.6.1)."""
+    if "connection" in lowered:
+        return drop | _connection_tokens(items, lowered)
+    return drop
+
+
+def _kept(
+    items: Sequence[tuple[str, str]], lowered: Sequence[str], drop: frozenset[str]
+) -> list[tuple[str, str]]:
+    return [item for name, item in zip(lowered, items, strict=False) if name not in drop]
 
 
 def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tuple[str, str]]:
     """The end-to-end subset of ``headers`` (names keep their case; repeated fields keep their order)."""
     items = list(headers)
-    drop = HOP_BY_HOP | _FRAMING | _connection_tokens(items)
-    if request:
-        drop = drop | _REQUEST_ONLY_DROPS
-    return [(name, value) for name, value in items if name.lower() not in drop]
+    lowered = _lowered(items)
+    return _kept(items, lowered, _drops(items, lowered, _REQUEST_DROPS if request else _DROPS))
 
 
 _LOCATIONS: Final = frozenset({"location", "content-location"})
@@ -109,6 +136,38 @@ def rewrite_locations(headers: list[tuple[str, str]], upstream_origin: str) -> l
     return result
 
 
+# What a client gets of an answer the proxy read decoded (``Upstream.request(decoded=True)``): not its
+# ``Content-Encoding``, which the proxy did not apply; of an SSE answer, not the SSE headers either, which
+# the proxy sets itself (``SSE_RESPONSE_HEADERS``).
+_DECODED_DROPS: Final = _DROPS | {"content-encoding"}
+_SSE_DROPS: Final = _DECODED_DROPS | {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
+
+
+def _answer(
+    headers: Iterable[tuple[str, str]], upstream_origin: str, drop: frozenset[str]
+) -> list[tuple[str, str]]:
+    items = list(headers)
+    lowered = _lowered(items)
+    kept = _kept(items, lowered, _drops(items, lowered, drop))
+    if "location" in lowered or "content-location" in lowered:
+        return rewrite_locations(kept, upstream_origin)
+    return kept  # almost every answer: nothing to parse, not even the upstream's origin
+
+
+def answer_headers(
+    headers: Iterable[tuple[str, str]], upstream_origin: str, *, decoded: bool
+) -> list[tuple[str, str]]:
+    """An upstream answer's headers as the client gets them: ``rewrite_locations`` of ``end_to_end``'s
+    (``request=False``); ``decoded``: the body was read uncompressed, its ``Content-Encoding`` dropped."""
+    return _answer(headers, upstream_origin, _DECODED_DROPS if decoded else _DROPS)
+
+
+def sse_answer_headers(headers: Iterable[tuple[str, str]], upstream_origin: str) -> list[tuple[str, str]]:
+    """``answer_headers(decoded=True)`` of an SSE answer the proxy relays with ``SSE_RESPONSE_HEADERS`` of
+    its own: the upstream's fields of those names dropped too (the caller adds the proxy's)."""
+    return _answer(headers, upstream_origin, _SSE_DROPS)
+
+
 def forwarded(
     headers: list[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None
 ) -> list[tuple[str, str]]:
@@ -118,17 +177,75 @@ def forwarded(
     ``-Proto`` and ``-Host`` set by that load balancer describe the original request better than we can,
     so they are kept when present.
     """
-    names = {name.lower() for name, _ in headers}
-    prior = [value for name, value in headers if name.lower() == "x-forwarded-for"]
-    result = [(n, v) for n, v in headers if n.lower() != "x-forwarded-for"]
+    return _forwarded(headers, _lowered(headers), frozenset(), client_ip=client_ip, proto=proto, host=host)
+
+
+def _forwarded(
+    items: Sequence[tuple[str, str]],
+    lowered: Sequence[str],
+    drop: frozenset[str],
+    *,
+    client_ip: str | None,
+    proto: str,
+    host: str | None,
+) -> list[tuple[str, str]]:
+    """``forwarded`` of the fields of ``items`` not named in ``drop`` (``lowered``: their names in lower
+    case)."""
+    prior: list[str] = []
+    if "x-forwarded-for" in lowered and "x-forwarded-for" not in drop:
+        prior = [value for name, (_, value) in zip(lowered, items, strict=False) if name == "x-forwarded-for"]
+        drop = drop | {"x-forwarded-for"}
+    result = _kept(items, lowered, drop) if drop else list(items)
     chain = ", ".join([*prior, client_ip] if client_ip else prior)
     if chain:
         result.append(("X-Forwarded-For", chain))
-    if "x-forwarded-proto" not in names:
+    if "x-forwarded-proto" in drop or "x-forwarded-proto" not in lowered:
         result.append(("X-Forwarded-Proto", proto))
-    if host and "x-forwarded-host" not in names:
+    if host and ("x-forwarded-host" in drop or "x-forwarded-host" not in lowered):
         result.append(("X-Forwarded-Host", host))
     return result
+
+
+def request_headers(
+    headers: Iterable[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None
+) -> list[tuple[str, str]]:
+    """A client's request headers as the upstream gets them: ``forwarded`` of ``end_to_end``'s
+    (``request=True``)."""
+    items = list(headers)
+    lowered = _lowered(items)
+    drop = _drops(items, lowered, _REQUEST_DROPS)
+    return _forwarded(items, lowered, drop, client_ip=client_ip, proto=proto, host=host)
+
+
+class AskingIdentity(tuple[tuple[str, str], ...]):
+    """Request headers whose one ``Accept-Encoding`` is ``IDENTITY``, the last field (``asking_identity``,
+    ``identity_request_headers``): what a request whose answer the proxy reads is sent with. A tuple, so it
+    stays so: a request made of it and more fields is another value, which is asked the same of again."""
+
+    __slots__ = ()
+
+
+def asking_identity(headers: Iterable[tuple[str, str]]) -> AskingIdentity:
+    """``headers`` without ``Accept-Encoding``, then ``IDENTITY``."""
+    if isinstance(headers, AskingIdentity):
+        return headers
+    return AskingIdentity([*(item for item in headers if item[0].lower() != "accept-encoding"), IDENTITY])
+
+
+# A request whose answer the proxy reads: the client's Accept-Encoding is not sent (``IDENTITY`` is).
+_IDENTITY_REQUEST_DROPS: Final = _REQUEST_DROPS | {"accept-encoding"}
+
+
+def identity_request_headers(
+    headers: Iterable[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None
+) -> AskingIdentity:
+    """``asking_identity(request_headers(...))``, each name lowercased once."""
+    items = list(headers)
+    lowered = _lowered(items)
+    drop = _drops(items, lowered, _IDENTITY_REQUEST_DROPS)
+    result = _forwarded(items, lowered, drop, client_ip=client_ip, proto=proto, host=host)
+    result.append(IDENTITY)
+    return AskingIdentity(result)
 
 
 # Spec: a session id "MUST only contain visible ASCII characters (ranging from 0x21 to 0x7E)". The length

@@ -92,7 +92,7 @@ def presented_by(ctx: ProxyContext, request: web.Request) -> Presented:
     """The request's credentials, read from its headers once per request and kept on it."""
     known = request.get(PRESENTED)
     if known is None:
-        headers = credential_fields(request.headers.items(), ctx.settings.credential_headers)
+        headers = credential_fields(request.headers, ctx.settings.credential_headers)
         fields = headers
         query = request.rel_url.raw_query_string
         if query and ctx.settings.credential_headers:  # [] turns the binding off, the query's too

@@ -17,7 +17,7 @@ from mcpresume.core.session import SessionAccess
 from mcpresume.http import reinit
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import trusted
-from mcpresume.http.forward import relay, upstream_headers
+from mcpresume.http.forward import identity_upstream_headers, relay
 from mcpresume.process.logs import log_id
 
 log = logging.getLogger("mcpresume.proxy")
@@ -36,7 +36,7 @@ async def serve_delete(ctx: ProxyContext, request: web.Request) -> web.StreamRes
         reinit.learn(ctx, session_id, granted)
     with ctx.drain.upstream_wait():
         upstream = await ctx.upstream.request(
-            "DELETE", request.path_qs, upstream_headers(request), None, decoded=True
+            "DELETE", request.path_qs, identity_upstream_headers(request), None, decoded=True
         )
     facts = DeleteFacts(session_id is not None, upstream.status)
     while isinstance(step := plan_delete(facts), Need):

@@ -23,7 +23,13 @@ from mcpresume.core.errors import (
     UpstreamBadResponse,
     UpstreamUnreachable,
 )
-from mcpresume.core.headers import SSE_RESPONSE_HEADERS, end_to_end, forwarded, rewrite_locations
+from mcpresume.core.headers import (
+    SSE_RESPONSE_HEADERS,
+    AskingIdentity,
+    answer_headers,
+    identity_request_headers,
+    request_headers,
+)
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.view import ClientWriter, HeldHeadResponse, Stalled
 from mcpresume.process.drain import Interrupted, end_for_drain
@@ -37,10 +43,22 @@ SSE = "text/event-stream"
 
 def upstream_headers(request: web.Request) -> list[tuple[str, str]]:
     """The client's end-to-end headers, plus ``X-Forwarded-*`` for this hop."""
-    headers = end_to_end(request.headers.items(), request=True)
+    return request_headers(
+        request.headers.items(), client_ip=_client_ip(request), proto=request.scheme, host=request.host
+    )
+
+
+def identity_upstream_headers(request: web.Request) -> AskingIdentity:
+    """``upstream_headers`` of a request whose answer the proxy reads (``Upstream.request(decoded=True)``):
+    ``Accept-Encoding: identity`` instead of the client's."""
+    return identity_request_headers(
+        request.headers.items(), client_ip=_client_ip(request), proto=request.scheme, host=request.host
+    )
+
+
+def _client_ip(request: web.Request) -> str | None:
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    client_ip = peer[0] if isinstance(peer, tuple) else None
-    return forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
+    return peer[0] if isinstance(peer, tuple) else None
 
 
 def client_headers(
@@ -50,10 +68,7 @@ def client_headers(
     ``Content-Location`` at the upstream's own address points at the proxy instead. ``decoded``: the body
     was read uncompressed (``Upstream.request(decoded=True)``, a held GET): a ``Content-Encoding`` the
     proxy did not apply never reaches the client."""
-    headers = end_to_end(upstream.headers.items(), request=False)
-    if decoded:
-        headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
-    return rewrite_locations(headers, ctx.upstream.origin_url)
+    return answer_headers(upstream.headers.items(), ctx.upstream.origin_url, decoded=decoded)
 
 
 class StreamedBody:

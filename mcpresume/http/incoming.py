@@ -13,12 +13,16 @@ from typing import Final
 
 from aiohttp import web
 
-from mcpresume.core.headers import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SSE_RESPONSE_HEADERS
+from mcpresume.core.headers import (
+    LAST_EVENT_ID_HEADER,
+    PROTOCOL_VERSION_HEADER,
+    SSE_RESPONSE_HEADERS,
+    sse_answer_headers,
+)
 from mcpresume.core.jsonrpc import MODERN_VERSIONS, ClientMessage, primes
 from mcpresume.core.session import PumpRecord, SessionAccess
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import resume_headers
-from mcpresume.http.forward import client_headers
 from mcpresume.streams.upstream import UpstreamAnswer
 
 
@@ -88,8 +92,7 @@ SSE_HEADERS: Final[list[tuple[str, str]]] = list(SSE_RESPONSE_HEADERS)
 
 def client_sse_headers(ctx: ProxyContext, upstream: UpstreamAnswer) -> list[tuple[str, str]]:
     """The upstream's response headers as the client gets them, with the SSE no-buffering headers set."""
-    ours = {name.lower() for name, _ in SSE_RESPONSE_HEADERS}
-    kept = [(n, v) for n, v in client_headers(ctx, upstream) if n.lower() not in ours]
+    kept = sse_answer_headers(upstream.headers.items(), ctx.upstream.origin_url)
     return kept + SSE_HEADERS if kept else SSE_HEADERS  # one shared list when nothing else is kept
 
 

@@ -50,7 +50,7 @@ from mcpresume.http import reinit
 from mcpresume.http.bridge import bridged_stream, modern_headers
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.credentials import begins_with, remember_version, trusted
-from mcpresume.http.forward import upstream_headers
+from mcpresume.http.forward import identity_upstream_headers, upstream_headers
 from mcpresume.http.get import Openings
 from mcpresume.http.incoming import Post, client_sse_headers, pump_record
 from mcpresume.process.logs import log_id
@@ -144,7 +144,7 @@ class Sender:
             await self.openings.after_gets(session_id)
             reinit.learn(ctx, session_id, granted)
         try:
-            headers = upstream_headers(request) if post.bridged is None else modern_headers(post)
+            headers = identity_upstream_headers(request) if post.bridged is None else modern_headers(post)
             upstream = await ctx.upstream.request("POST", request.path_qs, headers, post.body, decoded=True)
         except ProxyError as error:
             # Here, in the shielded task, so it happens even when the client left.

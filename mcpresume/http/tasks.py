@@ -213,7 +213,7 @@ class Tasks:
         await self.store.close()
 
     def _owner(self, request: web.Request) -> str:
-        fields = credential_fields(request.headers.items(), self.ctx.settings.credential_headers)
+        fields = credential_fields(request.headers, self.ctx.settings.credential_headers)
         return credential_digest(fields).hex()
 
     async def sweep(self) -> None:
@@ -274,7 +274,7 @@ class Tasks:
         for it (``verify_modern``: a ``server/discover`` with them): a credential revoked since the call
         polls no more. An acceptance is kept ``ACCEPTED_FOR`` seconds per credential in this process (a
         client polling many tasks costs one check); a task made without credentials has none to check."""
-        if not credential_fields(request.headers.items(), self.ctx.settings.credential_headers):
+        if not credential_fields(request.headers, self.ctx.settings.credential_headers):
             return
         now = self.ctx.clock()
         if self._accepted.get(task.owner, now) > now:

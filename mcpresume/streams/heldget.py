@@ -29,6 +29,8 @@ from typing import Final, cast
 import h11
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from mcpresume.core.headers import IDENTITY
+
 # Bytes received and not yet taken by the reader before reading pauses (and TCP backpressure reaches the
 # upstream): aiohttp's StreamReader pauses at twice its 64 KiB limit, the same bound.
 HIGH_WATER: Final = 128 * 1024
@@ -36,8 +38,6 @@ HIGH_WATER: Final = 128 * 1024
 # the proxy's other requests go through) accepts header fields of 8190 bytes, and several of them.
 MAX_HEAD: Final = 64 * 1024
 _NO_HEADERS: Final[CIMultiDictProxy[str]] = CIMultiDictProxy(CIMultiDict())
-# The proxy re-frames the events it reads: the upstream must send them as they are.
-IDENTITY: Final = ("Accept-Encoding", "identity")
 # Content codings read anyway when an upstream compresses what it was asked to send as is (zlib's wbits:
 # gzip's header, zlib's), as aiohttp's client decodes them.
 _DECODERS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -23,8 +23,9 @@ from mcpresume.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from mcpresume.core.headers import asking_identity
 from mcpresume.process.tracing import NO_TRACING
-from mcpresume.streams.heldget import DECODABLE, IDENTITY, HeldGet, UnreadableEncoding
+from mcpresume.streams.heldget import DECODABLE, HeldGet, UnreadableEncoding
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
@@ -149,9 +150,7 @@ class Upstream:
         failure may have come after it was written (a timeout, a connection that broke), so it may have
         run: what it did is unknown (``core.post.CLAIM_ENDS``)."""
         assert self._session is not None, "Upstream.start() was not awaited"
-        if decoded:
-            headers = [(n, v) for n, v in headers if n.lower() != "accept-encoding"] + [IDENTITY]
-        headers = self.tracing.inject(self.aliased(headers))
+        headers = self._prepared(headers, decoded)
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 response = await self._session.request(
@@ -188,6 +187,14 @@ class Upstream:
             response.release()
             raise bad_encoding(encoding)
         return response
+
+    def _prepared(self, headers: Sequence[tuple[str, str]], decoded: bool) -> Sequence[tuple[str, str]]:
+        """The headers a request is sent with: a ``decoded`` one's ``asking_identity`` (as they are when they
+        are that already: ``core.headers.identity_request_headers``), a re-initialized session's id swapped
+        for the upstream's, the trace context."""
+        if decoded:
+            headers = asking_identity(headers)
+        return self.tracing.inject(self.aliased(headers))
 
     def _target(self, path_qs: str) -> URL:
         """The upstream URL of ``path_qs`` (as the client sent it, encoded)."""
