@@ -31,7 +31,7 @@ from mcpresume.core.headers import (
     PROBE_HEADER,
     REPLICA_HEADER,
     end_to_end,
-    request_headers,
+    forwarded,
     valid_session_id,
 )
 from mcpresume.core.route import HopOutcome, Kind, Route, kind_of, route
@@ -112,11 +112,10 @@ def refusal(request: web.Request, error: ProxyError, request_id: Any = None) -> 
 def hop_headers(request: web.Request, replica_id: str) -> list[tuple[str, str]]:
     """What the owner receives: the client's end-to-end headers (its own hop header, if it sent one,
     never), its ``Host``, ``X-Forwarded-*`` for this hop, and this replica's hop header."""
+    headers = end_to_end(request.headers.items(), request=True)
     peer = request.transport.get_extra_info("peername") if request.transport else None
     client_ip = peer[0] if isinstance(peer, tuple) else None
-    headers = request_headers(
-        request.headers.items(), client_ip=client_ip, proto=request.scheme, host=request.host
-    )
+    headers = forwarded(headers, client_ip=client_ip, proto=request.scheme, host=request.host)
     host = request.headers.get("Host")
     if host is not None:
         headers.append(("Host", host))
