@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from mcpresume.core.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.examples.upstream import serve_example_upstream
-from mcpresume.streams.heldget import HIGH_WATER, HeldGet, NotHTTP11
+from mcpresume.streams.answer import HIGH_WATER, NotHTTP11
+from mcpresume.streams.heldget import HeldGet
 from mcpresume.streams.upstream import Upstream
 from tests.conftest import ServeApp
 from tests.support import playbook as pb

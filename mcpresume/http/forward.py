@@ -33,7 +33,8 @@ from mcpresume.core.headers import (
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.view import ClientWriter, HeldHeadResponse, Stalled
 from mcpresume.process.drain import Interrupted, end_for_drain
-from mcpresume.streams.heldget import HeldGet, NotHTTP11
+from mcpresume.streams.answer import NotHTTP11
+from mcpresume.streams.heldget import HeldGet
 from mcpresume.streams.upstream import UpstreamAnswer, bad_encoding, caused_by
 
 log = logging.getLogger("mcpresume.proxy")

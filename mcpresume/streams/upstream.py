@@ -25,7 +25,8 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import asking_identity
 from mcpresume.process.tracing import NO_TRACING
-from mcpresume.streams.heldget import DECODABLE, HeldGet, UnreadableEncoding
+from mcpresume.streams.answer import DECODABLE, UnreadableEncoding
+from mcpresume.streams.heldget import HeldGet
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
