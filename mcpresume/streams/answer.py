@@ -115,6 +115,22 @@ class ReadAnswer:
         """The upstream compressed the body anyway: it is read decompressed (its head no longer says so)."""
         return self._decoder is not None
 
+    @property
+    def arrived(self) -> bool:
+        """The whole body arrived (and none of it failed): ``whole()`` takes it."""
+        return self._ended and self._error is None
+
+    def whole(self) -> bytes | None:
+        """The body, when all of it arrived already (taken off the answer: reads return ``b""`` then);
+        else None."""
+        if not self.arrived:
+            return None
+        chunks = self._chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        return body
+
     def readany(self) -> asyncio.Future[bytes]:
         """What arrived since the last call, as a future (a parked reader holds no coroutine frame of ours);
         ``b""`` once the body is complete. Fails with ``ConnectionError`` when the connection failed before
@@ -131,9 +147,15 @@ class ReadAnswer:
         while chunk := await self.readany():
             yield chunk
 
-    async def read(self) -> bytes:
-        """The whole body (as aiohttp's ``ClientResponse.read``); the caller bounds what it reads this way."""
-        return b"".join([chunk async for chunk in self.iter_any()])
+    async def read(self, n: int = -1) -> bytes:
+        """The whole body, or its first ``n`` bytes when ``n`` is not negative (the rest left unread)."""
+        chunks: list[bytes] = []
+        size = 0
+        while (n < 0 or size < n) and (chunk := await self.readany()):
+            chunks.append(chunk)
+            size += len(chunk)
+        body = b"".join(chunks)
+        return body if n < 0 else body[:n]
 
     # -- the parser's side -----------------------------------------------------------------------------------
 

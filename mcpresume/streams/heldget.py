@@ -4,8 +4,8 @@ A session's standalone stream is an upstream GET held open for the session's lif
 resumed upstream stream is a GET too. Held by aiohttp's client, such a response costs about 9.6 KiB (the
 response, its stream reader and its deques, the request info, the connection and its parser); a held GET
 here, one protocol object, an h11 connection and the transport, about 2.7 KiB (RSS per held stream,
-``python -m bench.floor``). Requests with bodies, and the answers the proxy relays whole, stay on aiohttp's
-pooled client.
+``python -m bench.floor``). The requests whose answers the proxy reads go on its pool
+(``streams/pool.py``), those it relays as they are on aiohttp's client.
 
 HTTP/1.1, one request per connection (``Connection: close``): the connection ends with its stream. The
 framing (chunked, Content-Length, read until close, 1xx heads before the final one) is h11's, which does no
