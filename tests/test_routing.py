@@ -223,7 +223,10 @@ async def test_a_re_attach_to_a_lost_owners_session_reads_its_owner_and_access_o
     once, in one call (``Serve`` carries the owner to the takeover it starts; the GET handler is handed the
     record)."""
     store = CountingStore()
-    async with pods(store, 2) as (a, b):
+    # A short lease and housekeeping every second (a tenth of session_ttl): b takes a's sessions over once
+    # the store has answered it for a whole lease, at its next round (with the defaults, 10 s and 5 s, that
+    # came at the until's own timeout: a race on a loaded machine).
+    async with pods(store, 2, owner_lease_ttl=1.0, session_ttl=10.0) as (a, b):
         client = ScriptedClient(http, a.url)
         await client.initialize()
         _, body = client.tool_call("count_slowly", {"n": 3, "delay": 0.01})
