@@ -116,6 +116,50 @@ async def test_a_release_that_fails_does_not_fail_the_stop() -> None:
     assert registry.released == ["pod-a"]
 
 
+class StuckRegistry(FakeRegistry):
+    """Its second registration holds on past its cancellation until ``freed`` (as a store client's call
+    waiting for a lock of its pool does: asyncio's Condition.wait takes its lock again before it lets a
+    cancellation through)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck, self.freed = asyncio.Event(), asyncio.Event()
+
+    async def register_replica(
+        self, replica_id: str, url: str, ttl: float, now: float, instance: str = ""
+    ) -> None:
+        await super().register_replica(replica_id, url, ttl, now, instance)
+        if len(self.registrations) != 2:
+            return
+        self.stuck.set()
+        cancelled = False
+        while not self.freed.is_set():
+            try:
+                await self.freed.wait()
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+async def test_a_renewal_held_past_its_cancellation_does_not_hold_the_stop_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = StuckRegistry()
+    lease = Lease(registry, "pod-a", URL, 0.3, Metrics(), Clock())
+    await lease.start()
+    await asyncio.wait_for(registry.stuck.wait(), HANG_GUARD)
+    renewals = lease._task
+    assert renewals is not None
+    await asyncio.wait_for(lease.stop(), HANG_GUARD)  # an interval (0.1 s), not until the renewal ends
+    assert registry.released == ["pod-a"] and not renewals.done()
+    assert "had not ended 0.1 s after it was cancelled" in caplog.text
+    registry.freed.set()
+    await asyncio.wait([renewals])
+    assert renewals.cancelled()  # it ended as cancelled: no renewal after the release
+    assert len(registry.registrations) == 2
+
+
 async def test_the_lease_in_the_memory_stores_registry() -> None:
     store = MemoryStore(WindowLimits(64, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=None)
     clock = Clock()

@@ -130,9 +130,18 @@ class Lease:
     async def stop(self) -> None:
         """Stop renewing, then release the lease so the takeover of this replica's sessions starts now."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])  # its end, without taking a cancellation of this call
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            # Its end, without taking a cancellation of this call, for an interval at most: a renewal the
+            # store client holds past its cancellation (a lock of its pool) must not hold the stop up.
+            done, _ = await asyncio.wait([task], timeout=self.interval)
+            if not done:
+                log.warning(
+                    "a renewal of replica %s's lease had not ended %.1f s after it was cancelled; "
+                    "releasing the lease without it",
+                    self.replica_id,
+                    self.interval,
+                )
         try:
             await self.registry.release_replica(self.replica_id)
         except Exception as exc:  # the lease then lapses by itself, a TTL later
