@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,15 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     if item.get_closest_marker("processes") is not None:
         return {"uvloop": uvloop.new_event_loop}
     return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl, installed by .ci/run), and its key."""
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    command = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2"
+    command += " -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1"
+    argv = [*command.split(), "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(argv, check=True, capture_output=True)
+    return cert, key

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import socket
 import ssl
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ from hypothesis import strategies as st
 
 from mcpresume.core.errors import BadRequest, UpstreamTimeout, UpstreamUnreachable
 from mcpresume.examples.upstream import serve_example_upstream
-from mcpresume.streams.heldget import HIGH_WATER, HeldGet, NotHTTP11
+from mcpresume.streams.answer import HIGH_WATER, NotHTTP11
+from mcpresume.streams.heldget import HeldGet
 from mcpresume.streams.upstream import Upstream
 from tests.conftest import ServeApp
 from tests.support import playbook as pb
@@ -287,18 +287,6 @@ async def test_reading_pauses_at_high_water_and_resumes_when_the_reader_takes_th
         body = await read_all(held)
         assert body == piece * total
         held.release()
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (openssl, installed by .ci/run), and its key."""
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    command = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2"
-    command += " -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1"
-    argv = [*command.split(), "-keyout", str(key), "-out", str(cert)]
-    subprocess.run(argv, check=True, capture_output=True)
-    return cert, key
 
 
 async def test_an_https_upstream_is_verified_and_held(

@@ -24,6 +24,7 @@ from mcpresume.store.memory import MemoryStore
 from mcpresume.streams.pump import Pump, PumpJob, Pumps, PumpSettings
 from mcpresume.streams.upstream import Upstream
 from tests.conftest import ServeApp
+from tests.support.poll import until
 
 TIMEOUT = 30
 RESPONSE = b'{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}'
@@ -117,7 +118,7 @@ async def answered(upstream: Upstream) -> Any:
     response = await upstream.request(
         "POST", "/mcp", [("Content-Type", "application/json")], b"{}", decoded=True
     )
-    await asyncio.wait_for(response.content.wait_eof(), TIMEOUT)  # the whole answer is here
+    await until(lambda: response.arrived, timeout=TIMEOUT, what="the whole answer")
     return response
 
 

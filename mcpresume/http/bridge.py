@@ -88,6 +88,7 @@ from mcpresume.http.incoming import SSE_HEADERS, Post, pump_record
 from mcpresume.http.listen import GeneratedBody, ListenAnswer
 from mcpresume.http.view import ViewPlan, attach_view
 from mcpresume.process.logs import log_id
+from mcpresume.streams.pool import PooledAnswer
 from mcpresume.streams.pump import PumpJob
 from mcpresume.streams.starter import PumpStarter
 from mcpresume.streams.upstream import UpstreamAnswer
@@ -280,7 +281,7 @@ class Bridge:
             return 599, None
         try:
             text = await answer.read()
-        except aiohttp.ClientError as error:
+        except (aiohttp.ClientError, OSError) as error:
             self._unanswered = f"its answer broke off: {error}"
             return 599, None
         finally:
@@ -380,7 +381,7 @@ class Bridge:
             )
         child.inc()
 
-    async def after_refusal(self, post: Post, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def after_refusal(self, post: Post, upstream: PooledAnswer) -> web.StreamResponse:
         """A client's ``initialize`` the upstream refused (4xx): when it refuses the handshake era (and
         `server/discover` says it speaks 2026-07-28), answered by the bridge; else its refusal as it came."""
         try:
@@ -600,7 +601,7 @@ class Bridge:
         ]
         path_qs = request.path_qs
 
-        async def open_(notifications: Mapping[str, Any]) -> aiohttp.ClientResponse:
+        async def open_(notifications: Mapping[str, Any]) -> PooledAnswer:
             listen = listen_request(
                 proxy_request_id("listen", secrets.token_hex(8)), notifications, bridged.facts
             )
@@ -676,7 +677,7 @@ def modern_headers(post: Post) -> list[tuple[str, str]]:
 
 
 async def retain(
-    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess
+    ctx: ProxyContext, post: Post, upstream: PooledAnswer, granted: SessionAccess
 ) -> web.StreamResponse:
     """A bridged request's ``application/json`` answer: kept as a one-event stream of the session (its
     claim was settled), the client attached to it: resumable like an SSE answer. An input-required one
@@ -717,7 +718,7 @@ async def retain(
     return await attach_view(ctx, post.request, session_id, view)
 
 
-async def read_within(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_within(upstream: PooledAnswer, limit: int) -> bytes:
     """An answer's body, read to its end but never more than past ``limit`` (then released)."""
     answer = bytearray()
     try:
@@ -739,7 +740,7 @@ def json_event(answer: bytes, request_id: str | int | None, limit: int) -> bytes
     return frame_body(error_response(request_id, SERVER_ERROR, "the answer is too large", data))
 
 
-def bridged_stream(post: Post, upstream: aiohttp.ClientResponse) -> UpstreamAnswer:
+def bridged_stream(post: Post, upstream: PooledAnswer) -> UpstreamAnswer:
     """What the pump of a bridged request's SSE answer reads: ``BridgedAnswer`` (the input-required result
     held back, the request retried); any other answer as it is."""
     if post.bridged is None:  # (most requests: not a bridged session's)
@@ -775,7 +776,7 @@ class BridgedAnswer(GeneratedBody):
         self,
         bridge: Bridge,
         post: Post,
-        upstream: aiohttp.ClientResponse | None,
+        upstream: PooledAnswer | None,
         asked: InputRequired | None,
     ) -> None:
         assert post.session_id is not None and len(post.message.request_ids) == 1
@@ -800,7 +801,7 @@ class BridgedAnswer(GeneratedBody):
             self._awaiting = None
 
     async def _events(
-        self, upstream: aiohttp.ClientResponse | None, asked: InputRequired | None
+        self, upstream: PooledAnswer | None, asked: InputRequired | None
     ) -> AsyncIterator[bytes]:
         bridge = self._bridge
         limit = bridge.ctx.settings.max_event_bytes
@@ -848,7 +849,7 @@ class BridgedAnswer(GeneratedBody):
             self._reading = answer
             try:
                 raw = await read_within(answer, limit) if answer.content_type == JSON else b""
-            except aiohttp.ClientError as error:
+            except (aiohttp.ClientError, OSError) as error:
                 yield self._failed(f"the retry's answer broke off: {error}")
                 return
             finally:
@@ -888,7 +889,7 @@ def _last_message(body: bytes) -> object:
 
 
 async def bridged_answer(
-    ctx: ProxyContext, post: Post, upstream: aiohttp.ClientResponse, granted: SessionAccess | None
+    ctx: ProxyContext, post: Post, upstream: PooledAnswer, granted: SessionAccess | None
 ) -> web.StreamResponse | None:
     """What a bridged request's answer the proxy would relay becomes: a 2xx JSON answer a one-event stream
     (``retain``); a 4xx JSON one (a JSON-RPC error: a 2026-07-28 server maps codes to statuses, 404 for an

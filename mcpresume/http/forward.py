@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
 
 from mcpresume.core.errors import (
     BodyTimeout,
@@ -33,8 +32,8 @@ from mcpresume.core.headers import (
 from mcpresume.http.context import DID, Action, ProxyContext
 from mcpresume.http.view import ClientWriter, HeldHeadResponse, Stalled
 from mcpresume.process.drain import Interrupted, end_for_drain
-from mcpresume.streams.heldget import HeldGet, NotHTTP11
-from mcpresume.streams.upstream import UpstreamAnswer, bad_encoding, caused_by
+from mcpresume.streams.answer import NotHTTP11, ReadAnswer
+from mcpresume.streams.upstream import UpstreamAnswer
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -149,9 +148,7 @@ async def passthrough(
 def inflated(upstream: UpstreamAnswer) -> bool:
     """The upstream compressed this answer though the proxy asked for it as is, and it is read
     decompressed (``Upstream.request(decoded=True)``, a held GET)."""
-    if isinstance(upstream, HeldGet):
-        return upstream.inflates
-    return upstream.headers.get("Content-Encoding", "identity").strip().lower() != "identity"
+    return isinstance(upstream, ReadAnswer) and upstream.inflates
 
 
 async def read_inflated(upstream: UpstreamAnswer, limit: int) -> bytes:
@@ -166,11 +163,9 @@ async def read_inflated(upstream: UpstreamAnswer, limit: int) -> bytes:
                 raise UpstreamBadResponse(
                     f"the upstream's compressed answer expands beyond {limit} bytes", limit=limit
                 )
-    except NotHTTP11 as exc:  # a held GET's: framing broken, or compressed data that cannot be decoded
+    except NotHTTP11 as exc:  # framing broken, or compressed data that cannot be decoded
         raise UpstreamBadResponse(str(exc)) from None
     except (aiohttp.ClientError, OSError) as exc:
-        if caused_by(exc, ContentEncodingError) is not None:
-            raise bad_encoding(None) from None
         raise UpstreamUnreachable(f"the upstream's answer failed: {type(exc).__name__}: {exc}") from None
     return bytes(body)
 

@@ -29,6 +29,7 @@ import aiohttp
 from mcpresume.core.bridge import listen_event
 from mcpresume.core.errors import ProxyError
 from mcpresume.core.sse import SSEParser, frame_body
+from mcpresume.streams.pool import PooledAnswer
 
 log = logging.getLogger("mcpresume.bridge")
 
@@ -36,7 +37,7 @@ SSE: Final = "text/event-stream"
 # How long a re-opened listen's acknowledgement is awaited before the old stream is kept instead.
 ACK_WAIT: Final = 30.0
 
-Open = Callable[[Mapping[str, Any]], Awaitable[aiohttp.ClientResponse]]
+Open = Callable[[Mapping[str, Any]], Awaitable[PooledAnswer]]
 
 
 class GeneratedBody:
@@ -68,7 +69,7 @@ class ListenAnswer(GeneratedBody):
 
     def __init__(
         self,
-        first: aiohttp.ClientResponse,
+        first: PooledAnswer,
         notifications: Mapping[str, Any],
         open_: Open,
         limit: int,
@@ -80,8 +81,8 @@ class ListenAnswer(GeneratedBody):
         self._limit = limit
         self._on_release = on_release
         self._current = first
-        self._next: tuple[aiohttp.ClientResponse, SSEParser, list[bytes]] | None = None
-        self._opening: aiohttp.ClientResponse | None = None
+        self._next: tuple[PooledAnswer, SSEParser, list[bytes]] | None = None
+        self._opening: PooledAnswer | None = None
         self._handover = asyncio.Event()
         self._lock = asyncio.Lock()
         self._released = False
@@ -128,7 +129,7 @@ class ListenAnswer(GeneratedBody):
             self._handover.set()
             return True
 
-    async def _acknowledged(self, answer: aiohttp.ClientResponse) -> tuple[SSEParser, list[bytes]]:
+    async def _acknowledged(self, answer: PooledAnswer) -> tuple[SSEParser, list[bytes]]:
         """Read ``answer`` up to its acknowledgement: its parser and what came after it in the same chunk."""
         if answer.status != 200 or answer.content_type != SSE:
             raise ValueError(f"the upstream answered it with HTTP {answer.status}")
@@ -165,7 +166,7 @@ class ListenAnswer(GeneratedBody):
                     continue
                 if self._next is not None:  # the handover: the new listen from here on
                     read.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, OSError):
                         await read
                     read = None
                     old = self._current

@@ -45,6 +45,7 @@ from mcpresume.core.window import EventKind
 from mcpresume.http.context import ProxyContext
 from mcpresume.http.forward import upstream_headers
 from mcpresume.process.logs import log_id
+from mcpresume.streams.pool import PooledAnswer
 
 log = logging.getLogger("mcpresume.proxy")
 
@@ -295,7 +296,7 @@ async def _send(
         answer.release()
 
 
-async def _result(answer: aiohttp.ClientResponse, request_id: str, limit: int) -> Any:
+async def _result(answer: PooledAnswer, request_id: str, limit: int) -> Any:
     """The ``result`` of the response to ``request_id`` in a JSON or SSE answer (None: an error, or none)."""
 
     def of(doc: Any) -> tuple[bool, Any]:

@@ -20,8 +20,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-import aiohttp
-
 from mcpresume.core.errors import (
     SERVER_ERROR,
     ProxyError,
@@ -54,6 +52,7 @@ from mcpresume.http.forward import identity_upstream_headers, upstream_headers
 from mcpresume.http.get import Openings
 from mcpresume.http.incoming import Post, client_sse_headers, pump_record
 from mcpresume.process.logs import log_id
+from mcpresume.streams.pool import PooledAnswer
 from mcpresume.streams.pump import PumpJob
 from mcpresume.streams.starter import PumpStarter
 
@@ -78,11 +77,11 @@ class Forwarded:
 
     answer: Answer
     opened: Opened | None = None
-    upstream: aiohttp.ClientResponse | None = None
+    upstream: PooledAnswer | None = None
     error: ProxyError | None = None
 
     @classmethod
-    def of(cls, upstream: aiohttp.ClientResponse) -> Forwarded:
+    def of(cls, upstream: PooledAnswer) -> Forwarded:
         return cls(answer_of(upstream.status, upstream.content_type), upstream=upstream)
 
     @classmethod
@@ -247,7 +246,7 @@ class Sender:
         else:
             await store.release(session_id, keys, epoch)
 
-    def _uncarried(self, post: Post, upstream: aiohttp.ClientResponse, sid: str) -> Forwarded:
+    def _uncarried(self, post: Post, upstream: PooledAnswer, sid: str) -> Forwarded:
         """An ``initialize`` answered with a session id the proxy cannot carry: 502, and no session begun.
         The upstream's own is ended with a DELETE, on its own (the 502 does not wait), when the id can be
         sent back (too long, but visible ASCII); else the upstream's own expiry ends it."""
@@ -285,7 +284,7 @@ class Sender:
         log.info("session %s begins", log_id(session_id))
         return epoch
 
-    async def retain_answer(self, post: Post, upstream: aiohttp.ClientResponse, epoch: str) -> int:
+    async def retain_answer(self, post: Post, upstream: PooledAnswer, epoch: str) -> int:
         """An application/json answer on a response that is an SSE view: kept as a one-event stream, so it
         reaches this client in the view and stays resumable like any response."""
         ctx, message = self.ctx, post.message

@@ -64,6 +64,7 @@ from mcpresume.process.drain import HAND_OVER
 from mcpresume.process.local import LocalSessions
 from mcpresume.process.metrics import Metrics
 from mcpresume.store import Fenced, Streams
+from mcpresume.streams.pool import PooledAnswer
 from mcpresume.streams.upstream import Upstream, UpstreamAnswer
 
 log = logging.getLogger("mcpresume.pump")
@@ -125,10 +126,7 @@ class Read:
 
 def whole(response: UpstreamAnswer) -> bytes | None:
     """An upstream answer's body, when all of it arrived already (taken off the answer); else None."""
-    content = response.content
-    if isinstance(content, aiohttp.StreamReader) and content.is_eof():
-        return content.read_nowait()
-    return None
+    return response.whole() if isinstance(response, PooledAnswer) else None
 
 
 @dataclass(frozen=True, slots=True)

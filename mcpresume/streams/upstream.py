@@ -1,18 +1,18 @@
-"""The client side: one pooled aiohttp session to the upstream, and held GETs (``streams/heldget.py``) for the
-long-lived GET streams, with errors mapped into our tree."""
+"""The client side, with errors mapped into our tree: the requests whose answers the proxy reads on its own
+pool (``streams/pool.py``), held GETs (``streams/heldget.py``) for the long-lived GET streams, and the
+requests whose answers it relays as they are (bytes of any encoding, streamed bodies) on aiohttp's."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, Literal, Protocol, TypeVar, overload
 
 import aiohappyeyeballs
 import aiohttp
 import h11
-from aiohttp.http_exceptions import ContentEncodingError
 from multidict import CIMultiDictProxy
 from yarl import URL
 
@@ -25,7 +25,9 @@ from mcpresume.core.errors import (
 )
 from mcpresume.core.headers import asking_identity
 from mcpresume.process.tracing import NO_TRACING
-from mcpresume.streams.heldget import DECODABLE, HeldGet, UnreadableEncoding
+from mcpresume.streams.answer import UnreadableEncoding
+from mcpresume.streams.heldget import HeldGet
+from mcpresume.streams.pool import Pool, PooledAnswer
 
 # Seconds before racing the next address of the upstream's name (RFC 8305), as aiohttp's connector does.
 HAPPY_EYEBALLS: Final = 0.25
@@ -34,6 +36,7 @@ HAPPY_EYEBALLS: Final = 0.25
 # is). A request whose answer the proxy reads asks for identity itself (``request(decoded=True)``).
 NO_AUTO_HEADERS: Final = frozenset({"Accept-Encoding", "User-Agent", "Accept"})
 E = TypeVar("E", bound=BaseException)
+P = TypeVar("P", bound=asyncio.Protocol)
 # Upstream URLs kept parsed (``Upstream._target``).
 MAX_TARGETS: Final = 64
 
@@ -46,6 +49,13 @@ def caused_by(exc: BaseException, kind: type[E]) -> E | None:
             return cause
         cause = cause.__cause__
     return None
+
+
+def _unforwardable() -> BadRequest:
+    return BadRequest(
+        "the request cannot be forwarded: a header value HTTP/1.1 does not allow (a control character, or "
+        "surrounding whitespace)"
+    )
 
 
 def bad_encoding(encoding: str | None) -> UpstreamBadResponse:
@@ -90,6 +100,7 @@ class Upstream:
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         # Held GETs connect themselves: to the origin's host and port, with TLS verified for https.
         self._host = self.url.raw_host or ""
         self._port = self.url.port or (443 if self.url.scheme == "https" else 80)
@@ -112,6 +123,7 @@ class Upstream:
         return [(n, self.aliases.get(v, v)) if n.lower() == "mcp-session-id" else (n, v) for n, v in headers]
 
     async def start(self) -> None:
+        self._pool = Pool(self._authority, self.connect)
         self._session = aiohttp.ClientSession(
             # No total timeout: SSE streams live as long as their request (handshake era) or session.
             timeout=aiohttp.ClientTimeout(total=None, connect=self.connect_timeout, sock_read=None),
@@ -124,9 +136,34 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    @overload
+    async def request(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        data: bytes | None,
+        *,
+        decoded: Literal[True],
+    ) -> PooledAnswer: ...
+
+    @overload
+    async def request(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        data: bytes | AsyncIterable[bytes] | None,
+        *,
+        decoded: Literal[False] = False,
+    ) -> aiohttp.ClientResponse: ...
 
     async def request(
         self,
@@ -136,31 +173,35 @@ class Upstream:
         data: bytes | AsyncIterable[bytes] | None,
         *,
         decoded: bool = False,
-    ) -> aiohttp.ClientResponse:
+    ) -> PooledAnswer | aiohttp.ClientResponse:
         """Send a request; returns once the upstream's headers arrived. Raises ``UpstreamUnreachable`` or
         ``UpstreamTimeout``. The caller owns the response and must release it.
 
         ``decoded``: the answer is read as it is meant, not as bytes to pass on (the proxy re-frames it):
         ``Accept-Encoding: identity`` is asked, and a body the upstream compresses anyway (gzip, deflate)
         is decompressed; its ``Content-Encoding`` and ``Content-Length`` then describe bytes nobody gets.
-        Another encoding is ``UpstreamBadResponse``. Otherwise bodies pass through as they came.
+        Another encoding is ``UpstreamBadResponse``. Such a request's body is bytes, and it goes on the
+        proxy's own pool (``streams/pool.py``); a header field with a CR, LF or NUL is ``BadRequest``.
+        Otherwise bodies pass through as they came, on aiohttp's client.
 
         The errors say whether the request is known never to have been sent (``unsent``): only when no
         connection to the upstream was made (refused, failed, not within ``connect_timeout``). Any other
         failure may have come after it was written (a timeout, a connection that broke), so it may have
         run: what it did is unknown (``core.post.CLAIM_ENDS``)."""
+        if decoded:
+            assert data is None or isinstance(data, bytes), "a decoded request's body is bytes"
+            return await self._read(method, path_qs, headers, data)
         assert self._session is not None, "Upstream.start() was not awaited"
-        headers = self._prepared(headers, decoded)
+        headers = self.tracing.inject(self.aliased(headers))
         try:
             async with asyncio.timeout(self.first_byte_timeout):
-                response = await self._session.request(
+                return await self._session.request(
                     method,
                     self._target(path_qs),
                     headers=list(headers),
                     skip_auto_headers=NO_AUTO_HEADERS,
                     data=data,
                     allow_redirects=False,  # redirects are the client's to follow, with its own policy
-                    auto_decompress=decoded,
                 )
         except aiohttp.ConnectionTimeoutError:
             raise self._connect_timed_out() from None
@@ -174,27 +215,37 @@ class Upstream:
                 f"cannot connect to the upstream: {exc.os_error}", unsent=True
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            if caused_by(exc, ContentEncodingError):  # an encoding aiohttp knows but cannot decode (br)
-                raise bad_encoding(None) from None
             timed_out = caused_by(exc, BodyTimeout)  # the client's body, streamed upstream, stopped coming
             if timed_out is not None:
                 raise timed_out from None
             # After the connection was made (aiohttp raises a connection's own failures as
             # ClientConnectorError): the request may have been written.
             raise UpstreamUnreachable(f"upstream request failed: {type(exc).__name__}: {exc}") from None
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if decoded and encoding not in DECODABLE:
-            response.release()
-            raise bad_encoding(encoding)
-        return response
 
-    def _prepared(self, headers: Sequence[tuple[str, str]], decoded: bool) -> Sequence[tuple[str, str]]:
-        """The headers a request is sent with: a ``decoded`` one's ``asking_identity`` (as they are when they
-        are that already: ``core.headers.identity_request_headers``), a re-initialized session's id swapped
-        for the upstream's, the trace context."""
-        if decoded:
-            headers = asking_identity(headers)
-        return self.tracing.inject(self.aliased(headers))
+    async def _read(
+        self, method: str, path_qs: str, headers: Sequence[tuple[str, str]], data: bytes | None
+    ) -> PooledAnswer:
+        """``request(decoded=True)``, on the pool."""
+        assert self._pool is not None, "Upstream.start() was not awaited"
+        try:
+            message = self._pool.message(method, path_qs, self._prepared(headers), data)
+        except ValueError:
+            # Not the value in the message: it may be a credential, and this message reaches logs.
+            raise _unforwardable() from None
+        try:
+            return await self._pool.send(message, self._pool.loop.time() + self.first_byte_timeout)
+        except TimeoutError:
+            raise self._head_timed_out() from None  # maybe sent, as ``request``'s
+        except UnreadableEncoding as exc:
+            raise bad_encoding(exc.encoding) from None
+        except OSError as exc:  # reset, closed before the head, or not HTTP/1.1 (NotHTTP11)
+            raise UpstreamUnreachable(f"upstream request failed: {exc}") from None
+
+    def _prepared(self, headers: Sequence[tuple[str, str]]) -> Sequence[tuple[str, str]]:
+        """The headers a read answer's request is sent with: ``asking_identity`` (as they are when they are
+        that already: ``core.headers.identity_request_headers``), a re-initialized session's id swapped for
+        the upstream's, the trace context."""
+        return self.tracing.inject(self.aliased(asking_identity(headers)))
 
     def _target(self, path_qs: str) -> URL:
         """The upstream URL of ``path_qs`` (as the client sent it, encoded)."""
@@ -233,14 +284,11 @@ class Upstream:
             held = HeldGet(self._authority, path_qs, self.tracing.inject(sent))
         except h11.LocalProtocolError:
             # Not the value in the message: it may be a credential, and this message reaches logs.
-            raise BadRequest(
-                "the request cannot be forwarded: a header value HTTP/1.1 does not allow (a control "
-                "character, or surrounding whitespace)"
-            ) from None
+            raise _unforwardable() from None
         try:
             try:
                 async with asyncio.timeout(self.first_byte_timeout):
-                    await self._connect(held)
+                    await self.connect(lambda: held)
                     await held.head()
             except TimeoutError:
                 raise self._head_timed_out() from None
@@ -253,7 +301,9 @@ class Upstream:
             raise
         return held
 
-    async def _connect(self, held: HeldGet) -> None:
+    async def connect(self, protocol: Callable[[], P]) -> P:
+        """A new connection to the upstream, its protocol made by ``protocol``. Raises ``UpstreamUnreachable``
+        (unsent: no connection, so no request written)."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -264,13 +314,14 @@ class Upstream:
                     addresses, happy_eyeballs_delay=HAPPY_EYEBALLS, interleave=1
                 )
                 server_hostname = self._host if self._ssl is not None else None
-                await loop.create_connection(
-                    lambda: held, sock=sock, ssl=self._ssl, server_hostname=server_hostname
+                _, made = await loop.create_connection(
+                    protocol, sock=sock, ssl=self._ssl, server_hostname=server_hostname
                 )
         except TimeoutError:
             raise self._connect_timed_out() from None
         except OSError as exc:
-            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}") from None
+            raise UpstreamUnreachable(f"cannot connect to the upstream: {exc}", unsent=True) from None
+        return made
 
     def _connect_timed_out(self) -> UpstreamUnreachable:
         return UpstreamUnreachable(
