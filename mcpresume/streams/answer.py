@@ -28,7 +28,6 @@ NO_HEADERS: Final[CIMultiDictProxy[str]] = CIMultiDictProxy(CIMultiDict())
 # Content codings read anyway when an upstream compresses what it was asked to send as is (zlib's wbits:
 # gzip's header, zlib's), as aiohttp's client decodes them.
 _DECODERS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-DECODABLE: Final = frozenset({"identity", "gzip", "deflate"})
 
 
 class NotHTTP11(ConnectionError):
@@ -156,6 +155,12 @@ class ReadAnswer:
             size += len(chunk)
         body = b"".join(chunks)
         return body if n < 0 else body[:n]
+
+    def _give_up_head(self) -> None:
+        """Drop the head's future, its failure retrieved: whoever asked for this answer gave up on it."""
+        head, self._head = self._head, None
+        if head is not None and head.done() and not head.cancelled():
+            head.exception()
 
     # -- the parser's side -----------------------------------------------------------------------------------
 

@@ -64,9 +64,7 @@ class HeldGet(ReadAnswer, asyncio.Protocol):
 
     def release(self) -> None:
         """Close the connection (whether or not the body was read)."""
-        head, self._head = self._head, None
-        if head is not None and head.done() and not head.cancelled():
-            head.exception()  # retrieved: whoever opened this gave up on it
+        self._give_up_head()
         if self._transport is not None:
             self._transport.close()
 

@@ -49,9 +49,7 @@ class PooledAnswer(ReadAnswer):
         self._transport = connection.transport
 
     def release(self) -> None:
-        head, self._head = self._head, None
-        if head is not None and head.done() and not head.cancelled():
-            head.exception()  # retrieved: whoever sent this gave up on it
+        self._give_up_head()
         self._connection.released(self)
 
     def close(self) -> None:
