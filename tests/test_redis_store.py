@@ -323,6 +323,34 @@ async def test_the_client_library_retries_no_call(
     assert aioredis.Redis().get_retry().get_retries() > 0  # what it would have been
 
 
+async def test_a_cancelled_call_through_the_client_library_ends_cancelled(
+    redis_db: str, make_store: Make
+) -> None:
+    """A store call cancelled while it runs ends with the cancellation, wherever it is cancelled: redis-py
+    sends under ``asyncio.wait_for`` while a socket timeout is set, which on Python 3.11 returns normally
+    when cancelled as the send completes (the lease's renewals, cancelled at stop, went on renewing). The
+    calls are cancelled after 0, 1, 2, ... turns of the loop, so one lands in each step of the call."""
+    store = await make_store(redis_db)
+    assert store._client.connection_pool.connection_kwargs["socket_timeout"] is None
+    calls = {
+        "register_replica": lambda: store.register_replica("pod-a", "http://a/mcp", 10.0, 1.0, "i"),
+        "live_replicas": lambda: store.live_replicas(1.0),
+    }
+    lost: list[tuple[str, int]] = []
+    for name, call in calls.items():
+        for turns in range(60):
+            task = asyncio.ensure_future(call())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if task.done():
+                break  # answered before it was cancelled: every later turn too
+            task.cancel()
+            await asyncio.wait([task])
+            if not task.cancelled():
+                lost.append((name, turns))
+    assert lost == []
+
+
 async def test_a_guarded_append_that_would_evict_unsent_events_appends_nothing(
     redis_db: str, make_store: Make
 ) -> None:

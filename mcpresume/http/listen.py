@@ -110,7 +110,8 @@ class ListenAnswer(GeneratedBody):
                 return True
             try:
                 self._opening = await self._open(notifications)
-                parser, passed = await asyncio.wait_for(self._acknowledged(self._opening), ACK_WAIT)
+                async with asyncio.timeout(ACK_WAIT):  # not wait_for: on 3.11 it can lose a cancellation
+                    parser, passed = await self._acknowledged(self._opening)
             except (ProxyError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
                 log.warning(
                     "the listen stream could not be re-opened upstream: %s", error or type(error).__name__

@@ -32,6 +32,7 @@ from mcpresume.store import Registry
 log = logging.getLogger("mcpresume.lease")
 
 RENEWALS_PER_TTL: Final = 3
+STOP_RECANCEL: Final = 0.05  # seconds between the cancellations of the renewals at stop, until they end
 
 # Who answers at a replica's URL (``replicas.hop.Hop.probe``): its replica id, or None when nothing does.
 Probe = Callable[[str], Awaitable[str | None]]
@@ -75,6 +76,7 @@ class Lease:
         self.renewed_at: float | None = None  # the clock at the last registration that succeeded
         self.answering_since: float | None = None  # the first renewal of the store's current good spell
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False  # read by the renewals too: a cancellation alone may be lost (``stop``)
 
     def held(self, now: float) -> bool:
         """Whether the lease is live by this replica's last successful renewal."""
@@ -125,23 +127,22 @@ class Lease:
     async def _renewals(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
+            if self._stopping:
+                return
             await self.renew()
 
     async def stop(self) -> None:
         """Stop renewing, then release the lease so the takeover of this replica's sessions starts now."""
         if self._task is not None:
             task, self._task = self._task, None
-            task.cancel()
-            # Its end, without taking a cancellation of this call, for an interval at most: a renewal the
-            # store client holds past its cancellation (a lock of its pool) must not hold the stop up.
-            done, _ = await asyncio.wait([task], timeout=self.interval)
-            if not done:
-                log.warning(
-                    "a renewal of replica %s's lease had not ended %.1f s after it was cancelled; "
-                    "releasing the lease without it",
-                    self.replica_id,
-                    self.interval,
-                )
+            self._stopping = True
+            # Cancelled again until it ends, without taking a cancellation of this call: a store call can
+            # lose a cancellation (Python 3.11's ``asyncio.wait_for`` returns normally when its caller is
+            # cancelled as the call completes). A renewal after the release would hold the lease for as
+            # long as this process lives, and no replica would take its sessions over.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=STOP_RECANCEL)
         try:
             await self.registry.release_replica(self.replica_id)
         except Exception as exc:  # the lease then lapses by itself, a TTL later

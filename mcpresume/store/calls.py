@@ -143,7 +143,11 @@ class RedisCalls:
 
     def _options(self) -> dict[str, Any]:
         return {
-            "socket_timeout": self.op_timeout,
+            # No socket timeout: every call is bounded by ``call``'s own (``asyncio.timeout``). With one,
+            # redis-py sends each command under ``asyncio.wait_for``, which on Python 3.11 returns normally
+            # when its caller is cancelled as the send completes: the cancellation is lost (a lease's
+            # renewals, cancelled at stop, went on renewing).
+            "socket_timeout": None,
             "socket_connect_timeout": self.op_timeout,
             # No blind retries: a timed-out write may have been applied (scripts are idempotent anyway).
             "retry": Retry(NoBackoff(), 0),
@@ -154,7 +158,8 @@ class RedisCalls:
         options = self._options()
         probe = aioredis.Redis.from_url(self.url, **options)
         try:
-            info = await asyncio.wait_for(probe.info("cluster"), self.op_timeout * 3)
+            async with asyncio.timeout(self.op_timeout * 3):
+                info = await probe.info("cluster")
             cluster = bool(info.get("cluster_enabled"))
         except (RedisError, OSError, TimeoutError):
             cluster = False  # unreachable now: a plain client, which reconnects when Redis is back
@@ -171,7 +176,7 @@ class RedisCalls:
                 self._link = Link(
                     self.url, self.op_timeout, on_error=self._posted_error, reply_timeout=self.op_timeout
                 )
-        self._pubsub_client = aioredis.Redis.from_url(self.url, **{**options, "socket_timeout": None})
+        self._pubsub_client = aioredis.Redis.from_url(self.url, **options)
         lua = resources.files("mcpresume.store") / "lua"
         common = (lua / "common.lua").read_text()
         for name in SCRIPTS:
