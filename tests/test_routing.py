@@ -14,13 +14,15 @@ import aiohttp
 import orjson
 import pytest
 
-from mcpresume.core.session import SessionAccess
+from mcpresume.core.session import SessionAccess, StreamOrigin
 from mcpresume.core.window import WindowLimits
 from mcpresume.store.memory import MemoryStore
+from tests.conftest import ServeApp
+from tests.support import playbook as pb
 from tests.support.metrics import sample
 from tests.support.pods import Pod, kill, pods
 from tests.support.poll import until
-from tests.support.proxy import ScriptedClient, collect, error_of, reattach
+from tests.support.proxy import ScriptedClient, collect, error_of, reattach, sse_events
 
 
 def shared_store() -> MemoryStore:
@@ -176,6 +178,43 @@ async def test_a_drained_owner_hands_its_call_over_to_b_which_completes_it(
         assert result_of(tail) == "counted to 12"
         assert sample(b.proxy.ctx.metrics, "mcpresume_takeovers_total", outcome="taken") == 1
         assert result_of(await call(client, b.url, "tally", {})) == 1  # b owns the session now
+
+
+async def test_the_owner_killed_before_the_calls_first_event_b_resumes_it_from_the_priming_id(
+    http: aiohttp.ClientSession, serve: ServeApp
+) -> None:
+    """Both pods in front of one upstream that keeps its streams' events: the upstream's priming event (its
+    first resumption point, sent before it runs the call) is kept in the store as it arrives, not with the
+    call's first event. The owner killed between the two, b takes the stream over and resumes it upstream
+    from the priming id: the client's re-attach gets the result, not ``upstream_stream_lost``."""
+    upstream = pb.Playbook()
+    upstream.on("tools/call", pb.sse(pb.raw(b"id: p-1\ndata:\n\n"), pb.wait("run")))
+    url = await serve(upstream.app())
+    store = shared_store()
+    async with pods(store, 2, shared_upstream=url, owner_lease_ttl=1.0, session_ttl=10.0) as (a, b):
+        client = ScriptedClient(http, a.url)
+        await client.initialize()
+        call_id, body = client.tool_call("slow", {})
+        async with http.post(a.url, data=body, headers=client.headers()) as response:
+            priming = await anext(aiter(sse_events(response)))  # the proxy's own, with its cursor
+            await upstream.arrived("run").wait()
+
+            def upstream_cursor() -> str | None:
+                streams = store._sessions[client.session_id].streams.values()
+                (post,) = [s for s in streams if s.origin is StreamOrigin.POST]
+                return post.upstream_cursor
+
+            await until(lambda: upstream_cursor() == "p-1", what="the priming id in the store")
+            await kill(a.proxy)
+        assert priming.id is not None and not priming.data
+        answer = orjson.dumps({"jsonrpc": "2.0", "id": call_id, "result": {"done": True}})
+        resumed = lambda seen: seen.last_event_id == "p-1"  # noqa: E731
+        upstream.on(None, pb.sse(pb.event(answer, id="p-2")), http="GET", when=resumed)
+        async with asyncio.timeout(20):
+            tail = await reattach(http, client, b.url, priming.id)
+        assert tail == [orjson.loads(answer)]
+        assert len([seen for seen in upstream.seen if resumed(seen)]) == 1
+        assert sample(b.proxy.ctx.metrics, "mcpresume_takeovers_total", outcome="taken") == 1
 
 
 class CountingStore(MemoryStore):

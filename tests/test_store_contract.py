@@ -964,6 +964,26 @@ async def test_the_sessions_of_a_lost_owner_are_taken_over_once(store: SessionSt
     assert await store.lost_owners(now=11.0) == ["b", "c"]  # both leases ran out
 
 
+async def test_an_append_of_no_events_keeps_the_upstream_cursor_alone(store: SessionStore) -> None:
+    """A priming event's id (the upstream's first resumption point) kept before the stream's first event:
+    the stream's cursor is the id, its events unchanged; a stale owner's is refused as any append is."""
+    sid = new_session_id()
+    await store.create_session(sid, now=0.0, owner="a")
+    pump = PumpRecord((7,), "/mcp", (("mcp-session-id", "up-7"),))
+    opened = await store.open_stream(sid, StreamOrigin.POST, ["n:7"], now=0.0, priming=True, pump=pump)
+    assert opened is not None
+    before = await store.read(sid, [opened.number], 0)
+    await store.append(sid, opened.number, [], now=1.0, upstream_cursor="p-1", fence=opened.fence)
+    (taken,) = await store.take_over("a", by="b")
+    assert taken.upstream_cursor == "p-1" and taken.stream == opened.number
+    after = await store.read(sid, [opened.number], 0)
+    assert before is not None and after is not None and after.events == before.events
+    with pytest.raises(Fenced):
+        await store.append(sid, opened.number, [], now=1.0, upstream_cursor="p-2", fence=opened.fence)
+    (orphan,) = await store.orphans("b")
+    assert orphan.upstream_cursor == "p-1"
+
+
 async def test_a_takeover_fences_off_the_old_owners_writes(store: SessionStore) -> None:
     """Ownership carries a fence that grows with every change of owner; a pump writes under the fence it
     was given, and once the session changed hands its appends and its end of the stream are refused

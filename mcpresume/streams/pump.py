@@ -463,7 +463,17 @@ class Pump:
             self.heard = HOLDING  # never unattended while it holds events not appended yet
             await self._append(batches)
             self.heard = self.clock()
+        elif self.events.last_id is not self._cursor_of:
+            await self._keep_cursor()
         return self.events.complete
+
+    async def _keep_cursor(self) -> None:
+        """A read with an upstream id and no event (a priming event, most often: the upstream's first
+        resumption point, sent before it runs the request): the id kept in the store now, not with the
+        next event, so a replica that takes the stream over meanwhile resumes it upstream from there
+        instead of ending it with ``upstream_stream_lost``. The store down: the next append carries it."""
+        with contextlib.suppress(StoreUnavailable):
+            await self._put_last([], None)
 
     async def at_once(self, response: UpstreamAnswer) -> Read | None:
         """A POST stream whose answer is all here already (the upstream's first read held all of it: one
