@@ -76,7 +76,6 @@ class Lease:
         self.renewed_at: float | None = None  # the clock at the last registration that succeeded
         self.answering_since: float | None = None  # the first renewal of the store's current good spell
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False  # read by the renewals too: a cancellation alone may be lost (``stop``)
 
     def held(self, now: float) -> bool:
         """Whether the lease is live by this replica's last successful renewal."""
@@ -127,19 +126,17 @@ class Lease:
     async def _renewals(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            if self._stopping:
-                return
             await self.renew()
 
     async def stop(self) -> None:
         """Stop renewing, then release the lease so the takeover of this replica's sessions starts now."""
         if self._task is not None:
             task, self._task = self._task, None
-            self._stopping = True
             # Cancelled again until it ends, without taking a cancellation of this call: a store call can
             # lose a cancellation (Python 3.11's ``asyncio.wait_for`` returns normally when its caller is
-            # cancelled as the call completes). A renewal after the release would hold the lease for as
-            # long as this process lives, and no replica would take its sessions over.
+            # cancelled as the call completes), and the next one lands in the renewals' sleep. The release
+            # comes only after their end: a renewal after it would hold the lease for as long as this
+            # process lives, and no replica would take its sessions over.
             while not task.done():
                 task.cancel()
                 await asyncio.wait([task], timeout=STOP_RECANCEL)
