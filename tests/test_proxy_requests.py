@@ -21,7 +21,7 @@ from mcpresume.store.memory import MemoryStore
 from tests.conftest import ServeApp
 from tests.support import playbook as pb
 from tests.support.metrics import sample
-from tests.support.pods import pods
+from tests.support.pods import QUICK_TAKEOVER, pods
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect
 
@@ -60,11 +60,10 @@ async def test_the_answer_to_a_takeovers_probe_never_reaches_a_client(serve: Ser
     upstream.on("ping", answering_pings_on_the_standalone_stream(standalone))
     url = await serve(upstream.app())
     store = MemoryStore(WindowLimits(256, 1 << 20, 300.0), session_ttl=300.0, max_sessions=10, retry_ms=100)
-    # A short lease and housekeeping every second (a tenth of session_ttl): b takes a's sessions over at its
-    # next round once the store has answered it for a whole lease (with the defaults, about 10 s in: the
-    # until's own timeout).
-    settings = {"owner_lease_ttl": 1.0, "session_ttl": 10.0}
-    async with pods(store, 2, shared_upstream=url, **settings) as (a, b), aiohttp.ClientSession() as http:
+    async with (
+        pods(store, 2, shared_upstream=url, **QUICK_TAKEOVER) as (a, b),
+        aiohttp.ClientSession() as http,
+    ):
         client = ScriptedClient(http, a.url)
         await client.initialize()
         async with http.get(a.url, headers=client.headers(Accept="text/event-stream")) as response:

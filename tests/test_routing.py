@@ -20,7 +20,7 @@ from mcpresume.store.memory import MemoryStore
 from tests.conftest import ServeApp
 from tests.support import playbook as pb
 from tests.support.metrics import sample
-from tests.support.pods import Pod, kill, pods
+from tests.support.pods import QUICK_TAKEOVER, Pod, kill, pods
 from tests.support.poll import until
 from tests.support.proxy import ScriptedClient, collect, error_of, reattach, sse_events
 
@@ -131,7 +131,7 @@ async def test_the_owner_killed_mid_call_a_client_on_b_gets_the_tail_then_the_er
     """Sidecar layout: b's upstream never saw the session, so the call cannot go on. The client re-attached
     on b gets what the window kept, then ``upstream_stream_lost``, within owner_lease_ttl plus a little;
     the session is then unknown everywhere (the client re-initializes)."""
-    async with pods(shared_store(), 2, owner_lease_ttl=1.0, session_ttl=10.0) as (a, b):
+    async with pods(shared_store(), 2, **QUICK_TAKEOVER) as (a, b):
         client = ScriptedClient(http, a.url)
         await client.initialize()
         _, body = client.tool_call("count_slowly", {"n": 50, "delay": 0.05})
@@ -191,7 +191,7 @@ async def test_the_owner_killed_before_the_calls_first_event_b_resumes_it_from_t
     upstream.on("tools/call", pb.sse(pb.raw(b"id: p-1\ndata:\n\n"), pb.wait("run")))
     url = await serve(upstream.app())
     store = shared_store()
-    async with pods(store, 2, shared_upstream=url, owner_lease_ttl=1.0, session_ttl=10.0) as (a, b):
+    async with pods(store, 2, shared_upstream=url, **QUICK_TAKEOVER) as (a, b):
         client = ScriptedClient(http, a.url)
         await client.initialize()
         call_id, body = client.tool_call("slow", {})
@@ -262,10 +262,7 @@ async def test_a_re_attach_to_a_lost_owners_session_reads_its_owner_and_access_o
     once, in one call (``Serve`` carries the owner to the takeover it starts; the GET handler is handed the
     record)."""
     store = CountingStore()
-    # A short lease and housekeeping every second (a tenth of session_ttl): b takes a's sessions over once
-    # the store has answered it for a whole lease, at its next round (with the defaults, 10 s and 5 s, that
-    # came at the until's own timeout: a race on a loaded machine).
-    async with pods(store, 2, owner_lease_ttl=1.0, session_ttl=10.0) as (a, b):
+    async with pods(store, 2, **QUICK_TAKEOVER) as (a, b):
         client = ScriptedClient(http, a.url)
         await client.initialize()
         _, body = client.tool_call("count_slowly", {"n": 3, "delay": 0.01})

@@ -7,12 +7,18 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from mcpresume.daemon.app import RunningProxy, start_proxy
 from mcpresume.examples.upstream import serve_example_upstream
 from mcpresume.process.config import load_settings
 from mcpresume.store import SessionStore
+
+# Pods whose takeovers come within about two seconds: a lease of 1 s, and housekeeping (which takes a lost
+# owner's sessions over) every second, a tenth of session_ttl. A replica takes sessions over only once the
+# store has answered it for a whole lease, so with the defaults (a 10 s lease, 5 s rounds) a takeover comes
+# about 10 s in: a test that waits for one with ``until`` (10 s) races its own timeout.
+QUICK_TAKEOVER: Final[dict[str, Any]] = {"owner_lease_ttl": 1.0, "session_ttl": 10.0}
 
 
 def free_port() -> int:
